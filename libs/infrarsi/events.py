@@ -1,0 +1,531 @@
+"""The event catalog: every message InfraRSI puts on the bus, and the one envelope around it.
+
+This module is the single source of the wire format. Each payload is a ``msgspec.Struct`` tagged with
+its class name; all payloads form one union, ``Payload``; every message is one ``Event`` envelope.
+JSON Schema in ``schemas/`` is generated from here (``make schemas``), never written by hand.
+
+Subjects (ARCHITECTURE.md §4):
+
+- ``irsi.<study>.<Type>``            lifecycle events, stream ``IRSI``
+- ``irsi.telemetry.<study>.<trial>`` per-step samples (``TrialStep``), stream ``IRSI_TELEMETRY``
+- ``bank.<cluster>.<entry>``          experience-bank entries, stream ``IRSI_BANK``
+- ``irsi.deadletter.<service>``       messages a service could not decode (not an ``Event``), stream ``IRSI``
+
+This module owns the types and their encoding only; it must not do I/O.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import time
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import msgspec
+
+SCHEMA_VERSION = 1
+
+# --------------------------------------------------------------------------------------------------
+# Identifiers
+# --------------------------------------------------------------------------------------------------
+
+_CROCKFORD = "0123456789abcdefghjkmnpqrstvwxyz"
+
+
+def new_id() -> str:
+    """A ULID in lower-case Crockford base32: 26 characters, sortable by creation time.
+
+    Used for study, trial and event ids; safe as a NATS subject token (no dots, no wildcards).
+    """
+    value = (time.time_ns() // 1_000_000) << 80 | int.from_bytes(secrets.token_bytes(10), "big")
+    chars = []
+    for _ in range(26):
+        chars.append(_CROCKFORD[value & 31])
+        value >>= 5
+    return "".join(reversed(chars))
+
+
+def derived_id(*parts: str) -> str:
+    """A deterministic id for an event that is a reaction to another.
+
+    A service that crashes after publishing but before acking its input re-runs the handler on
+    redelivery; deriving the output's id (and so its ``Nats-Msg-Id``) from the input event id and
+    the output's kind makes JetStream drop the second copy.
+    """
+    return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:26]
+
+
+# --------------------------------------------------------------------------------------------------
+# Shared value types
+# --------------------------------------------------------------------------------------------------
+
+KnobValue = bool | int | float | str
+
+TrialKind = Literal["baseline", "doctor", "search", "verify"]
+"""Why a trial runs: the untouched baseline, a doctor repeat, a search candidate, or a verification run."""
+
+Origin = Literal["baseline", "manual", "seed", "prior", "ei", "pairing", "bank", "llm", "verify"]
+"""Why the proposer (or a user) chose a candidate."""
+
+TrialStatus = Literal[
+    "ok",
+    "oom",
+    "crash",
+    "timeout",
+    "cancelled",
+    "scope_violation",
+    "patch_conflict",
+    "invariant_violation",
+]
+
+
+class Candidate(msgspec.Struct, frozen=True, kw_only=True):
+    """A point of the search space: launch-key overrides plus a set of patches."""
+
+    knobs: dict[str, KnobValue] = {}
+    """Launch keys that differ from, or restate, the golden baseline's launch file."""
+    patches: list[str] = []
+    """Patch ids from the workload's patch library, applied in this order."""
+
+    def key(self) -> str:
+        """Canonical identity: same knobs and patch set → same key, whatever the order."""
+        body = msgspec.json.encode({"knobs": dict(sorted(self.knobs.items())), "patches": sorted(self.patches)})
+        return hashlib.sha256(body).hexdigest()[:16]
+
+
+class Prediction(msgspec.Struct, frozen=True, kw_only=True):
+    """What the models expected of a candidate when it was proposed."""
+
+    step_time_s: float
+    step_time_std_log: float
+    peak_memory_bytes: float | None = None
+    p_oom: float = 0.0
+    p_invariants: float = 1.0
+    expected_improvement: float = 0.0
+
+
+class LossPoint(msgspec.Struct, frozen=True, array_like=True):
+    """(step, loss) — array-like on the wire to keep curves compact."""
+
+    step: int
+    loss: float
+
+
+class InvariantResult(msgspec.Struct, frozen=True, kw_only=True):
+    """The verdict of one invariant on one trial (ARCHITECTURE.md §7)."""
+
+    name: Literal["scope", "work.optimizer_steps", "work.tokens", "work.eval", "loss", "timing"]
+    ok: bool
+    detail: str
+    observed: float | None = None
+    expected: float | None = None
+    tolerance: float | None = None
+
+
+class Effect(msgspec.Struct, frozen=True, kw_only=True):
+    """One feature's effect in a model: log-ratio on step time or on peak memory, prior vs posterior."""
+
+    feature: str
+    """Encoded feature, e.g. ``autocast_dtype=bfloat16`` or ``patch:fused-qkv``."""
+    prior_mean: float
+    prior_std: float
+    post_mean: float
+    post_std: float
+    source: str = "knowledge_base"
+    """Where the prior came from: knowledge_base, patch_metadata, bank, llm, flat."""
+
+
+class ClusterInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """Where trials run; also the metadata a bank entry is matched on."""
+
+    cluster_id: str
+    accelerator: str
+    """SKU, e.g. ``cpu``, ``A100-80G``, ``H100-80G``, ``H200-141G``."""
+    nodes: int = 1
+    devices_per_node: int = 1
+    memory_capacity_bytes: int = 0
+    """Per device; emulated on a CPU host."""
+    peak_flops: float | None = None
+    """Per device; ``None`` until doctor measures it (CPU hosts)."""
+    interconnect: str = "loopback"
+
+
+# --------------------------------------------------------------------------------------------------
+# Payloads (ARCHITECTURE.md §4 catalog)
+# --------------------------------------------------------------------------------------------------
+
+
+class StudyCreated(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """``init`` locked a contract: scope, search space, invariants and budget are fixed from here on."""
+
+    name: str
+    goal: str
+    contract: dict[str, Any]
+    """The validated, normalised contract (see ``infrarsi.contract``), as JSON."""
+    contract_sha256: str
+    workload_dir: str
+    """Absolute path of the workload's git repository that trials are materialised from."""
+    baseline_ref: str
+    """Git commit of the untouched golden baseline (also tagged in the workload repo)."""
+    locked_files: dict[str, str]
+    """sha256 of every non-editable file of the workload, by repo-relative path."""
+    cluster: ClusterInfo
+    bank_seeds: list[str] = []
+    """Bank entry ids that will seed this study's priors."""
+
+
+class DoctorRequested(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    repeats: int
+    steps: int | None = None
+
+
+class DoctorCompleted(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """The baseline's noise floor and phase profile; the search sizes its repeats from it."""
+
+    repeats: int
+    baseline_trial_ids: list[str]
+    step_time_s: float
+    """Median over repeats of each run's robust steady step time."""
+    run_to_run_cv: float
+    step_to_step_cv: float
+    warmup_steps: int
+    phase_fractions: dict[str, float]
+    per_rank_step_s: list[float]
+    stragglers: list[int]
+    min_detectable_speedup: float
+    """Smallest speed-up detectable at ``repeats_per_trial`` repeats (α=0.05, power 0.8)."""
+    repeats_per_trial: int
+    repeats_for_effect: dict[str, int] = {}
+    """Repeats needed to detect a given speed-up, e.g. ``{"1.05": 4}``."""
+    peak_flops_measured: float | None = None
+    mfu: float | None = None
+    baseline_loss_curve: list[LossPoint] = []
+
+
+class TrialProposed(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    candidate: Candidate
+    candidate_key: str
+    kind: TrialKind
+    origin: Origin
+    reason: str = ""
+    repeat: int = 0
+    steps: int | None = None
+    """Horizon override (verify runs longer); ``None`` = the contract's trial horizon."""
+    prediction: Prediction | None = None
+    verify_id: str | None = None
+
+
+class TrialLaunched(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    backend: str
+    workdir: str
+    command: list[str]
+    nodes: int
+    ranks: int
+    host: str
+    job_id: str
+
+
+class TrialStep(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """One optimiser step of one rank, as the probe inside the job measured it."""
+
+    rank: int
+    world_size: int
+    step: int
+    loss: float
+    step_time_s: float
+    """Synchronised wall time of the whole step (data, forward, backward, optimiser, communication)."""
+    phases: dict[str, float] = {}
+    tokens: int
+    """Tokens consumed by this step across all ranks (global batch × sequence length)."""
+    optimizer_steps: int
+    """Cumulative optimiser steps actually taken, counted by the probe's hook, not claimed by the job."""
+    loss_tokens: int | None = None
+    """Tokens that contributed to the loss in this step (all ranks)."""
+    peak_memory_bytes: int
+    flops: float | None = None
+    mfu: float | None = None
+    eval_loss: float | None = None
+    eval_tokens: int | None = None
+    wall_time: float = 0.0
+    """Unix time at the end of the step (the probe's clock)."""
+
+
+class TrialFinished(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """The launcher's account of a trial: how it ended and what it cost, for every trial, failed ones too."""
+
+    status: TrialStatus
+    reason: str = ""
+    exit_code: int | None = None
+    wall_s: float = 0.0
+    ranks: int = 1
+    accelerator_s: float = 0.0
+    """ranks × wall time."""
+    warmup_accelerator_s: float = 0.0
+    steady_accelerator_s: float = 0.0
+    peak_memory_bytes: int = 0
+    """Highest process-tree peak seen by the launcher (RSS on CPU)."""
+    censored_peak_bytes: int | None = None
+    """For ``oom``: the peak seen before the kill — the memory model's censoring bound (peak > this)."""
+    memory_capacity_bytes: int = 0
+    steps_completed: int = 0
+    step_seen_s: list[float] = []
+    """Launcher's own clock (s since launch) when each step of rank 0 became visible; timing invariant."""
+    output_tail: str = ""
+
+
+class TrialMeasured(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """Telemetry's statistics of one trial, with the invariant verdicts against the study's baseline."""
+
+    candidate_key: str
+    kind: TrialKind
+    status: TrialStatus
+    steps: int
+    warmup_steps: int
+    step_time_s: float
+    """Robust centre (median) of the steady steps of the slowest rank."""
+    step_time_mad_s: float
+    step_time_with_warmup_s: float
+    tokens_per_s: float
+    mfu: float | None
+    flops_per_step: float | None
+    phases: dict[str, float]
+    peak_memory_bytes: list[int]
+    """Per rank."""
+    per_rank_step_s: list[float]
+    stragglers: list[int]
+    loss_curve: list[LossPoint]
+    eval_curve: list[LossPoint]
+    optimizer_steps: int
+    tokens: int
+    invariants: list[InvariantResult]
+    invariants_ok: bool
+    accelerator_s: float = 0.0
+
+
+class ModelUpdated(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    n_trials: int
+    n_oom: int
+    fit_seconds: float
+    noise_std_log: float
+    time_effects: list[Effect]
+    memory_effects: list[Effect]
+    best_candidate_key: str | None = None
+    best_predicted_step_s: float | None = None
+    diagnostics: dict[str, float] = {}
+
+
+class VerifyRequested(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    candidates: list[Candidate]
+    repeats: int
+    steps: int | None = None
+    reason: str = ""
+
+
+class VerifyCompleted(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    verify_id: str
+    candidate: Candidate
+    candidate_key: str
+    passes: int
+    promotable: bool
+    speedup: float
+    ci_low: float
+    ci_high: float
+    baseline_step_s: float
+    candidate_step_s: float
+    mfu_before: float | None
+    mfu_after: float | None
+    invariants: list[InvariantResult]
+    failed_invariants: list[str]
+    trial_ids: list[str]
+
+
+class ReportPublished(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    out_dir: str
+    files: list[str]
+    winners: list[str]
+
+
+class ApprovalGranted(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    candidate_key: str
+    role: str
+    approver: str
+    action_classes: list[str]
+    note: str = ""
+
+
+class PatchPromoted(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    candidate_key: str
+    repo: str
+    branch: str
+    commit: str
+    files_changed: list[str]
+    launch_changes: dict[str, KnobValue]
+
+
+class BankMeta(msgspec.Struct, frozen=True, kw_only=True):
+    """What decides whether a lesson transfers (issue 7)."""
+
+    accelerator: str
+    generation: str
+    device_memory_bytes: int
+    interconnect: str
+    nodes: int
+    devices_per_node: int
+    parallelism: dict[str, int] = {}
+    model_family: str = ""
+    model_params: float = 0.0
+    seq_len: int = 0
+    global_batch: int = 0
+    micro_batch: int = 0
+    precision: str = ""
+
+
+class BankEntry(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    entry_id: str
+    origin_study: str
+    meta: BankMeta
+    time_effects: list[Effect]
+    memory_effects: list[Effect]
+    winners: list[Candidate] = []
+    failures: list[dict[str, Any]] = []
+    """OOM boundaries, conflicts, invariant violations: ``{"kind": ..., "candidate": ..., "detail": ...}``."""
+
+
+class StudyFinished(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    reason: str
+    trials: int
+    accelerator_s: float
+    best_candidate_key: str | None = None
+    best_speedup: float | None = None
+
+
+Payload = (
+    StudyCreated
+    | DoctorRequested
+    | DoctorCompleted
+    | TrialProposed
+    | TrialLaunched
+    | TrialStep
+    | TrialFinished
+    | TrialMeasured
+    | ModelUpdated
+    | VerifyRequested
+    | VerifyCompleted
+    | ReportPublished
+    | ApprovalGranted
+    | PatchPromoted
+    | BankEntry
+    | StudyFinished
+)
+
+PAYLOAD_TYPES: tuple[type, ...] = Payload.__args__  # type: ignore[attr-defined]
+EVENT_TYPES: tuple[str, ...] = tuple(t.__name__ for t in PAYLOAD_TYPES)
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True):
+    """The envelope of every message on the bus."""
+
+    event_id: str
+    type: str
+    """The payload's tag (its class name); duplicated here for routing and SQL."""
+    study_id: str
+    trial_id: str | None = None
+    cluster_id: str
+    source: str
+    """The service or command that published it."""
+    ts: datetime
+    schema_version: int = SCHEMA_VERSION
+    payload: Payload
+
+
+class DeadLetter(msgspec.Struct, frozen=True, kw_only=True):
+    """What a service publishes on ``irsi.deadletter.<service>`` for a message it could not decode."""
+
+    service: str
+    subject: str
+    error: str
+    raw: bytes
+    """The undecodable message, byte for byte (base64 in JSON)."""
+    stream_seq: int | None = None
+    ts: datetime
+
+
+# --------------------------------------------------------------------------------------------------
+# Construction, encoding, subjects
+# --------------------------------------------------------------------------------------------------
+
+
+def make_event(
+    payload: Payload,
+    *,
+    study_id: str,
+    source: str,
+    trial_id: str | None = None,
+    cluster_id: str | None = None,
+    event_id: str | None = None,
+) -> Event:
+    """Wrap a payload in an envelope; ``event_id`` defaults to a fresh ULID."""
+    return Event(
+        event_id=event_id or new_id(),
+        type=type(payload).__name__,
+        study_id=study_id,
+        trial_id=trial_id,
+        cluster_id=cluster_id or os.environ.get("INFRARSI_CLUSTER", "local"),
+        source=source,
+        ts=datetime.now(UTC),
+        payload=payload,
+    )
+
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(Event)
+
+
+def encode(event: Event) -> bytes:
+    return _encoder.encode(event)
+
+
+def decode(data: bytes) -> Event:
+    """Decode and validate one envelope; raises ``msgspec.ValidationError``/``DecodeError`` on bad input.
+
+    The envelope's ``type`` must agree with its payload's tag.
+    """
+    event = _decoder.decode(data)
+    if event.type != type(event.payload).__name__:
+        raise msgspec.ValidationError(
+            f"envelope type {event.type!r} does not match payload type {type(event.payload).__name__!r}"
+        )
+    return event
+
+
+def subject_for(event: Event) -> str:
+    """The subject an event is published on (see the module docstring)."""
+    match event.payload:
+        case TrialStep():
+            return f"irsi.telemetry.{event.study_id}.{event.trial_id}"
+        case BankEntry(entry_id=entry_id):
+            return f"bank.{event.cluster_id}.{entry_id}"
+        case _:
+            return f"irsi.{event.study_id}.{event.type}"
+
+
+def lifecycle_subject(event_type: str, study_id: str = "*") -> str:
+    """Subject filter for one lifecycle event type, e.g. ``irsi.*.TrialProposed``."""
+    if event_type not in EVENT_TYPES:
+        raise ValueError(f"unknown event type {event_type!r}")
+    if event_type == "TrialStep":
+        return f"irsi.telemetry.{study_id}.*"
+    if event_type == "BankEntry":
+        return "bank.>"
+    return f"irsi.{study_id}.{event_type}"
+
+
+def deadletter_subject(service: str) -> str:
+    return f"irsi.deadletter.{service}"
+
+
+def json_schema() -> dict[str, Any]:
+    """JSON Schema of the envelope (with every payload), for ``schemas/events.schema.json``."""
+    return msgspec.json.schema(Event)

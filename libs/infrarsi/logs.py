@@ -1,0 +1,51 @@
+"""structlog set-up shared by every process: JSON lines on stderr with study, trial and trace ids.
+
+Bind ``study_id``/``trial_id`` with ``structlog.contextvars.bound_contextvars``; the trace id of the
+current OpenTelemetry span is added to every line by a processor.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import structlog
+
+from infrarsi.tracing import current_trace_id
+
+_configured = False
+
+
+def _add_trace_id(_logger: object, _method: str, event_dict: dict) -> dict:
+    trace_id = current_trace_id()
+    if trace_id:
+        event_dict.setdefault("trace_id", trace_id)
+    return event_dict
+
+
+def setup_logging(service_name: str, level: str | None = None) -> None:
+    """Configure structlog once per process; ``INFRARSI_LOG_LEVEL`` sets the level (default info)."""
+    global _configured
+    if _configured:
+        return
+    _configured = True
+    level_name = (level or os.environ.get("INFRARSI_LOG_LEVEL", "info")).upper()
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            _add_trace_id,
+            structlog.processors.dict_tracebacks,
+            structlog.processors.JSONRenderer(),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level_name]),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+    structlog.contextvars.bind_contextvars(service=service_name)
+
+
+def get_logger(name: str | None = None) -> structlog.stdlib.BoundLogger:
+    return structlog.get_logger(name)

@@ -1,0 +1,323 @@
+"""The service runner: the one small base every InfraRSI service is built on.
+
+A service is a subclass of ``Service`` that names the event types it consumes and implements
+``handle`` with one ``match`` over the payload. The runner owns everything else:
+
+1. connect to the bus, ensure streams, and let the service rebuild its read model (``start``);
+2. one durable pull consumer per stream the service reads, fetched in batches;
+3. for each message: decode (undecodable → dead letter, ack, go on); open a span that is a child of
+   the ``traceparent`` in the message headers; bind study/trial ids into the logs; call ``handle``;
+   publish what it emits (ids derived from the input event, so a redelivery publishes nothing new);
+   **ack only after** the outputs are acknowledged by JetStream;
+4. a handler that raises is retried (nak with delay) and dead-lettered after ``MAX_DELIVER`` tries;
+5. heartbeats on ``irsi-svc.heartbeat.<name>``, and a reply on ``irsi-svc.ping`` for ``infrarsi status``;
+6. SIGTERM/SIGINT set an ``asyncio.Event``: stop fetching, let in-flight handlers finish within the grace
+   period (then cancel them — unacked, they are redelivered to the next life), ``stop()``, drain, close.
+
+Calling order of the hooks: ``start`` once → ``handle`` many times (concurrently up to ``concurrency``)
+→ ``stop`` once. A service must not import another service; it meets them only on the bus.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import msgspec
+import structlog
+
+from infrarsi import events as ev
+from infrarsi import tracing
+from infrarsi.bus import LIFECYCLE_STREAM, Bus, Delivery, stream_for_type
+from infrarsi.embedded import resolve_nats_url
+from infrarsi.logs import get_logger, setup_logging
+
+log = get_logger(__name__)
+
+MAX_DELIVER = 5
+HEARTBEAT_S = 2.0
+PING_SUBJECT = "irsi-svc.ping"
+
+
+def heartbeat_subject(name: str) -> str:
+    return f"irsi-svc.heartbeat.{name}"
+
+
+@dataclass
+class Outbox:
+    """What a handler publishes through: ids are derived from the input event, so re-runs dedup."""
+
+    bus: Bus
+    source: str
+    cause: ev.Event | None
+    published: list[ev.Event] = field(default_factory=list)
+
+    async def emit(
+        self,
+        payload: ev.Payload,
+        *,
+        study_id: str | None = None,
+        trial_id: str | None = None,
+        key: str = "",
+    ) -> ev.Event:
+        """Publish ``payload`` now and wait for its ack.
+
+        ``key`` distinguishes several outputs of one type from one input (e.g. one TrialProposed per
+        candidate); the event id is ``derived_id(cause id, service, type, key)``.
+        """
+        cause_id = self.cause.event_id if self.cause else ev.new_id()
+        event = ev.make_event(
+            payload,
+            study_id=study_id or (self.cause.study_id if self.cause else ""),
+            trial_id=trial_id if trial_id is not None else (self.cause.trial_id if self.cause else None),
+            source=self.source,
+            cluster_id=self.cause.cluster_id if self.cause else None,
+            event_id=ev.derived_id(cause_id, self.source, type(payload).__name__, key),
+        )
+        await self.bus.publish(event)
+        self.published.append(event)
+        return event
+
+
+class Service(ABC):
+    """Base of the six services. Subclasses set ``name`` and ``consumes`` and implement ``handle``."""
+
+    name: ClassVar[str]
+    consumes: ClassVar[tuple[type, ...]]
+    """Payload types this service reacts to."""
+    concurrency: ClassVar[int] = 1
+    """How many events may be handled at once (the launcher's parallel trial slots)."""
+    ack_wait_s: ClassVar[float] = 30.0
+
+    bus: Bus
+
+    async def start(self) -> None:
+        """Rebuild the read model (e.g. ``async for e in self.replay(...)``). Default: nothing."""
+
+    async def stop(self) -> None:
+        """Release what the service holds (processes, files). Default: nothing."""
+
+    @abstractmethod
+    async def handle(self, event: ev.Event, out: Outbox) -> None:
+        """React to one event: ``match event.payload: case TrialProposed(): ...``."""
+
+    def status(self) -> dict[str, object]:
+        """Extra fields for ``infrarsi status``."""
+        return {}
+
+    async def replay(self, event_types: tuple[type, ...] | None = None) -> AsyncIterator[ev.Event]:
+        """Every decodable event of the given types, in stream order, for read-model rebuilds."""
+        types = event_types or self.consumes
+        names = [t.__name__ for t in types]
+        streams = sorted({stream_for_type(n) for n in names})
+        for stream in streams:
+            async for batch in self.bus.iter_stream(stream):
+                for msg in batch:
+                    try:
+                        event = ev.decode(msg.data)
+                    except (msgspec.DecodeError, msgspec.ValidationError):
+                        continue
+                    if event.type in names:
+                        yield event
+
+
+@dataclass
+class _Stats:
+    started_at: float = field(default_factory=time.time)
+    handled: int = 0
+    dead_lettered: int = 0
+    failed: int = 0
+    in_flight: int = 0
+    last_event_at: float | None = None
+
+
+class Runner:
+    """Runs one ``Service`` against a bus until ``stopping`` is set."""
+
+    def __init__(self, service: Service, bus: Bus, *, grace_s: float = 10.0, batch: int = 64) -> None:
+        self.service = service
+        self.bus = bus
+        self.grace_s = grace_s
+        self.batch = batch
+        self.stopping = asyncio.Event()
+        self.stats = _Stats()
+        self._slots = asyncio.Semaphore(service.concurrency)
+        self._tasks: set[asyncio.Task] = set()
+
+    async def run(self) -> None:
+        service = self.service
+        service.bus = self.bus
+        await service.start()
+        by_stream: dict[str, list[str]] = {}
+        for payload_type in service.consumes:
+            by_stream.setdefault(stream_for_type(payload_type.__name__), []).append(payload_type.__name__)
+        consumers = []
+        subs = []
+        for stream, types in sorted(by_stream.items()):
+            durable = service.name if stream == LIFECYCLE_STREAM else f"{service.name}-{stream.lower()}"
+            sub = await self.bus.durable_consumer(
+                durable,
+                types,
+                max_ack_pending=max(64, 4 * service.concurrency),
+                ack_wait_s=service.ack_wait_s,
+            )
+            subs.append(sub)
+            consumers.append(asyncio.create_task(self._consume(sub), name=f"consume-{durable}"))
+        ping = await self.bus.nc.subscribe(PING_SUBJECT, cb=self._on_ping)
+        heartbeat = asyncio.create_task(self._heartbeat(), name="heartbeat")
+        log.info("service started", consumes=[t.__name__ for t in service.consumes])
+        await self.stopping.wait()
+        log.info("service stopping", in_flight=len(self._tasks))
+        for task in consumers:
+            task.cancel()
+        await asyncio.gather(*consumers, return_exceptions=True)
+        if self._tasks:
+            _done, pending = await asyncio.wait(self._tasks, timeout=self.grace_s)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        heartbeat.cancel()
+        await ping.unsubscribe()
+        for sub in subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        await service.stop()
+
+    async def _consume(self, sub) -> None:
+        while not self.stopping.is_set():
+            await self._slots.acquire()
+            self._slots.release()
+            deliveries = await self.bus.fetch(sub, batch=self.batch, timeout_s=1.0)
+            for delivery in deliveries:
+                if delivery.event is None:
+                    await self.bus.dead_letter(delivery)
+                    await delivery.msg.ack_sync()
+                    self.stats.dead_lettered += 1
+                    continue
+                await self._slots.acquire()
+                task = asyncio.create_task(self._process(delivery))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+                if self.service.concurrency == 1:
+                    # Strict order for single-slot services: finish one event before the next.
+                    await asyncio.wait({task})
+
+    async def _process(self, delivery: Delivery) -> None:
+        event = delivery.event
+        assert event is not None
+        self.stats.in_flight += 1
+        keepalive = asyncio.create_task(self._keep_alive(delivery))
+        try:
+            with (
+                structlog.contextvars.bound_contextvars(
+                    study_id=event.study_id, trial_id=event.trial_id, event_type=event.type
+                ),
+                tracing.span_from(
+                    delivery.headers,
+                    f"{self.service.name}.handle {event.type}",
+                    **{
+                        "infrarsi.study_id": event.study_id,
+                        "infrarsi.trial_id": event.trial_id or "",
+                        "infrarsi.event_id": event.event_id,
+                    },
+                ),
+            ):
+                await self.service.handle(event, Outbox(self.bus, self.service.name, event))
+            await delivery.msg.ack_sync()
+            self.stats.handled += 1
+            self.stats.last_event_at = time.time()
+        except asyncio.CancelledError:
+            raise  # shutdown: leave it unacked, the next life gets it again
+        except Exception as exc:
+            self.stats.failed += 1
+            attempts = delivery.msg.metadata.num_delivered
+            log.exception("handler failed", attempts=attempts)
+            if attempts >= MAX_DELIVER:
+                failed = Delivery(msg=delivery.msg, event=None, error=f"handler failed {attempts}x: {exc!r}")
+                await self.bus.dead_letter(failed)
+                await delivery.msg.ack_sync()
+                self.stats.dead_lettered += 1
+            else:
+                await delivery.msg.nak(delay=min(2.0 * attempts, 10.0))
+        finally:
+            keepalive.cancel()
+            self.stats.in_flight -= 1
+            self._slots.release()
+
+    async def _keep_alive(self, delivery: Delivery) -> None:
+        """Long handlers (a trial runs for minutes) tell JetStream they are still working on it."""
+        while True:
+            await asyncio.sleep(self.service.ack_wait_s / 3)
+            with contextlib.suppress(Exception):
+                await delivery.msg.in_progress()
+
+    def status(self) -> dict[str, object]:
+        return {
+            "service": self.service.name,
+            "pid": os.getpid(),
+            "uptime_s": round(time.time() - self.stats.started_at, 3),
+            "handled": self.stats.handled,
+            "dead_lettered": self.stats.dead_lettered,
+            "failed": self.stats.failed,
+            "in_flight": self.stats.in_flight,
+            "last_event_at": self.stats.last_event_at,
+            **self.service.status(),
+        }
+
+    async def _on_ping(self, msg) -> None:
+        if msg.reply:
+            await self.bus.nc.publish(msg.reply, json.dumps(self.status()).encode())
+
+    async def _heartbeat(self) -> None:
+        while True:
+            with contextlib.suppress(Exception):
+                await self.bus.nc.publish(heartbeat_subject(self.service.name), json.dumps(self.status()).encode())
+            await asyncio.sleep(HEARTBEAT_S)
+
+
+async def serve(service: Service, nats_url: str) -> None:
+    """Run ``service`` until SIGTERM/SIGINT."""
+    bus = await Bus.connect(nats_url, service=service.name)
+    runner = Runner(service, bus)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, runner.stopping.set)
+    try:
+        await runner.run()
+    finally:
+        await bus.close()
+        tracing.shutdown_tracing()
+        log.info("service stopped")
+
+
+def main(service_factory: type[Service]) -> None:
+    """Entry point of ``python -m infrarsi_services.<name>`` (and so of ``infrarsi serve <name>``)."""
+    parser = argparse.ArgumentParser(prog=f"infrarsi-{service_factory.name}")
+    parser.add_argument("--nats-url", default=None, help="NATS server (default: $INFRARSI_NATS_URL or embedded)")
+    parser.add_argument("--data-dir", default=os.environ.get("INFRARSI_DATA_DIR", ".infrarsi"))
+    args = parser.parse_args()
+    setup_logging(service_factory.name)
+    tracing.setup_tracing(f"infrarsi-{service_factory.name}")
+    url = resolve_nats_url(args.nats_url, args.data_dir)
+    if url is None:
+        print(
+            "error: no NATS server: pass --nats-url, set INFRARSI_NATS_URL, or start one with `infrarsi up`",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+    os.environ.setdefault("INFRARSI_DATA_DIR", args.data_dir)
+    try:
+        asyncio.run(serve(service_factory(), url))
+    except Exception as exc:  # noqa: BLE001 — top of the process: report and exit non-zero
+        log.exception("service crashed", error=repr(exc))
+        raise SystemExit(1) from None
