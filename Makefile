@@ -1,0 +1,52 @@
+# InfraRSI — every install step lives here. `make demo` and `make test` create the virtual
+# environment on first use (Python 3.11, exact pins from pyproject.toml, torch 2.13.0 CPU build).
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+PYTEST_ARGS ?=
+
+.PHONY: venv demo test test-slow test-all schemas lint bench clean
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (set PYTHON=/path/to/python3.11)"; exit 2; }
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+venv: $(STAMP)
+
+## The main job end to end on the embedded default: init → doctor → run → verify → report (dense-1node).
+demo: $(STAMP)
+	$(BIN)/infrarsi demo
+
+## The test suite CI runs (real nats-server, real PyTorch jobs; long tests excluded — see test-slow).
+test: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow" -q $(PYTEST_ARGS)
+
+## Long tests (minutes each): the full demo and every reward hack end to end.
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -m "slow" -q $(PYTEST_ARGS)
+
+test-all: $(STAMP)
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+## Regenerate JSON Schema (events, contract) into schemas/; tests fail when schemas/ is stale.
+schemas: $(STAMP)
+	$(BIN)/python scripts/gen_schemas.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check libs services tests bench workloads scripts
+
+bench: $(STAMP)
+	mkdir -p out
+	$(BIN)/python bench/eventlog.py --events 100000 --json out/eventlog.json
+	$(BIN)/python bench/probe_overhead.py --json out/probe_overhead.json
+	$(BIN)/python bench/search_vs_peers.py --json out/search_vs_peers.json
+	$(BIN)/python bench/memory_model.py --json out/memory_model.json
+	$(BIN)/python bench/modeler_refit.py --json out/modeler_refit.json
+	$(BIN)/python bench/transfer.py --json out/transfer.json
+
+clean:
+	rm -rf .infrarsi out .pytest_cache

@@ -1,0 +1,386 @@
+"""``infrarsi approve`` and ``infrarsi apply``: a human grants approvals; a verified winner goes to a branch.
+
+``approve STUDY CANDIDATE --as ROLE`` publishes ``ApprovalGranted``. ``apply STUDY CANDIDATE`` reads the
+study's events, refuses unless the candidate passed verification, the policy's approvals are present and
+no forbidden window is open, then writes the candidate to branch ``infrarsi/<study>/<candidate>`` from the
+golden tag (``workspace.apply_candidate``: never the current branch, never a merge) and publishes
+``PatchPromoted``.
+
+The decisions are pure functions over a list of events (``plan_apply``) so they are tested without NATS;
+``run_*`` only read and publish.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path, PurePosixPath
+
+import msgspec
+import yaml
+from infrarsi import events as ev
+from infrarsi.contract import Contract, PatchIndex, PatchInfo, contract_from_dict
+from infrarsi.policy import ACTION_CLASSES, Operation, check
+from infrarsi.workspace import (
+    AppliedCandidate,
+    WorkspaceError,
+    apply_candidate,
+    candidate_branch,
+    git,
+    golden_tag,
+    launch_changes,
+)
+from pydantic import ValidationError
+
+SOURCE_APPROVE = "cli.approve"
+SOURCE_APPLY = "cli.apply"
+
+__all__ = [
+    "ApplyPlan",
+    "ApplyRefused",
+    "AppliedCandidate",
+    "add_approve_arguments",
+    "add_apply_arguments",
+    "apply_candidate",
+    "execute_apply",
+    "plan_apply",
+    "run_apply",
+    "run_approve",
+]
+
+
+class ApplyRefused(Exception):
+    """Apply may not go ahead; ``reasons`` says why (one line each)."""
+
+    def __init__(self, reasons: Sequence[str]) -> None:
+        self.reasons = list(reasons)
+        super().__init__("; ".join(self.reasons))
+
+
+@dataclass(frozen=True)
+class ApplyPlan:
+    """Everything ``execute_apply`` needs, decided from the study's events."""
+
+    study_id: str
+    created: ev.StudyCreated
+    contract: Contract
+    verification: ev.VerifyCompleted
+    approvals: list[ev.ApprovalGranted]
+    action_classes: list[str]
+    launch_changes: dict[str, ev.KnobValue]
+    patch_texts: dict[str, str]
+    """Patch id → diff, read from the golden commit (what the trials ran), in the candidate's order."""
+    branch: str
+
+
+def _payloads(events: Sequence[ev.Event], kind: type) -> list:
+    return [e.payload for e in events if isinstance(e.payload, kind)]
+
+
+def resolve_candidate_key(events: Sequence[ev.Event], key_or_prefix: str) -> str:
+    """A full candidate key from a unique prefix (as printed in reports), among verified candidates."""
+    keys = {p.candidate_key for p in _payloads(events, ev.VerifyCompleted)}
+    keys |= {p.candidate_key for p in _payloads(events, ev.TrialProposed)}
+    if key_or_prefix in keys:
+        return key_or_prefix
+    matches = sorted(k for k in keys if k.startswith(key_or_prefix))
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise ApplyRefused([f"candidate {key_or_prefix} is unknown in this study"])
+    raise ApplyRefused([f"candidate prefix {key_or_prefix} is ambiguous: {', '.join(matches)}"])
+
+
+def plan_apply(
+    events: Sequence[ev.Event],
+    study_id: str,
+    candidate: str,
+    now: datetime,
+    *,
+    operation: Operation = "apply",
+) -> ApplyPlan:
+    """Decide whether a candidate may be applied now; raises ``ApplyRefused`` with every reason if not."""
+    created_list = _payloads(events, ev.StudyCreated)
+    if not created_list:
+        raise ApplyRefused([f"study {study_id} not found (no StudyCreated)"])
+    created: ev.StudyCreated = created_list[0]
+    contract = contract_from_dict(created.contract, check=False)
+    key = resolve_candidate_key(events, candidate)
+
+    verifications = [v for v in _payloads(events, ev.VerifyCompleted) if v.candidate_key == key]
+    promotable = [v for v in verifications if v.promotable]
+    if not promotable:
+        detail = (
+            f"{len(verifications)} verification(s), none promotable" if verifications else "never verified"
+        )
+        raise ApplyRefused([f"candidate {key} has not passed verification ({detail})"])
+    verification = promotable[-1]
+    already = [p for p in _payloads(events, ev.PatchPromoted) if p.candidate_key == key]
+    if already:
+        raise ApplyRefused(
+            [f"candidate {key} was already applied to {already[-1].branch} ({already[-1].commit[:12]})"]
+        )
+
+    repo = Path(created.workload_dir)
+    patch_ids = verification.candidate.patches
+    library, texts = _golden_patches(repo, created.baseline_ref, contract.workload.patch_dir, patch_ids)
+    baseline = yaml.safe_load(_golden_file(repo, created.baseline_ref, contract.workload.launch_file)) or {}
+    changes = launch_changes(baseline, verification.candidate.knobs)
+    classes = contract.action_classes(changes, verification.candidate.patches, library)
+    approvals = [a for a in _payloads(events, ev.ApprovalGranted) if a.candidate_key == key]
+    reasons = check(contract.apply_policy, classes, approvals, now, operation=operation)
+    if reasons:
+        raise ApplyRefused(reasons)
+    return ApplyPlan(
+        study_id=study_id,
+        created=created,
+        contract=contract,
+        verification=verification,
+        approvals=approvals,
+        action_classes=classes,
+        launch_changes=changes,
+        patch_texts=texts,
+        branch=candidate_branch(study_id, key),
+    )
+
+
+def _golden_file(repo: Path, ref: str, rel: str) -> str:
+    """A file as it is in the golden commit (the user may have changed the working copy since init)."""
+    result = git(repo, "show", f"{ref}:{PurePosixPath(rel).as_posix()}", check=False)
+    if result.returncode != 0:
+        raise ApplyRefused([f"{rel} is not in the golden baseline {ref[:12]} of {repo}"])
+    return result.stdout
+
+
+def _golden_patches(
+    repo: Path, ref: str, patch_dir: str, patch_ids: Sequence[str]
+) -> tuple[dict[str, PatchInfo], dict[str, str]]:
+    if not patch_ids:
+        return {}, {}
+    index_path = f"{patch_dir}/index.yaml"
+    try:
+        index = PatchIndex.model_validate(yaml.safe_load(_golden_file(repo, ref, index_path)))
+    except (ValidationError, yaml.YAMLError) as exc:
+        raise ApplyRefused([f"{index_path} in the golden baseline is invalid: {exc}"]) from None
+    library = {info.id: info for info in index.patches}
+    missing = [p for p in patch_ids if p not in library]
+    if missing:
+        raise ApplyRefused([f"patches {missing} are not in the golden patch library {index_path}"])
+    texts = {}
+    for patch_id in patch_ids:
+        names = library[patch_id].diff_candidates()
+        for name in names:
+            result = git(repo, "show", f"{ref}:{PurePosixPath(patch_dir, name).as_posix()}", check=False)
+            if result.returncode == 0:
+                texts[patch_id] = result.stdout
+                break
+        else:
+            raise ApplyRefused(
+                [f"diff {' or '.join(names)} of patch {patch_id} is not in the golden baseline"]
+            )
+    return library, texts
+
+
+def evidence_text(plan: ApplyPlan) -> str:
+    """The commit message body: why this change is safe to review (numbers from VerifyCompleted)."""
+    v = plan.verification
+    held = "all held" if not v.failed_invariants else f"FAILED: {', '.join(v.failed_invariants)}"
+    mfu = ""
+    if v.mfu_before is not None and v.mfu_after is not None:
+        mfu = f"MFU {v.mfu_before:.3f} -> {v.mfu_after:.3f}\n"
+    approvals = ", ".join(sorted({f"{a.role}:{a.approver}" for a in plan.approvals})) or "none required"
+    return (
+        f"InfraRSI study {plan.study_id} ({plan.created.name}), verification {v.verify_id}\n"
+        f"Speed-up {v.speedup:.3f}x (CI {v.ci_low:.3f}-{v.ci_high:.3f}), {v.passes} passing verification run(s)\n"
+        f"Step time {v.baseline_step_s:.4f} s -> {v.candidate_step_s:.4f} s\n"
+        f"{mfu}"
+        f"Invariants: {held}\n"
+        f"Action classes: {', '.join(plan.action_classes) or 'none'}\n"
+        f"Approved by: {approvals}\n"
+        f"Golden baseline: {golden_tag(plan.study_id)} ({plan.created.baseline_ref})\n"
+        f"Contract sha256: {plan.created.contract_sha256}\n"
+        f"Trials: {', '.join(v.trial_ids)}"
+    )
+
+
+def execute_apply(plan: ApplyPlan) -> ev.PatchPromoted:
+    """Write the planned candidate to its branch; the scope is checked again against the locked hashes."""
+    with tempfile.TemporaryDirectory(prefix="infrarsi-patches-") as scratch:
+        paths = []
+        for patch_id, text in plan.patch_texts.items():
+            path = Path(scratch) / f"{patch_id}.patch"
+            path.write_text(text)
+            paths.append(path)
+        applied = apply_candidate(
+            Path(plan.created.workload_dir),
+            plan.created.baseline_ref,
+            plan.verification.candidate,
+            paths,
+            plan.contract.workload.launch_file,
+            evidence_text(plan),
+            plan.branch,
+            editable=plan.contract.editable,
+            locked=plan.created.locked_files,
+        )
+    return ev.PatchPromoted(
+        candidate_key=plan.verification.candidate_key,
+        repo=plan.created.workload_dir,
+        branch=applied.branch,
+        commit=applied.commit,
+        files_changed=applied.files_changed,
+        launch_changes=plan.launch_changes,
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# CLI
+# --------------------------------------------------------------------------------------------------
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("study", help="study id")
+    parser.add_argument("candidate", help="candidate key (or a unique prefix)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument(
+        "--data-dir", type=Path, default=argparse.SUPPRESS, help="state directory (default .infrarsi)"
+    )
+    parser.add_argument(
+        "--nats-url", default=argparse.SUPPRESS, help="NATS server (default: $INFRARSI_NATS_URL or embedded)"
+    )
+
+
+def add_approve_arguments(parser: argparse.ArgumentParser) -> None:
+    _common(parser)
+    parser.add_argument("--as", dest="role", required=True, help="the role you approve as (see the policy)")
+    parser.add_argument("--approver", default=None, help="your name (default: the login name)")
+    parser.add_argument(
+        "--action-class",
+        dest="action_classes",
+        action="append",
+        choices=ACTION_CLASSES,
+        default=[],
+        help="limit the approval to these classes of change (repeatable; default: all)",
+    )
+    parser.add_argument("--note", default="", help="free text kept with the approval")
+
+
+def add_apply_arguments(parser: argparse.ArgumentParser) -> None:
+    _common(parser)
+
+
+add_arguments = add_apply_arguments
+"""``infrarsi apply``'s arguments (the module serves two verbs; ``approve`` uses ``add_approve_arguments``)."""
+
+
+def _data_dir(args: argparse.Namespace) -> Path:
+    return Path(getattr(args, "data_dir", None) or os.environ.get("INFRARSI_DATA_DIR", ".infrarsi"))
+
+
+async def load_study_events(bus, study_id: str) -> list[ev.Event]:
+    """Every decodable lifecycle event of one study, in stream order.
+
+    Stand-in until the bus grows a shared helper for this; it reads the ``IRSI`` stream filtered to
+    ``irsi.<study>.*`` with an ephemeral consumer.
+    """
+    from infrarsi.bus import LIFECYCLE_STREAM
+
+    found: list[ev.Event] = []
+    async for batch in bus.iter_stream(LIFECYCLE_STREAM, subjects=f"irsi.{study_id}.*"):
+        for msg in batch:
+            try:
+                found.append(ev.decode(msg.data))
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                continue
+    return found
+
+
+async def run_approve(args: argparse.Namespace) -> int:
+    from infrarsi.bus import BusError
+    from infrarsi.commands.init import connected_bus
+    from infrarsi.embedded import EmbeddedServerError
+
+    approver = args.approver or os.environ.get("USER") or getpass.getuser()
+    try:
+        async with connected_bus(getattr(args, "nats_url", None), _data_dir(args)) as bus:
+            events = await load_study_events(bus, args.study)
+            created = _payloads(events, ev.StudyCreated)
+            if not created:
+                print(f"error: study {args.study} not found", file=sys.stderr)
+                return 2
+            try:
+                key = resolve_candidate_key(events, args.candidate)
+            except ApplyRefused as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
+            granted = ev.ApprovalGranted(
+                candidate_key=key,
+                role=args.role,
+                approver=approver,
+                action_classes=sorted(set(args.action_classes)),
+                note=args.note,
+            )
+            event = ev.make_event(
+                granted, study_id=args.study, source=SOURCE_APPROVE, cluster_id=created[0].cluster.cluster_id
+            )
+            await bus.publish(event)
+    except (BusError, EmbeddedServerError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(
+            json.dumps(
+                {"event_id": event.event_id, "candidate_key": key, "role": args.role, "approver": approver}
+            )
+        )
+    else:
+        print(f"approved {key} as {args.role} ({approver})")
+    return 0
+
+
+async def run_apply(args: argparse.Namespace, *, now: datetime | None = None) -> int:
+    from infrarsi.bus import BusError
+    from infrarsi.commands.init import connected_bus
+    from infrarsi.embedded import EmbeddedServerError
+
+    try:
+        async with connected_bus(getattr(args, "nats_url", None), _data_dir(args)) as bus:
+            events = await load_study_events(bus, args.study)
+            try:
+                plan = plan_apply(events, args.study, args.candidate, now or datetime.now(UTC))
+                promoted = execute_apply(plan)
+            except ApplyRefused as exc:
+                for reason in exc.reasons:
+                    print(f"refused: {reason}", file=sys.stderr)
+                return 3
+            except WorkspaceError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 1
+            event = ev.make_event(
+                promoted,
+                study_id=args.study,
+                source=SOURCE_APPLY,
+                cluster_id=plan.created.cluster.cluster_id,
+                event_id=ev.derived_id(args.study, promoted.candidate_key, "PatchPromoted"),
+            )
+            await bus.publish(event)
+    except (BusError, EmbeddedServerError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(msgspec.to_builtins(promoted)))
+    else:
+        print(f"{promoted.branch} {promoted.commit}")
+        for path in promoted.files_changed:
+            print(f"  {path}")
+    return 0
+
+
+run = run_apply
+"""``infrarsi apply`` (``infrarsi approve`` is ``run_approve``)."""

@@ -1,0 +1,1097 @@
+"""The study contract: what InfraRSI may change in a workload, what must stay the same, and the budget.
+
+Owns the contract's pydantic models (one per concern), loading and validating a contract file
+(``load_contract``), the patch-library format and loader (``load_patch_library``), and the helpers
+every other part uses to ask the contract a question (is this file editable, is this knob value legal,
+what is the golden launch file, which files are locked). Validation happens here, at the edge: inner code
+receives a ``Contract``, never a dict.
+
+Validation runs in two passes. Pydantic checks the shape (types, unknown fields, ranges, choices);
+``check_contract`` then checks the contract against the workload on disk and against itself (scope inside
+the repo, knobs inside the editable launch keys, the global-batch constraint satisfiable, patches present).
+Both report ``ContractError`` with the field path of every problem.
+
+This module reads files; it never writes, runs git, or talks to the bus.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import string
+import subprocess
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path, PurePosixPath
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from infrarsi.events import ClusterInfo
+from infrarsi.policy import Policy
+
+COMMAND_PLACEHOLDERS = frozenset({"python", "launch_file", "probe_dir"})
+"""The only ``{...}`` names allowed in ``workload.command``; the launcher fills them per trial."""
+
+INVARIANT_NAMES = ("scope", "work.optimizer_steps", "work.tokens", "work.eval", "loss", "timing")
+"""Names of ``events.InvariantResult``; a reward-hack patch's ``breaks`` must be one of them."""
+
+_IGNORED_DIRS = frozenset({".git", "__pycache__"})
+
+
+# --------------------------------------------------------------------------------------------------
+# Errors
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a contract: where (dotted field path) and why."""
+
+    path: str
+    reason: str
+
+
+class ContractError(Exception):
+    """A contract that cannot be used. ``str()`` gives one ``<file>: <field path>: <reason>`` line per problem."""
+
+    def __init__(self, problems: list[Problem], file: Path | str | None = None) -> None:
+        self.problems = problems
+        self.file = str(file) if file is not None else None
+        super().__init__(self.render())
+
+    def lines(self) -> list[str]:
+        prefix = f"{self.file}: " if self.file else ""
+        return [f"{prefix}{p.path}: {p.reason}" if p.path else f"{prefix}{p.reason}" for p in self.problems]
+
+    def render(self) -> str:
+        return "\n".join(self.lines())
+
+
+def _error_path(loc: tuple[int | str, ...]) -> str:
+    """``('search_space','knobs','mbs','int','choices',2)`` → ``search_space.knobs.mbs.choices[2]``.
+
+    Drops the tag pydantic inserts for a discriminated union (the knob's ``type``) and the branch names it
+    inserts for plain unions, which mean nothing to the person editing the YAML.
+    """
+    out = ""
+    parts = list(loc)
+    for i, part in enumerate(parts):
+        if isinstance(part, int):
+            out += f"[{part}]"
+            continue
+        if i >= 3 and parts[i - 3] == "search_space" and parts[i - 2] == "knobs" and part in _KNOB_TAGS:
+            continue
+        if part in _UNION_BRANCH_NAMES or part.startswith(("function-", "literal[", "list[")):
+            continue
+        out += f".{part}" if out else part
+    return out
+
+
+def _pydantic_problems(exc: ValidationError) -> list[Problem]:
+    problems = []
+    seen: set[tuple[str, str]] = set()
+    for err in exc.errors(include_url=False):
+        path = _error_path(err["loc"])
+        reason = err["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
+        if err["type"] == "missing":
+            reason = "required field is missing"
+        elif err["type"] == "extra_forbidden":
+            reason = "unknown field"
+        if (path, reason) not in seen:
+            seen.add((path, reason))
+            problems.append(Problem(path, reason))
+    return problems
+
+
+# --------------------------------------------------------------------------------------------------
+# Models
+# --------------------------------------------------------------------------------------------------
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class LauncherSpec(_Model):
+    """How the workload's processes are started on each node."""
+
+    kind: Literal["python", "torchrun"] = "python"
+    """``python``: one process runs ``command``; ``torchrun``: the launcher wraps it in torchrun."""
+    nnodes: int = Field(default=1, ge=1)
+    """Nodes per trial."""
+    nproc_per_node: int = Field(default=1, ge=1)
+    """Processes (ranks) per node; more than 1 requires ``kind: torchrun``."""
+
+    @model_validator(mode="after")
+    def _ranks_need_torchrun(self) -> LauncherSpec:
+        if self.kind == "python" and (self.nnodes > 1 or self.nproc_per_node > 1):
+            raise ValueError("more than one rank needs kind: torchrun")
+        return self
+
+
+class WorkloadSpec(_Model):
+    """The training job: where it lives and how it is started."""
+
+    repo: Path
+    """Directory of the workload, relative to the contract file; stored resolved (absolute)."""
+    command: list[str] = Field(min_length=1)
+    """The job's argv (no shell). Placeholders: ``{python}``, ``{launch_file}``, ``{probe_dir}``."""
+    launch_file: str
+    """Golden baseline launch YAML, relative to ``repo``. Knob values reach the job through a copy of it."""
+    launcher: LauncherSpec = LauncherSpec()
+    """Process layout of one trial."""
+    env: dict[str, str] = {}
+    """Extra environment variables for the job (fixed for every trial, baseline included)."""
+    steps: int = Field(ge=1)
+    """Trial horizon in optimiser steps, written to the launch key ``steps_key``."""
+    steps_key: str = "steps"
+    """Launch key (dotted for nested sections, e.g. ``run.steps``) that receives the horizon."""
+    verify_steps: int = Field(ge=1)
+    """Longer horizon used at verify, to catch slow divergence."""
+    patch_dir: str = "patches"
+    """Patch library, relative to ``repo``: ``index.yaml`` plus one ``<id>.patch`` per patch."""
+
+    @field_validator("repo", mode="after")
+    @classmethod
+    def _resolve_repo(cls, value: Path, info: ValidationInfo) -> Path:
+        base = (info.context or {}).get("base_dir")
+        if not value.is_absolute():
+            value = Path(base or ".") / value
+        return value.resolve()
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                raise ValueError(f"{name!r} is not a valid environment variable name")
+        return value
+
+    @model_validator(mode="after")
+    def _verify_not_shorter(self) -> WorkloadSpec:
+        if self.verify_steps < self.steps:
+            raise ValueError(f"verify_steps ({self.verify_steps}) must be at least steps ({self.steps})")
+        return self
+
+
+class ClusterSpec(_Model):
+    """Where trials run; also what bank entries are matched on."""
+
+    id: str = Field(pattern=r"^[A-Za-z0-9_-]+$")
+    """Cluster id (a NATS subject token: letters, digits, ``-``, ``_``)."""
+    accelerator: str
+    """Accelerator SKU, e.g. ``cpu``, ``A100-80G``, ``H100-80G``."""
+    nodes: int = Field(default=1, ge=1)
+    """Nodes available."""
+    devices_per_node: int = Field(default=1, ge=1)
+    """Accelerators per node."""
+    memory_capacity_bytes: int = Field(ge=1)
+    """Memory per device; on a CPU host an emulated capacity enforced by the launcher's watchdog."""
+    peak_flops: float | None = Field(default=None, gt=0)
+    """Peak FLOP/s per device; ``null`` until doctor measures it (CPU hosts)."""
+    interconnect: str = "loopback"
+    """E.g. ``loopback``, ``nvlink``, ``infiniband``."""
+
+    def info(self) -> ClusterInfo:
+        """As the event catalog's ``ClusterInfo``."""
+        return ClusterInfo(
+            cluster_id=self.id,
+            accelerator=self.accelerator,
+            nodes=self.nodes,
+            devices_per_node=self.devices_per_node,
+            memory_capacity_bytes=self.memory_capacity_bytes,
+            peak_flops=self.peak_flops,
+            interconnect=self.interconnect,
+        )
+
+
+class BackendSpec(_Model):
+    """How the launcher runs trials."""
+
+    kind: Literal["local", "sim"] = "local"
+    """``local``: subprocesses on this host; ``sim``: the analytic cluster simulator (labelled as such)."""
+    parallel: int = Field(default=1, ge=1)
+    """Trials in flight at once."""
+    timeout_s: float = Field(default=600.0, gt=0)
+    """A trial running longer is killed and reported ``timeout``."""
+
+
+class ScopeSpec(_Model):
+    """What a candidate may change. Everything else is locked (hashed at init, checked on every trial)."""
+
+    files: list[str] = []
+    """Globs relative to the repo (``*`` within a directory, ``**`` across, a trailing ``/`` = everything
+    under): the only files patches may touch."""
+    launch_keys: list[str] = []
+    """Keys of the launch file that candidates may set; dotted for nested sections
+    (``knobs.micro_batch_size`` sets ``micro_batch_size`` under ``knobs:``)."""
+
+    @field_validator("launch_keys")
+    @classmethod
+    def _unique_keys(cls, value: list[str]) -> list[str]:
+        dupes = sorted({k for k in value if value.count(k) > 1})
+        if dupes:
+            raise ValueError(f"duplicate launch keys {dupes}")
+        return value
+
+
+KnobActionClass = Literal["launch_keys", "comm_env", "data_change"]
+
+
+class _KnobBase(_Model):
+    action_class: KnobActionClass = "launch_keys"
+    """Apply-policy class of a change to this knob (see ``infrarsi.policy``)."""
+
+
+def _unique(values: list[Any]) -> list[Any]:
+    if not values:
+        raise ValueError("choices must not be empty")
+    keyed = [(type(v), v) for v in values]
+    if len(set(keyed)) != len(keyed):
+        raise ValueError("choices must be unique")
+    return values
+
+
+class IntKnob(_KnobBase):
+    """An integer launch key: either a list of ``choices`` or a range ``low``..``high`` (inclusive)."""
+
+    type: Literal["int"]
+    choices: list[StrictInt] | None = None
+    """Allowed values (exclusive with ``low``/``high``)."""
+    low: StrictInt | None = None
+    """Smallest allowed value."""
+    high: StrictInt | None = None
+    """Largest allowed value."""
+
+    @model_validator(mode="after")
+    def _choices_or_range(self) -> IntKnob:
+        _check_choices_or_range(self.choices, self.low, self.high)
+        return self
+
+    def problem(self, value: Any) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"expected an int, got {type(value).__name__} {value!r}"
+        return _range_problem(value, self.choices, self.low, self.high)
+
+    def values(self) -> list[int] | None:
+        """Every allowed value (``None`` for an unbounded set, which validation does not allow anyway)."""
+        if self.choices is not None:
+            return list(self.choices)
+        return list(range(self.low, self.high + 1))  # type: ignore[arg-type]
+
+
+class FloatKnob(_KnobBase):
+    """A real-valued launch key: ``choices`` or a range ``low``..``high``."""
+
+    type: Literal["float"]
+    choices: list[StrictFloat | StrictInt] | None = None
+    """Allowed values (exclusive with ``low``/``high``)."""
+    low: StrictFloat | StrictInt | None = None
+    """Smallest allowed value."""
+    high: StrictFloat | StrictInt | None = None
+    """Largest allowed value."""
+    log: bool = False
+    """Search the range on a log scale (requires ``low > 0``)."""
+
+    @model_validator(mode="after")
+    def _choices_or_range(self) -> FloatKnob:
+        _check_choices_or_range(self.choices, self.low, self.high)
+        if self.log and (self.low is None or self.low <= 0):
+            raise ValueError("log: true needs low > 0")
+        return self
+
+    def problem(self, value: Any) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return f"expected a number, got {type(value).__name__} {value!r}"
+        return _range_problem(value, self.choices, self.low, self.high)
+
+
+class ChoiceKnob(_KnobBase):
+    """A categorical launch key (e.g. ``attention: [manual, sdpa]``)."""
+
+    type: Literal["choice"]
+    choices: list[StrictStr | StrictBool | StrictInt | StrictFloat]
+    """Allowed values; all of one type."""
+
+    @field_validator("choices")
+    @classmethod
+    def _same_type(cls, value: list[Any]) -> list[Any]:
+        _unique(value)
+        kinds = {type(v).__name__ for v in value}
+        if len(kinds) > 1:
+            raise ValueError(f"choices mix types {sorted(kinds)}")
+        return value
+
+    def problem(self, value: Any) -> str | None:
+        if any(type(value) is type(c) and value == c for c in self.choices):
+            return None
+        return f"{value!r} is not one of {self.choices}"
+
+
+class BoolKnob(_KnobBase):
+    """An on/off launch key (e.g. ``compile``)."""
+
+    type: Literal["bool"]
+
+    def problem(self, value: Any) -> str | None:
+        return None if isinstance(value, bool) else f"expected a bool, got {type(value).__name__} {value!r}"
+
+
+Knob = Annotated[IntKnob | FloatKnob | ChoiceKnob | BoolKnob, Field(discriminator="type")]
+_KNOB_TAGS = frozenset({"int", "float", "choice", "bool"})
+_UNION_BRANCH_NAMES = frozenset(
+    {"str", "int", "float", "bool", "Policy", "tagged-union[IntKnob,FloatKnob,ChoiceKnob,BoolKnob]"}
+)
+
+
+def _check_choices_or_range(choices: list[Any] | None, low: Any, high: Any) -> None:
+    if choices is not None:
+        if low is not None or high is not None:
+            raise ValueError("give either choices or low/high, not both")
+        _unique(choices)
+        return
+    if low is None or high is None:
+        raise ValueError("give choices, or both low and high")
+    if low > high:
+        raise ValueError(f"low ({low}) is greater than high ({high})")
+
+
+def _range_problem(value: float, choices: list[Any] | None, low: Any, high: Any) -> str | None:
+    if choices is not None:
+        return None if value in choices else f"{value!r} is not one of {choices}"
+    if not low <= value <= high:
+        return f"{value!r} is outside [{low}, {high}]"
+    return None
+
+
+class GlobalBatchConstraint(_Model):
+    """micro-batch × gradient-accumulation × data-parallel = ``size``, fixed by the contract."""
+
+    size: int = Field(ge=1)
+    """Global batch in sequences per optimiser step."""
+    micro_batch_key: str
+    """Launch key holding the micro-batch (a knob, or fixed in the launch file)."""
+    data_parallel: int = Field(default=1, ge=1)
+    """Data-parallel replicas."""
+    size_key: str | None = None
+    """Launch key holding the global batch in the launch file (e.g. ``run.global_batch_size``); when set,
+    the golden file's value must equal ``size``."""
+    accumulation_key: str | None = None
+    """Launch key the derived accumulation steps are written to; ``null`` when the job derives them itself
+    from the global batch. When set it must be an editable launch key."""
+
+    def accumulation(self, micro_batch: int) -> int:
+        return self.size // (micro_batch * self.data_parallel)
+
+
+class Constraints(_Model):
+    """Relations between knobs that every candidate must keep."""
+
+    global_batch: GlobalBatchConstraint | None = None
+    """Keeps tokens per optimiser step fixed whatever the micro-batch."""
+
+
+class SearchSpace(_Model):
+    """What the search may try."""
+
+    knobs: dict[str, Knob] = {}
+    """Launch key → its type and allowed values; every key must be in ``scope.launch_keys``."""
+    constraints: Constraints = Constraints()
+    """Relations between knobs."""
+    patches: list[str] = []
+    """Ids of patches from the workload's patch library the search may apply."""
+
+
+class LossInvariant(_Model):
+    """The candidate's loss curve must stay within tolerance of the baseline's."""
+
+    tolerance: float = Field(gt=0)
+    """Allowed deviation: a fraction of the baseline loss (``relative``) or loss units (``absolute``)."""
+    mode: Literal["relative", "absolute"] = "relative"
+    """How ``tolerance`` is measured."""
+    at: Literal["every_eval", "every_step"] | list[Annotated[int, Field(ge=1)]] = "every_eval"
+    """Where the curves are compared: every eval, every step, or the listed steps."""
+
+
+class Invariants(_Model):
+    """What makes a candidate the same training run (ARCHITECTURE.md §7)."""
+
+    loss: LossInvariant
+    """Loss-curve agreement."""
+    steps: bool = True
+    """Same number of optimiser steps (counted by the probe)."""
+    tokens: bool = True
+    """Same tokens per optimiser step."""
+    eval: bool = True
+    """Same eval batch and eval interval."""
+    timing_tolerance: float = Field(default=0.10, gt=0, le=1)
+    """Largest allowed |launcher wall over steady steps − sum of reported step times| / wall."""
+
+
+class Budget(_Model):
+    """What the search may spend."""
+
+    trials: int = Field(ge=1)
+    """Search trials (baseline, doctor and verify runs not counted)."""
+    accelerator_hours: float = Field(gt=0)
+    """Accelerator-hours for the whole study, failed trials included."""
+    repeats_per_trial: int = Field(default=1, ge=1)
+    """Runs of each search candidate (doctor may recommend more)."""
+
+
+class DoctorSpec(_Model):
+    """The baseline health check."""
+
+    repeats: int = Field(default=5, ge=2)
+    """Baseline runs; at least 2 to measure run-to-run noise."""
+
+
+class VerifySpec(_Model):
+    """Re-running the best candidates against the baseline."""
+
+    top_k: int = Field(default=2, ge=1)
+    """Candidates verified."""
+    repeats: int = Field(default=3, ge=1)
+    """Interleaved baseline/candidate pairs per candidate."""
+    passes_required: int = Field(default=2, ge=1)
+    """Passing verifications needed to be promotable."""
+
+    @model_validator(mode="after")
+    def _passes_within_repeats(self) -> VerifySpec:
+        if self.passes_required > self.repeats:
+            raise ValueError(f"passes_required ({self.passes_required}) exceeds repeats ({self.repeats})")
+        return self
+
+
+def _policy_json_schema(schema: dict[str, Any]) -> None:
+    # The field holds a Policy once loaded, but in YAML it may also be a path to a policy file.
+    schema["anyOf"] = [*schema.get("anyOf", []), {"type": "string", "description": "path to a policy YAML"}]
+
+
+class Contract(_Model):
+    """A study contract, as written in ``contract.yaml``."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    """Short name of the study (letters, digits, ``.``, ``_``, ``-``)."""
+    goal: str
+    """What the user wants, in a sentence; shown in reports."""
+    workload: WorkloadSpec
+    """The training job."""
+    cluster: ClusterSpec
+    """Where trials run."""
+    backend: BackendSpec = BackendSpec()
+    """How trials are launched."""
+    scope: ScopeSpec
+    """Editable files and launch keys."""
+    search_space: SearchSpace = SearchSpace()
+    """Knobs, constraints and patches the search may use."""
+    invariants: Invariants
+    """What must not change."""
+    budget: Budget
+    """What the study may spend."""
+    doctor: DoctorSpec = DoctorSpec()
+    """Baseline health check."""
+    verify: VerifySpec = VerifySpec()
+    """Verification of the best candidates."""
+    policy: Policy | None = Field(default=None, json_schema_extra=_policy_json_schema)
+    """Apply policy, inline or as a path relative to the contract file; when absent every change needs one
+    approval by role ``owner``."""
+
+    _source: Path | None = PrivateAttr(default=None)
+
+    @field_validator("policy", mode="before")
+    @classmethod
+    def _load_policy_file(cls, value: Any, info: ValidationInfo) -> Any:
+        if not isinstance(value, str):
+            return value
+        base = Path((info.context or {}).get("base_dir") or ".")
+        path = base / value
+        try:
+            data = yaml.safe_load(path.read_text())
+        except FileNotFoundError:
+            raise ValueError(f"policy file {path} not found") from None
+        except yaml.YAMLError as exc:
+            raise ValueError(f"policy file {path} is not valid YAML: {exc}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"policy file {path} must hold a mapping")
+        return data
+
+    # ---------------------------------------------------------------- questions the rest of the code asks
+
+    @property
+    def source(self) -> Path | None:
+        """The contract file this was loaded from, if any."""
+        return self._source
+
+    @property
+    def apply_policy(self) -> Policy:
+        """The policy, or the default (one approval by ``owner`` for every class) when none is given."""
+        return self.policy or Policy()
+
+    @cached_property
+    def _scope_patterns(self) -> list[re.Pattern[str]]:
+        return [re.compile(_glob_to_regex(g)) for g in self.scope.files]
+
+    def editable(self, path: str | os.PathLike[str]) -> bool:
+        """Whether a repo-relative path is inside the editable scope (pure: does not look at the disk)."""
+        rel = _normalise_rel(path)
+        if rel is None:
+            return False
+        return any(p.fullmatch(rel) for p in self._scope_patterns)
+
+    def knob_value_ok(self, key: str, value: Any) -> str | None:
+        """``None`` if ``value`` is legal for knob ``key``, else the reason (unknown key, type, range)."""
+        knob = self.search_space.knobs.get(key)
+        if knob is None:
+            return f"{key!r} is not a knob of the search space"
+        return knob.problem(value)
+
+    def candidate_problems(self, knobs: Mapping[str, Any], patches: Sequence[str] = ()) -> list[str]:
+        """Every reason a knob vector + patch set is outside the contract (empty = inside)."""
+        problems = [f"{k}: {r}" for k, v in knobs.items() if (r := self.knob_value_ok(k, v))]
+        gb = self.search_space.constraints.global_batch
+        if gb is not None and gb.micro_batch_key in knobs and not problems:
+            mb = knobs[gb.micro_batch_key]
+            if (gb.size // gb.data_parallel) % mb:
+                problems.append(
+                    f"{gb.micro_batch_key}: {mb} does not divide global batch {gb.size}/{gb.data_parallel}"
+                )
+        problems += [
+            f"patch {p!r} is not in search_space.patches"
+            for p in patches
+            if p not in self.search_space.patches
+        ]
+        return problems
+
+    def action_classes(
+        self, changed_keys: Iterable[str], patch_ids: Iterable[str], library: Mapping[str, PatchInfo]
+    ) -> list[str]:
+        """The apply-policy classes of a change: each changed launch key's knob class, each patch's class.
+
+        A key that is not a knob counts as ``launch_keys``; a patch missing from ``library`` as ``code_patch``.
+        """
+        classes = set()
+        for key in changed_keys:
+            knob = self.search_space.knobs.get(key)
+            classes.add(knob.action_class if knob is not None else "launch_keys")
+        for patch_id in patch_ids:
+            info = library.get(patch_id)
+            classes.add(info.action_class if info is not None else "code_patch")
+        return sorted(classes)
+
+    def baseline_launch(self) -> dict[str, Any]:
+        """The golden launch file as a dict (read from the workload repo)."""
+        return _read_launch(self.workload.repo / self.workload.launch_file)
+
+    def launch_for(self, knobs: Mapping[str, Any], steps: int | None = None) -> dict[str, Any]:
+        """The launch dict of a trial: golden file ← knobs ← derived accumulation ← ``steps`` horizon."""
+        launch = self.baseline_launch()
+        for key, value in knobs.items():
+            set_dotted(launch, key, value)
+        gb = self.search_space.constraints.global_batch
+        if gb is not None and gb.accumulation_key is not None:
+            found, micro_batch = get_dotted(launch, gb.micro_batch_key)
+            if found:
+                set_dotted(launch, gb.accumulation_key, gb.accumulation(int(micro_batch)))
+        set_dotted(launch, self.workload.steps_key, steps if steps is not None else self.workload.steps)
+        return launch
+
+    def command_for(self, *, python: str, launch_file: str, probe_dir: str) -> list[str]:
+        """The job's argv with placeholders filled in (each element formatted alone; no shell)."""
+        values = {"python": python, "launch_file": launch_file, "probe_dir": probe_dir}
+        return [arg.format_map(values) for arg in self.workload.command]
+
+    def locked_files(self, repo: Path | str | None = None) -> dict[str, str]:
+        """sha256 of every non-editable tracked file of ``repo`` (default: the workload repo), by path.
+
+        Tracked = ``git ls-files`` when ``repo`` is the top of a git repository, else every file under it;
+        ``.git`` and ``__pycache__`` are ignored. A symlink is hashed by its target, not followed.
+        """
+        root = Path(repo) if repo is not None else self.workload.repo
+        return {rel: file_sha256(root / rel) for rel in tracked_files(root) if not self.editable(rel)}
+
+    def patch_library(self) -> dict[str, PatchInfo]:
+        """The workload's patch library, by id."""
+        return load_patch_library(self.workload.repo / self.workload.patch_dir)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Normalised JSON (policy inlined, paths absolute, defaults filled) for ``StudyCreated.contract``."""
+        return self.model_dump(mode="json", by_alias=True)
+
+    def sha256(self) -> str:
+        """Hash of the normalised contract (key order independent)."""
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
+
+
+# --------------------------------------------------------------------------------------------------
+# Patch library
+# --------------------------------------------------------------------------------------------------
+
+
+class LogRatioPrior(_Model):
+    """A prior on log(candidate / baseline) of a quantity: negative = smaller (faster / less memory)."""
+
+    mean: float = 0.0
+    """Expected log-ratio."""
+    std: float = Field(default=0.1, gt=0)
+    """Uncertainty of the log-ratio."""
+
+
+PATCH_SUFFIXES = (".patch", ".diff")
+
+
+class PatchInfo(_Model):
+    """One entry of a workload's patch library (``<patch_dir>/index.yaml``); the diff is ``<id>.patch``
+    or ``<id>.diff`` beside it (or the file named by ``diff``)."""
+
+    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    """Patch id (``<id>.patch`` / ``<id>.diff`` is the diff unless ``diff`` names another file)."""
+    diff: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    """File name of the diff in the patch directory, when it is not ``<id>.patch`` or ``<id>.diff``."""
+    description: str
+    """What the patch does and why it should help."""
+    files: list[str] = []
+    """Repo-relative files the diff touches (informational; the diff itself is what is checked)."""
+    risk: Literal["low", "medium", "high"] = "medium"
+    """How likely the patch is to change numerics or break the job."""
+    kind: Literal["speedup", "memory", "math_change", "conflict", "reward_hack"] = "speedup"
+    """What the patch is for. ``math_change`` changes what is computed (verify should catch it),
+    ``conflict`` does not apply together with some other patch, ``reward_hack`` games a measurement."""
+    breaks: Literal["scope", "work.optimizer_steps", "work.tokens", "work.eval", "loss", "timing"] | None = (
+        None
+    )
+    """For ``reward_hack`` / ``math_change``: the invariant that should catch it."""
+    conflicts_with: list[str] = []
+    """Patch ids this one does not apply together with."""
+    action_class: Literal["code_patch", "kernel_patch", "data_change"] = "code_patch"
+    """Apply-policy class of the change (see ``infrarsi.policy``)."""
+    time_log_ratio: LogRatioPrior = LogRatioPrior()
+    """Prior effect on step time."""
+    memory_log_ratio: LogRatioPrior = LogRatioPrior()
+    """Prior effect on peak memory."""
+
+    _path: Path | None = PrivateAttr(default=None)
+
+    def diff_candidates(self) -> list[str]:
+        """File names the diff may have, in order of preference."""
+        return [self.diff] if self.diff else [f"{self.id}{suffix}" for suffix in PATCH_SUFFIXES]
+
+    @property
+    def path(self) -> Path:
+        """The diff file (set when loaded by ``load_patch_library``)."""
+        if self._path is None:
+            raise ValueError(f"patch {self.id} was not loaded from a library")
+        return self._path
+
+
+class PatchIndex(_Model):
+    """The file ``<patch_dir>/index.yaml``."""
+
+    patches: list[PatchInfo]
+    """Every patch of the library."""
+
+
+def load_patch_library(patch_dir: Path | str) -> dict[str, PatchInfo]:
+    """Read ``index.yaml`` of a patch library; every entry's ``<id>.patch`` must exist beside it.
+
+    Raises ``ContractError`` (paths relative to the index file) on a malformed index or a missing diff.
+    """
+    patch_dir = Path(patch_dir)
+    index = patch_dir / "index.yaml"
+    try:
+        data = yaml.safe_load(index.read_text())
+    except FileNotFoundError:
+        raise ContractError([Problem("", "patch library index not found")], index) from None
+    except yaml.YAMLError as exc:
+        raise ContractError([Problem("", f"invalid YAML: {exc}")], index) from None
+    try:
+        parsed = PatchIndex.model_validate(data)
+    except ValidationError as exc:
+        raise ContractError(_pydantic_problems(exc), index) from None
+    library: dict[str, PatchInfo] = {}
+    problems = []
+    for i, info in enumerate(parsed.patches):
+        if info.id in library:
+            problems.append(Problem(f"patches[{i}].id", f"duplicate patch id {info.id!r}"))
+        names = info.diff_candidates()
+        diff = next((patch_dir / n for n in names if (patch_dir / n).is_file()), None)
+        if diff is None:
+            problems.append(Problem(f"patches[{i}]", f"diff {' or '.join(names)} not found in {patch_dir}"))
+        info._path = diff
+        library[info.id] = info
+    if problems:
+        raise ContractError(problems, index)
+    return library
+
+
+# --------------------------------------------------------------------------------------------------
+# Loading and checking
+# --------------------------------------------------------------------------------------------------
+
+
+def load_contract(path: Path | str) -> Contract:
+    """Load, validate and check a contract file; raises ``ContractError`` naming the file and field paths."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ContractError([Problem("", "contract file not found")], path) from None
+    except yaml.YAMLError as exc:
+        raise ContractError([Problem("", f"invalid YAML: {exc}")], path) from None
+    if not isinstance(data, dict):
+        raise ContractError([Problem("", "a contract must be a YAML mapping")], path)
+    return contract_from_dict(data, base_dir=path.resolve().parent, source=path)
+
+
+def contract_from_dict(
+    data: Mapping[str, Any],
+    *,
+    base_dir: Path | str | None = None,
+    source: Path | str | None = None,
+    check: bool = True,
+) -> Contract:
+    """Validate a contract given as a mapping (relative paths from ``base_dir``); ``check`` runs ``check_contract``.
+
+    ``check=False`` rebuilds a contract already locked by ``init`` (e.g. from ``StudyCreated.contract``)
+    without looking at the disk.
+    """
+    try:
+        contract = Contract.model_validate(
+            dict(data), context={"base_dir": str(base_dir) if base_dir else None}
+        )
+    except ValidationError as exc:
+        raise ContractError(_pydantic_problems(exc), source) from None
+    contract._source = Path(source).resolve() if source is not None else None
+    if check:
+        problems = check_contract(contract)
+        if problems:
+            raise ContractError(problems, source)
+    return contract
+
+
+def check_contract(contract: Contract) -> list[Problem]:
+    """Check a shape-valid contract against the workload on disk and against itself."""
+    problems: list[Problem] = []
+    workload = contract.workload
+    repo = workload.repo
+    if not repo.is_dir():
+        return [Problem("workload.repo", f"{repo} is not a directory")]
+
+    # command placeholders
+    for i, arg in enumerate(workload.command):
+        reason = _placeholder_problem(arg)
+        if reason:
+            problems.append(Problem(f"workload.command[{i}]", reason))
+
+    # launch file
+    baseline: dict[str, Any] | None = None
+    launch_reason = _inside_problem(repo, workload.launch_file)
+    if launch_reason:
+        problems.append(Problem("workload.launch_file", launch_reason))
+    elif not (repo / workload.launch_file).is_file():
+        problems.append(Problem("workload.launch_file", f"{workload.launch_file} not found in {repo}"))
+    else:
+        try:
+            baseline = _read_launch(repo / workload.launch_file)
+        except ValueError as exc:
+            problems.append(Problem("workload.launch_file", str(exc)))
+
+    # editable scope
+    for i, pattern in enumerate(contract.scope.files):
+        reason = _inside_problem(repo, pattern, glob=True)
+        if reason:
+            problems.append(Problem(f"scope.files[{i}]", reason))
+
+    # knobs
+    space = contract.search_space
+    launch_keys = set(contract.scope.launch_keys)
+    for key in space.knobs:
+        if key == workload.steps_key:
+            problems.append(
+                Problem(f"search_space.knobs.{key}", "the trial horizon is fixed by workload.steps")
+            )
+            continue
+        if key not in launch_keys:
+            problems.append(Problem(f"search_space.knobs.{key}", "launch key not in scope.launch_keys"))
+        found, value = get_dotted(baseline or {}, key)
+        if found:
+            reason = space.knobs[key].problem(value)
+            if reason:
+                problems.append(Problem(f"search_space.knobs.{key}", f"golden launch file value: {reason}"))
+
+    # global batch
+    gb = space.constraints.global_batch
+    if gb is not None:
+        problems += _global_batch_problems(gb, space, launch_keys, baseline)
+
+    # patches
+    if space.patches:
+        patch_dir_reason = _inside_problem(repo, workload.patch_dir)
+        if patch_dir_reason:
+            problems.append(Problem("workload.patch_dir", patch_dir_reason))
+        else:
+            try:
+                library = load_patch_library(repo / workload.patch_dir)
+            except ContractError as exc:
+                problems += [Problem("search_space.patches", line) for line in exc.lines()]
+            else:
+                for i, patch_id in enumerate(space.patches):
+                    if patch_id not in library:
+                        problems.append(
+                            Problem(
+                                f"search_space.patches[{i}]",
+                                f"unknown patch id {patch_id!r} (not in {workload.patch_dir}/index.yaml)",
+                            )
+                        )
+
+    # loss checkpoints inside the verify horizon
+    at = contract.invariants.loss.at
+    if isinstance(at, list):
+        late = [s for s in at if s > workload.verify_steps]
+        if late:
+            problems.append(
+                Problem("invariants.loss.at", f"steps {late} are beyond verify_steps {workload.verify_steps}")
+            )
+    return problems
+
+
+def _global_batch_problems(
+    gb: GlobalBatchConstraint, space: SearchSpace, launch_keys: set[str], baseline: dict[str, Any] | None
+) -> list[Problem]:
+    where = "search_space.constraints.global_batch"
+    problems = []
+    if gb.size % gb.data_parallel:
+        return [Problem(f"{where}.size", f"{gb.size} is not divisible by data_parallel {gb.data_parallel}")]
+    per_replica = gb.size // gb.data_parallel
+    if gb.size_key is not None and baseline is not None:
+        found, size = get_dotted(baseline, gb.size_key)
+        if found and size != gb.size:
+            problems.append(
+                Problem(f"{where}.size", f"launch file has {gb.size_key}={size!r}, contract says {gb.size}")
+            )
+    knob = space.knobs.get(gb.micro_batch_key)
+    if knob is None:
+        found, fixed = get_dotted(baseline or {}, gb.micro_batch_key)
+        if found and (isinstance(fixed, bool) or not isinstance(fixed, int)):
+            problems.append(
+                Problem(
+                    f"{where}.micro_batch_key", f"{gb.micro_batch_key!r} is not an int in the launch file"
+                )
+            )
+        elif found and per_replica % fixed:
+            problems.append(
+                Problem(f"{where}.micro_batch_key", f"launch value {fixed} does not divide {per_replica}")
+            )
+    elif not isinstance(knob, IntKnob):
+        problems.append(
+            Problem(f"search_space.knobs.{gb.micro_batch_key}", "the micro-batch knob must be type: int")
+        )
+    else:
+        bad = [v for v in knob.values() or [] if v <= 0 or per_replica % v]
+        if bad:
+            problems.append(
+                Problem(
+                    f"search_space.knobs.{gb.micro_batch_key}",
+                    f"micro-batch values {bad} do not divide global batch {gb.size} / data_parallel {gb.data_parallel}",
+                )
+            )
+    if gb.accumulation_key is not None and gb.accumulation_key not in launch_keys:
+        problems.append(
+            Problem(f"{where}.accumulation_key", f"{gb.accumulation_key!r} is not in scope.launch_keys")
+        )
+    return problems
+
+
+def _placeholder_problem(arg: str) -> str | None:
+    try:
+        fields = list(string.Formatter().parse(arg))
+    except ValueError as exc:
+        return f"bad braces in {arg!r}: {exc}"
+    for _literal, name, spec, conversion in fields:
+        if name is None:
+            continue
+        if name not in COMMAND_PLACEHOLDERS:
+            return f"unknown placeholder {{{name}}} (allowed: {', '.join(sorted(COMMAND_PLACEHOLDERS))})"
+        if spec or conversion:
+            return f"placeholder {{{name}}} takes no format spec or conversion"
+    return None
+
+
+def _inside_problem(repo: Path, rel: str, *, glob: bool = False) -> str | None:
+    """Why a repo-relative path (or glob) escapes the repo, else ``None``."""
+    pure = PurePosixPath(rel)
+    if not rel or pure.is_absolute() or rel.startswith("~"):
+        return f"{rel!r} must be relative to the workload repo"
+    if ".." in pure.parts:
+        return f"{rel!r} must not contain '..'"
+    root = repo.resolve()
+    # The literal prefix (before any glob character) must not lead out through a symlink…
+    literal = []
+    for part in pure.parts:
+        if glob and any(c in part for c in "*?["):
+            break
+        literal.append(part)
+    if literal and not (repo.joinpath(*literal)).resolve().is_relative_to(root):
+        return f"{rel!r} resolves outside the workload repo (through a symlink)"
+    # …and neither may anything the glob matches today.
+    if glob:
+        for match in _glob_matches(repo, rel):
+            if not match.resolve().is_relative_to(root):
+                return f"{rel!r} matches {match.relative_to(repo)}, which resolves outside the workload repo"
+    return None
+
+
+def _glob_matches(repo: Path, pattern: str) -> Iterator[Path]:
+    regex = re.compile(_glob_to_regex(pattern))
+    for dirpath, dirnames, filenames in os.walk(repo):
+        dirnames[:] = [d for d in dirnames if d not in _IGNORED_DIRS]
+        for name in filenames + dirnames:
+            full = Path(dirpath) / name
+            if regex.fullmatch(full.relative_to(repo).as_posix()):
+                yield full
+
+
+def _glob_to_regex(pattern: str) -> str:
+    """Repo glob → regex over posix paths: ``*`` and ``?`` stay in one directory, ``**`` crosses them,
+    ``[...]`` is a character class, and a trailing ``/`` means everything under the directory."""
+    if pattern.endswith("/"):
+        pattern += "**"
+    out = []
+    i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif c == "*":
+            out.append("[^/]*")
+            i += 1
+        elif c == "?":
+            out.append("[^/]")
+            i += 1
+        elif c == "[" and (end := pattern.find("]", i + 2)) != -1:
+            body = pattern[i + 1 : end]
+            out.append("[" + ("^" + body[1:] if body.startswith("!") else body).replace("\\", "\\\\") + "]")
+            i = end + 1
+        else:
+            out.append(re.escape(c))
+            i += 1
+    return "".join(out)
+
+
+def _normalise_rel(path: str | os.PathLike[str]) -> str | None:
+    """A clean repo-relative posix path, or ``None`` if it is absolute or climbs with ``..``."""
+    text = os.fspath(path).replace("\\", "/")
+    pure = PurePosixPath(text)
+    if pure.is_absolute() or ".." in pure.parts or not pure.parts:
+        return None
+    parts = [p for p in pure.parts if p != "."]
+    return "/".join(parts) if parts else None
+
+
+def get_dotted(tree: Mapping[str, Any], key: str) -> tuple[bool, Any]:
+    """``get_dotted({"knobs": {"mbs": 4}}, "knobs.mbs")`` → ``(True, 4)``; ``(False, None)`` when absent.
+
+    A key present literally (dots and all) at the top level wins over the nested reading."""
+    if key in tree:
+        return True, tree[key]
+    node: Any = tree
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
+
+
+def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
+    """Set a dotted launch key in place, creating sections as needed (a literal top-level key wins)."""
+    if key in tree or "." not in key:
+        tree[key] = value
+        return
+    *parents, leaf = key.split(".")
+    node = tree
+    for part in parents:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ValueError(f"{key}: {part} is not a section of the launch file")
+        node = child
+    node[leaf] = value
+
+
+def _read_launch(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a mapping of launch keys")
+    return data
+
+
+# --------------------------------------------------------------------------------------------------
+# Files
+# --------------------------------------------------------------------------------------------------
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a file's bytes; of ``symlink:<target>`` for a symlink (never followed)."""
+    if path.is_symlink():
+        return hashlib.sha256(b"symlink:" + os.readlink(path).encode()).hexdigest()
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def tracked_files(root: Path) -> list[str]:
+    """Repo-relative posix paths of the files of a workload (``git ls-files`` at a repo top, else a walk)."""
+    root = Path(root)
+    if (root / ".git").exists():
+        out = subprocess.run(
+            ["git", "-C", str(root), "ls-files", "-z", "--cached"],
+            check=True,
+            capture_output=True,
+        ).stdout.decode()
+        files = [f for f in out.split("\0") if f]
+    else:
+        files = []
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = [d for d in dirnames if d not in _IGNORED_DIRS]
+            files += [(Path(dirpath) / f).relative_to(root).as_posix() for f in filenames]
+    keep = []
+    for rel in files:
+        if _IGNORED_DIRS & set(PurePosixPath(rel).parts) or rel.endswith(".pyc"):
+            continue
+        full = root / rel
+        if full.is_symlink() or full.is_file():
+            keep.append(rel)
+    return sorted(keep)
+
+
+def contract_json_schema() -> dict[str, Any]:
+    """JSON Schema of the contract file, for ``schemas/contract.schema.json`` and editors."""
+    return Contract.model_json_schema(mode="validation", by_alias=True)
