@@ -11,6 +11,7 @@ It must not know what any service does with an event: dispatch lives in ``infrar
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
@@ -141,22 +142,36 @@ class Bus:
                 except Exception as exc:  # noqa: BLE001 — logged; the next publish surfaces the error
                     log.warning("ensure_streams after reconnect failed", error=str(exc))
 
+        initial_errors: list[BaseException] = []
+
         async def on_error(exc: Exception) -> None:
+            if "bus" not in holder:
+                initial_errors.append(exc)  # reported once, in the BusError below
+                return
             log.warning("nats error", error=str(exc))
 
+        # With reconnects allowed forever, nats-py also retries the *first* connect forever; bound it,
+        # so a wrong URL or a stopped server fails within ``connect_timeout_s`` instead of hanging.
+        nc = NATS()
         try:
-            nc = await nats.connect(
-                url,
-                name=f"infrarsi-{service}",
-                connect_timeout=connect_timeout_s,
-                allow_reconnect=True,
-                max_reconnect_attempts=-1,
-                reconnect_time_wait=0.5,
-                reconnected_cb=on_reconnect,
-                error_cb=on_error,
+            await asyncio.wait_for(
+                nc.connect(
+                    url,
+                    name=f"infrarsi-{service}",
+                    connect_timeout=connect_timeout_s,
+                    allow_reconnect=True,
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=0.5,
+                    reconnected_cb=on_reconnect,
+                    error_cb=on_error,
+                ),
+                timeout=connect_timeout_s,
             )
-        except (OSError, nats.errors.NoServersError, asyncio.TimeoutError) as exc:
-            raise BusError(f"cannot reach NATS at {url}: {exc or type(exc).__name__}") from None
+        except (TimeoutError, OSError, nats.errors.Error) as exc:
+            with contextlib.suppress(Exception):
+                await nc.close()
+            cause = initial_errors[-1] if initial_errors else exc
+            raise BusError(f"cannot reach NATS at {url}: {cause or type(cause).__name__}") from None
         bus = cls(nc, service, replicas if replicas is not None else replicas_from_env())
         holder["bus"] = bus
         if ensure:
@@ -293,7 +308,7 @@ class Bus:
         """Fetch up to ``batch`` messages (waiting at most ``timeout_s``), each decoded or marked bad."""
         try:
             msgs = await sub.fetch(batch, timeout=timeout_s)
-        except nats.errors.TimeoutError:
+        except TimeoutError:
             return []
         return [decode_delivery(m) for m in msgs]
 
@@ -305,8 +320,7 @@ class Bus:
         Used by replays (the eventlog, read-model rebuilds): no acks, no server-side state left behind.
         """
         info = await self.js.stream_info(stream)
-        last = info.state.last_seq
-        if last < start_seq or info.state.messages == 0:
+        if info.state.last_seq < start_seq or info.state.messages == 0:
             return
         config = api.ConsumerConfig(
             deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
@@ -318,15 +332,17 @@ class Bus:
         )
         sub = await self.js.pull_subscribe(subjects or "", stream=stream, config=config)
         try:
-            seen = start_seq - 1
-            while seen < last:
+            # The consumer knows how many messages match its filter right now: read exactly those,
+            # so a filtered read never waits for messages that belong to other subjects.
+            remaining = (await sub.consumer_info()).num_pending
+            while remaining > 0:
                 try:
-                    msgs = await sub.fetch(batch, timeout=2.0)
-                except nats.errors.TimeoutError:
+                    msgs = await sub.fetch(min(batch, remaining), timeout=5.0)
+                except TimeoutError:  # nats-py raises nats.errors.TimeoutError or asyncio's; both are TimeoutError
                     break
                 if not msgs:
                     break
-                seen = msgs[-1].metadata.sequence.stream
+                remaining -= len(msgs)
                 yield msgs
         finally:
             await sub.unsubscribe()

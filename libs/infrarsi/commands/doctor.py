@@ -1,0 +1,318 @@
+"""``infrarsi doctor STUDY``: run the untouched baseline k times and publish its noise floor.
+
+Design (docs/stages.md): the command itself owns the doctor stage on the bus — no service consumes
+``DoctorRequested``. It
+
+1. reads the study's ``StudyCreated`` (contract: ``doctor.repeats``, cluster, workload env);
+2. publishes ``DoctorRequested`` and k ``TrialProposed(kind="doctor", origin="baseline")`` of the empty
+   candidate (repeat i), which the launcher runs like any trial and telemetry measures;
+3. waits for each trial's ``TrialMeasured`` (or a failed ``TrialFinished``), reads their per-step samples
+   (``TrialStep``) back from the telemetry stream, computes the report with ``infrarsi.doctor``;
+4. publishes ``DoctorCompleted`` (the proposer starts the search from it) and prints a summary (``--json``).
+
+Every id is derived from the ``DoctorRequested`` event id, and an unfinished request (a ``DoctorRequested``
+with no ``DoctorCompleted`` after it) is resumed rather than re-run, so a command killed half way is simply
+started again. This module also holds the small study-log helpers ``verify`` and ``report`` use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import sys
+import time
+from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from infrarsi import doctor
+from infrarsi import events as ev
+
+SOURCE = "cli.doctor"
+
+
+# --------------------------------------------------------------------------------------------------
+# Study-log helpers (shared with the verify and report commands)
+# --------------------------------------------------------------------------------------------------
+
+
+def data_dir_of(args: argparse.Namespace) -> Path:
+    return Path(getattr(args, "data_dir", None) or os.environ.get("INFRARSI_DATA_DIR", ".infrarsi"))
+
+
+def add_bus_arguments(parser: argparse.ArgumentParser) -> None:
+    # SUPPRESS: a global --data-dir/--nats-url on the main parser is not overwritten by these defaults.
+    parser.add_argument("--data-dir", type=Path, default=argparse.SUPPRESS, help="state directory (default .infrarsi)")
+    parser.add_argument("--nats-url", default=argparse.SUPPRESS, help="NATS server (default: $INFRARSI_NATS_URL or `infrarsi up`)")
+
+
+@contextlib.asynccontextmanager
+async def cli_bus(args: argparse.Namespace, source: str) -> AsyncIterator[Any]:
+    """A bus connection to the running stack (these stages need the services: no temporary server)."""
+    from infrarsi.bus import Bus, BusError
+    from infrarsi.embedded import resolve_nats_url
+
+    nats_url = getattr(args, "nats_url", None)
+    data_dir = data_dir_of(args)
+    try:
+        from infrarsi.stack import connect_for_cli  # the stack's resolution, when present
+    except ImportError:
+        connect_for_cli = None
+    if connect_for_cli is not None:
+        bus = await connect_for_cli(nats_url, data_dir, service=source)
+    else:
+        url = resolve_nats_url(nats_url, data_dir)
+        if url is None:
+            raise BusError("no NATS server: pass --nats-url, set INFRARSI_NATS_URL, or start one with `infrarsi up`")
+        bus = await Bus.connect(url, service=source)
+    try:
+        yield bus
+    finally:
+        await bus.close()
+
+
+async def read_study(bus, study_id: str, start_seq: int = 1) -> tuple[list[ev.Event], int]:
+    """The study's lifecycle events from stream position ``start_seq``, and the next position to read."""
+    from infrarsi.bus import LIFECYCLE_STREAM
+
+    out: list[ev.Event] = []
+    next_seq = start_seq
+    # A filtered read ends in a fetch timeout when the stream's last message is another study's; nats-py
+    # raises asyncio's TimeoutError there, which Bus.iter_stream does not catch: it only means "caught up".
+    with contextlib.suppress(asyncio.TimeoutError):
+        async for batch in bus.iter_stream(LIFECYCLE_STREAM, start_seq, subjects=f"irsi.{study_id}.*"):
+            for msg in batch:
+                next_seq = msg.metadata.sequence.stream + 1
+                with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
+                    out.append(ev.decode(msg.data))
+    return out, next_seq
+
+
+async def read_steps(bus, study_id: str, trial_ids: Iterable[str]) -> dict[str, list[ev.TrialStep]]:
+    """Per-step samples of the given trials from the telemetry stream, in one pass over the study's
+    subjects (a trial's list is empty when retention dropped its samples)."""
+    from infrarsi.bus import TELEMETRY_STREAM
+
+    steps: dict[str, list[ev.TrialStep]] = {t: [] for t in trial_ids}
+    with contextlib.suppress(asyncio.TimeoutError):  # caught up (see read_study)
+        async for batch in bus.iter_stream(TELEMETRY_STREAM, subjects=f"irsi.telemetry.{study_id}.*"):
+            for msg in batch:
+                with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
+                    event = ev.decode(msg.data)
+                    if isinstance(event.payload, ev.TrialStep) and event.trial_id in steps:
+                        steps[event.trial_id].append(event.payload)
+    return steps
+
+
+def study_created(events: Iterable[ev.Event]) -> ev.StudyCreated | None:
+    return next((e.payload for e in events if isinstance(e.payload, ev.StudyCreated)), None)
+
+
+def trial_results(events: Iterable[ev.Event], trial_ids: set[str]) -> dict[str, ev.TrialMeasured | ev.TrialFinished]:
+    """Per trial: its ``TrialMeasured``, else its failed ``TrialFinished`` (a run that died is finished too)."""
+    results: dict[str, ev.TrialMeasured | ev.TrialFinished] = {}
+    for event in events:
+        if event.trial_id not in trial_ids:
+            continue
+        match event.payload:
+            case ev.TrialMeasured() as measured:
+                results[event.trial_id] = measured
+            case ev.TrialFinished(status=status) as finished if status != "ok":
+                results.setdefault(event.trial_id, finished)
+    return results
+
+
+# --------------------------------------------------------------------------------------------------
+# From bus data to the pure analysis
+# --------------------------------------------------------------------------------------------------
+
+
+def run_series(trial_id: str, steps: Iterable[ev.TrialStep], measured: ev.TrialMeasured) -> doctor.RunSeries:
+    """Per-rank step series of one run; if telemetry retention dropped the samples, a flat series at the
+    measured per-rank medians (run-to-run noise stays exact; step-to-step noise then reads 0)."""
+    by_rank: dict[int, dict[int, ev.TrialStep]] = {}
+    for s in steps:
+        by_rank.setdefault(s.rank, {})[s.step] = s  # a re-sent sample replaces the first
+    if not by_rank:
+        n = max(measured.steps, 1)
+        return doctor.RunSeries.from_lists(trial_id, {r: [t] * n for r, t in enumerate(measured.per_rank_step_s or [measured.step_time_s])})
+    step_s, phases = {}, {}
+    for rank, samples in by_rank.items():
+        ordered = [samples[k] for k in sorted(samples)]
+        step_s[rank] = [s.step_time_s for s in ordered]
+        names = sorted({name for s in ordered for name in s.phases})
+        phases[rank] = {name: [s.phases.get(name, 0.0) for s in ordered] for name in names}
+    return doctor.RunSeries.from_lists(trial_id, step_s, phases)
+
+
+def median_loss_curve(curves: list[list[ev.LossPoint]]) -> list[ev.LossPoint]:
+    """Pointwise median over runs at the checkpoints every run has: the reference curve of the baseline."""
+    if not curves:
+        return []
+    common = set.intersection(*({p.step for p in c} for c in curves))
+    by_step = [{p.step: p.loss for p in c} for c in curves]
+    return [ev.LossPoint(step, float(np.median([c[step] for c in by_step]))) for step in sorted(common)]
+
+
+def cpu_threads(contract: dict[str, Any]) -> int:
+    env = (contract.get("workload") or {}).get("env") or {}
+    for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        if str(env.get(key, "")).isdigit():
+            return int(env[key])
+    return os.cpu_count() or 1
+
+
+def summary_lines(done: ev.DoctorCompleted, report: doctor.DoctorReport, failed: dict[str, str]) -> list[str]:
+    lines = [
+        f"baseline step time   {done.step_time_s * 1e3:.2f} ms  (median of {len(done.baseline_trial_ids)} runs)",
+        f"warm-up              {done.warmup_steps} steps",
+        f"run-to-run CV        {done.run_to_run_cv:.2%}   (σ log = {report.sigma_log:.4f})",
+        f"step-to-step CV      {done.step_to_step_cv:.2%}",
+        f"min detectable       ×{done.min_detectable_speedup:.3f} at {done.repeats_per_trial} repeats per arm (α=0.05, power 0.8)",
+        "repeats for effect   " + ", ".join(f"×{k}: {v}" for k, v in done.repeats_for_effect.items()),
+        f"recommended repeats  {done.repeats_per_trial} per search trial",
+    ]
+    if done.phase_fractions:
+        lines.append("phases               " + ", ".join(f"{k} {v:.0%}" for k, v in done.phase_fractions.items()))
+    if len(done.per_rank_step_s) > 1:
+        lines.append("per rank             " + ", ".join(f"r{i} {t * 1e3:.2f}ms" for i, t in enumerate(done.per_rank_step_s)))
+    lines.append(f"stragglers           {done.stragglers or 'none'}")
+    if done.peak_flops_measured:
+        lines.append(f"peak FLOP/s          {done.peak_flops_measured:.3g} (measured)")
+    if done.mfu is not None:
+        lines.append(f"MFU                  {done.mfu:.2%}")
+    for trial_id, why in failed.items():
+        lines.append(f"failed run           {trial_id}: {why}")
+    return lines
+
+
+# --------------------------------------------------------------------------------------------------
+# The command
+# --------------------------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("study", help="study id")
+    parser.add_argument("--repeats", type=int, default=None, help="baseline runs (default: contract doctor.repeats)")
+    parser.add_argument("--steps", type=int, default=None, help="horizon of each run (default: the contract's)")
+    parser.add_argument("--target-speedup", type=float, default=1.05, help="speed-up the recommended repeats should detect")
+    parser.add_argument("--no-peak", action="store_true", help="do not measure the CPU matmul peak")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for the runs")
+    parser.add_argument("--json", action="store_true", help="print DoctorCompleted as JSON")
+    add_bus_arguments(parser)
+
+
+async def run(args: argparse.Namespace) -> int:
+    from infrarsi.bus import BusError
+
+    try:
+        async with cli_bus(args, SOURCE) as bus:
+            return await _doctor(bus, args)
+    except BusError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+async def _doctor(bus, args: argparse.Namespace) -> int:
+    study_id = args.study
+    events, next_seq = await read_study(bus, study_id)
+    created = study_created(events)
+    if created is None:
+        print(f"error: no study {study_id!r} (no StudyCreated on the bus)", file=sys.stderr)
+        return 2
+    contract = created.contract
+    cluster_id = created.cluster.cluster_id
+
+    pending = None
+    for event in events:
+        match event.payload:
+            case ev.DoctorRequested():
+                pending = event
+            case ev.DoctorCompleted():
+                pending = None
+    if pending is not None and args.repeats in (None, pending.payload.repeats):
+        request = pending
+        print(f"resuming doctor request {request.event_id}", file=sys.stderr)
+    else:
+        repeats = args.repeats or int((contract.get("doctor") or {}).get("repeats", 5))
+        request = ev.make_event(
+            ev.DoctorRequested(repeats=repeats, steps=args.steps), study_id=study_id, source=SOURCE, cluster_id=cluster_id
+        )
+    repeats = request.payload.repeats
+    trial_ids = [ev.derived_id(request.event_id, "doctor", str(i)) for i in range(repeats)]
+    baseline = ev.Candidate()
+    proposals = [
+        ev.make_event(
+            ev.TrialProposed(
+                candidate=baseline, candidate_key=baseline.key(), kind="doctor", origin="baseline",
+                reason=f"doctor baseline repeat {i + 1}/{repeats}", repeat=i, steps=request.payload.steps,
+            ),
+            study_id=study_id, source=SOURCE, trial_id=trial_ids[i], cluster_id=cluster_id,
+            event_id=ev.derived_id(request.event_id, "TrialProposed", str(i)),
+        )
+        for i in range(repeats)
+    ]
+    await bus.publish_many([request, *proposals])  # duplicates of a resumed request are dropped by id
+
+    wanted = set(trial_ids)
+    results = trial_results(events, wanted)
+    deadline = time.monotonic() + args.timeout
+    reported = -1
+    while len(results) < repeats:
+        if time.monotonic() > deadline:
+            print(f"error: {repeats - len(results)} doctor runs not finished after {args.timeout:.0f}s", file=sys.stderr)
+            return 1
+        if len(results) != reported:
+            print(f"doctor: {len(results)}/{repeats} baseline runs done", file=sys.stderr)
+            reported = len(results)
+        new, next_seq = await read_study(bus, study_id, next_seq)
+        results.update(trial_results(new, wanted))
+        if not new:
+            await asyncio.sleep(0.5)
+
+    ok = {t: r for t, r in results.items() if isinstance(r, ev.TrialMeasured) and r.status == "ok"}
+    failed = {t: f"{r.status} {getattr(r, 'reason', '')}".strip() for t, r in results.items() if t not in ok}
+    ordered_ok = [t for t in trial_ids if t in ok]
+    if len(ordered_ok) < 2:
+        print(f"error: only {len(ordered_ok)} of {repeats} baseline runs succeeded; doctor needs 2", file=sys.stderr)
+        for trial_id, why in failed.items():
+            print(f"  {trial_id}: {why}", file=sys.stderr)
+        return 1
+
+    samples = await read_steps(bus, study_id, ordered_ok)
+    series = [run_series(t, samples[t], ok[t]) for t in ordered_ok]
+    peak = created.cluster.peak_flops
+    measured_peak = None
+    if peak is None and created.cluster.accelerator == "cpu" and not args.no_peak:
+        measured_peak = await asyncio.to_thread(doctor.measure_cpu_peak_flops, cpu_threads(contract))
+        peak = measured_peak
+    flops = [m.flops_per_step for m in ok.values() if m.flops_per_step]
+    report = doctor.analyse(
+        series,
+        target_speedup=args.target_speedup,
+        flops_per_step=float(np.median(flops)) if flops else None,
+        peak_flops=peak,
+        devices=max(1, len(series[0].step_s)),
+    )
+    fields = report.as_event_fields()
+    fields["peak_flops_measured"] = measured_peak
+    done = ev.DoctorCompleted(
+        **fields,
+        baseline_trial_ids=ordered_ok,
+        baseline_loss_curve=median_loss_curve([list(ok[t].loss_curve) for t in ordered_ok]),
+    )
+    await bus.publish(
+        ev.make_event(done, study_id=study_id, source=SOURCE, cluster_id=cluster_id,
+                      event_id=ev.derived_id(request.event_id, "DoctorCompleted"))
+    )
+    if args.json:
+        print(msgspec.json.encode(done).decode())
+    else:
+        print("\n".join(summary_lines(done, report, failed)))
+    return 0
+

@@ -1,0 +1,101 @@
+"""``infrarsi report STUDY --out DIR``: render the study's audit report and publish ``ReportPublished``.
+
+1. Bring the analyst DB up to date: ``infrarsi.eventlog.replay(bus, db_path)`` (idempotent by stream
+   sequence) into ``--db`` (default ``<data-dir>/analyst.duckdb``); ``--fresh`` replays into a new file under
+   ``DIR`` instead. Where the eventlog module is not installed, the lifecycle stream is copied into a
+   minimal ``events`` table (``report.source.snapshot_lifecycle``), which is all the report reads.
+   ``--offline`` skips the bus altogether and reads the DB as it is.
+2. ``report.build_report`` (SQL over the DB) → ``report.render_all`` (HTML, Markdown + PNGs, PDF).
+3. Publish ``ReportPublished(out_dir, files, winners)`` and print the file paths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import duckdb
+
+from infrarsi import events as ev
+from infrarsi.commands.doctor import add_bus_arguments, cli_bus, data_dir_of
+from infrarsi.report import build_report, render_all
+from infrarsi.report.source import ReportSourceError, snapshot_lifecycle
+
+SOURCE = "cli.report"
+
+
+async def refresh_db(bus, db_path: Path) -> str:
+    """Replay the bus into the analyst DB at ``db_path``; returns which path did it."""
+    try:
+        from infrarsi.eventlog import replay
+    except ImportError:
+        replay = None
+    if replay is not None:
+        await replay(bus, db_path)
+        return "eventlog"
+    con = duckdb.connect(str(db_path))
+    try:
+        await snapshot_lifecycle(bus, con)
+    finally:
+        con.close()
+    return "snapshot"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("study", help="study id")
+    parser.add_argument("--out", type=Path, required=True, help="directory for report.html, report.md (+ PNGs), report.pdf")
+    parser.add_argument("--db", type=Path, default=None, help="analyst DuckDB (default <data-dir>/analyst.duckdb)")
+    parser.add_argument("--fresh", action="store_true", help="replay into a new DB under --out instead of --db")
+    parser.add_argument("--offline", action="store_true", help="read the DB as it is; no bus, nothing published")
+    parser.add_argument("--format", action="append", choices=["html", "md", "pdf"], help="formats (default all)")
+    add_bus_arguments(parser)
+
+
+async def run(args: argparse.Namespace) -> int:
+    from infrarsi.bus import BusError
+
+    out_dir: Path = args.out
+    out_dir.mkdir(parents=True, exist_ok=True)
+    db_path = out_dir / "analyst.duckdb" if args.fresh else (args.db or data_dir_of(args) / "analyst.duckdb")
+    if args.fresh and db_path.exists():
+        db_path.unlink()
+    formats = tuple(args.format or ("html", "md", "pdf"))
+    if args.offline:
+        return _render(args.study, db_path, out_dir, formats)[0]
+    try:
+        async with cli_bus(args, SOURCE) as bus:
+            db_path.parent.mkdir(parents=True, exist_ok=True)
+            await refresh_db(bus, db_path)
+            rc, files, winners = _render(args.study, db_path, out_dir, formats)
+            if rc:
+                return rc
+            await bus.publish(ev.make_event(
+                ev.ReportPublished(out_dir=str(out_dir.resolve()), files=[str(f.resolve()) for f in files], winners=winners),
+                study_id=args.study, source=SOURCE,
+            ))
+    except BusError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _render(study_id: str, db_path: Path, out_dir: Path, formats: tuple[str, ...]) -> tuple[int, list[Path], list[str]]:
+    try:
+        con = duckdb.connect(str(db_path))
+    except duckdb.Error as exc:
+        print(f"error: cannot open analyst DB {db_path}: {exc}", file=sys.stderr)
+        return 1, [], []
+    try:
+        report = build_report(con, study_id)
+    except (ReportSourceError, LookupError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2, [], []
+    finally:
+        con.close()
+    files = render_all(report, out_dir, formats)
+    for f in files:
+        print(f)
+    winners = [v.candidate_key for v in report.winners]
+    print(f"{len(report.winners)} winner(s); {report.accelerator_hours:.4g} accelerator-hours", file=sys.stderr)
+    return 0, files, winners

@@ -1,0 +1,132 @@
+"""``infrarsi verify STUDY [--top K]``: re-run the best candidates against the untouched baseline.
+
+Picks the top-K search candidates from the study's log (``verification.select_candidates``: median step
+time over ok, invariant-passing search runs, faster than the baseline), publishes one ``VerifyRequested``,
+and follows the verifier service's ``VerifyCompleted`` events (one per round; a verification ends when the
+candidate is promotable or a round fails), printing speed-up with its CI, MFU before/after and the verdicts.
+The verifier service does the work (plans, TrialProposed kind=verify, decisions); this command only asks
+and watches, so ``--no-wait`` publishes and returns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+
+import msgspec
+
+from infrarsi import events as ev
+from infrarsi import verification as vf
+from infrarsi.commands.doctor import add_bus_arguments, cli_bus, read_study, study_created
+
+SOURCE = "cli.verify"
+
+
+def candidates_from_log(events: list[ev.Event], k: int) -> list[vf.RankedCandidate]:
+    proposed: dict[str, ev.TrialProposed] = {}
+    measured: list[tuple[str, ev.TrialMeasured]] = []
+    baseline_s = None
+    for event in events:
+        match event.payload:
+            case ev.TrialProposed() as p if event.trial_id:
+                proposed[event.trial_id] = p
+            case ev.TrialMeasured() as m if event.trial_id:
+                measured.append((event.trial_id, m))
+            case ev.DoctorCompleted(step_time_s=t):
+                baseline_s = t
+    runs = [(t, proposed[t], m) for t, m in measured if t in proposed]
+    return vf.select_candidates(runs, k, baseline_step_s=baseline_s)
+
+
+def verdict_line(done: ev.VerifyCompleted) -> str:
+    round_no = done.passes if vf.round_passed(done) else done.passes + 1
+    mfu = ""
+    if done.mfu_before is not None and done.mfu_after is not None:
+        mfu = f"  MFU {done.mfu_before:.1%} → {done.mfu_after:.1%}"
+    verdict = "PROMOTABLE" if done.promotable else ("pass" if vf.round_passed(done) else "FAIL")
+    why = ""
+    if done.failed_invariants:
+        why = "  failed: " + ", ".join(done.failed_invariants)
+    elif not vf.round_passed(done):
+        why = "  CI includes ×1.0 (no speed-up shown)"
+    return (
+        f"{done.candidate_key}  round {round_no}: ×{done.speedup:.3f} [{done.ci_low:.3f}, {done.ci_high:.3f}]"
+        f"  {done.baseline_step_s * 1e3:.2f} → {done.candidate_step_s * 1e3:.2f} ms{mfu}  {verdict}"
+        f" ({done.passes} passed){why}"
+    )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("study", help="study id")
+    parser.add_argument("--top", type=int, default=None, help="candidates to verify (default: contract verify.top_k)")
+    parser.add_argument("--repeats", type=int, default=None, help="interleaved pairs per round (default: contract)")
+    parser.add_argument("--timeout", type=float, default=6 * 3600.0, help="seconds to wait for the verdicts")
+    parser.add_argument("--no-wait", action="store_true", help="publish VerifyRequested and return")
+    parser.add_argument("--json", action="store_true", help="print the final VerifyCompleted events as JSON lines")
+    add_bus_arguments(parser)
+
+
+async def run(args: argparse.Namespace) -> int:
+    from infrarsi.bus import BusError
+
+    try:
+        async with cli_bus(args, SOURCE) as bus:
+            return await _verify(bus, args)
+    except BusError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+async def _verify(bus, args: argparse.Namespace) -> int:
+    study_id = args.study
+    events, next_seq = await read_study(bus, study_id)
+    created = study_created(events)
+    if created is None:
+        print(f"error: no study {study_id!r} (no StudyCreated on the bus)", file=sys.stderr)
+        return 2
+    spec = created.contract.get("verify") or {}
+    top = args.top or int(spec.get("top_k", 2))
+    ranked = candidates_from_log(events, top)
+    if not ranked:
+        print("error: no candidate to verify (no ok, invariant-passing search trial faster than the baseline)", file=sys.stderr)
+        return 1
+    for r in ranked:
+        print(f"verifying {r.candidate_key}: {r.step_time_s * 1e3:.2f} ms over {r.runs} search runs  {r.candidate.knobs} {r.candidate.patches}", file=sys.stderr)
+    request = ev.make_event(
+        ev.VerifyRequested(
+            candidates=[r.candidate for r in ranked],
+            repeats=args.repeats or int(spec.get("repeats", 3)),
+            steps=(created.contract.get("workload") or {}).get("verify_steps"),
+            reason=f"infrarsi verify --top {top}",
+        ),
+        study_id=study_id, source=SOURCE, cluster_id=created.cluster.cluster_id,
+    )
+    await bus.publish(request)
+    if args.no_wait:
+        print(request.event_id)
+        return 0
+
+    waiting = {vf.verify_id_for(request.event_id, r.candidate_key): r for r in ranked}
+    final: dict[str, ev.VerifyCompleted] = {}
+    deadline = time.monotonic() + args.timeout
+    while len(final) < len(waiting):
+        if time.monotonic() > deadline:
+            print(f"error: {len(waiting) - len(final)} verifications unfinished after {args.timeout:.0f}s", file=sys.stderr)
+            return 1
+        new, next_seq = await read_study(bus, study_id, next_seq)
+        for event in new:
+            match event.payload:
+                case ev.VerifyCompleted(verify_id=vid) as done if vid in waiting and vid not in final:
+                    print(verdict_line(done), file=sys.stderr if args.json else sys.stdout)
+                    if vf.is_final(done):
+                        final[vid] = done
+        if not new:
+            await asyncio.sleep(0.5)
+    if args.json:
+        for done in final.values():
+            print(msgspec.json.encode(done).decode())
+    promotable = [d for d in final.values() if d.promotable]
+    print(f"{len(promotable)} of {len(final)} candidates promotable", file=sys.stderr)
+    return 0

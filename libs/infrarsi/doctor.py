@@ -1,0 +1,363 @@
+"""Doctor: the baseline's noise floor, phase profile and statistical power (pure numpy/scipy).
+
+Owns the numbers behind ``DoctorCompleted``: given k repeats of the untouched baseline (each a per-step
+step-time series per rank, optionally with phase times), it finds the warm-up length, each run's robust
+steady step time, run-to-run and step-to-step noise, phase fractions, per-rank medians and stragglers, the
+minimum detectable speed-up at r repeats per arm, and the repeats needed for given effects. It also
+measures a CPU host's matmul peak FLOP/s for MFU (``measure_cpu_peak_flops``; torch is imported there only).
+
+Statistical model (documented in docs/stages.md): a trial's robust step time T is log-normal across runs,
+log T ~ N(μ_arm, σ²), σ = the sample standard deviation of log(per-run median) over the doctor repeats.
+Comparing two arms of r runs each with a two-sided z-test at level α and power 1-β detects a ratio of
+
+    MDE(r) = exp((z_{1-α/2} + z_{1-β}) · σ · sqrt(2 / r)).
+
+This module does no I/O and knows nothing about the bus; ``infrarsi.commands.doctor`` feeds it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy import stats
+
+ALPHA = 0.05
+POWER = 0.8
+DEFAULT_EFFECTS = (1.02, 1.05, 1.10, 1.20)
+MAD_TO_SIGMA = 1.4826
+"""Scale of the median absolute deviation to a normal σ."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Input
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunSeries:
+    """One baseline run: per rank, the step time of every optimiser step (in step order), and phases.
+
+    ``step_s[rank]`` is a 1-D array (steps,). ``phases[rank][name]`` has the same length when the probe
+    reported that phase. Ranks may have different lengths (a rank that died early); steps are aligned
+    from the first step.
+    """
+
+    trial_id: str
+    step_s: Mapping[int, np.ndarray]
+    phases: Mapping[int, Mapping[str, np.ndarray]] = field(default_factory=dict)
+
+    @classmethod
+    def from_lists(
+        cls,
+        trial_id: str,
+        step_s: Mapping[int, Sequence[float]],
+        phases: Mapping[int, Mapping[str, Sequence[float]]] | None = None,
+    ) -> RunSeries:
+        return cls(
+            trial_id=trial_id,
+            step_s={int(r): np.asarray(v, dtype=float) for r, v in step_s.items()},
+            phases={
+                int(r): {name: np.asarray(v, dtype=float) for name, v in by_name.items()}
+                for r, by_name in (phases or {}).items()
+            },
+        )
+
+    def slowest_rank_series(self) -> np.ndarray:
+        """Per step, the slowest rank's time (steps,): a synchronous step ends when its last rank does."""
+        ranks = sorted(self.step_s)
+        n = min(len(self.step_s[r]) for r in ranks)
+        return np.max(np.stack([self.step_s[r][:n] for r in ranks]), axis=0)  # (steps,)
+
+
+# --------------------------------------------------------------------------------------------------
+# Robust statistics
+# --------------------------------------------------------------------------------------------------
+
+
+def robust_sigma(x: np.ndarray) -> float:
+    """1.4826 · MAD: a normal σ that one GC pause or one slow step does not move."""
+    x = np.asarray(x, dtype=float)
+    if x.size == 0:
+        return 0.0
+    return float(MAD_TO_SIGMA * np.median(np.abs(x - np.median(x))))
+
+
+def warmup_length(step_s: np.ndarray, *, window: int = 5, k_sigma: float = 4.0, rel_floor: float = 0.05) -> int:
+    """Steps before the series settles (the change point from warm-up to steady state).
+
+    The steady level is the median m of the second half and its robust σ s; a step is "high" above
+    ``m + max(k_sigma·s, rel_floor·m)``. The change point is the first step from which ``window``
+    consecutive steps are all not high. A lone slow step later on (GC, checkpoint) does not move it,
+    whereas a plain mean-shift split would; a gradually decaying warm-up (compilation, allocator growth,
+    caches) is counted until it has really decayed, whereas a least-squares split stops half way.
+    """
+    x = np.asarray(step_s, dtype=float)
+    n = x.size
+    if n < 4:
+        return 0
+    ref = x[n // 2 :]
+    m = float(np.median(ref))
+    threshold = m + max(k_sigma * robust_sigma(ref), rel_floor * m)
+    high = x > threshold
+    win = max(1, min(window, n // 4))
+    for i in range(0, n // 2 + 1):
+        if not high[i : i + win].any():
+            return i
+    return n // 2
+
+
+# --------------------------------------------------------------------------------------------------
+# Power analysis
+# --------------------------------------------------------------------------------------------------
+
+
+def _z_sum(alpha: float, power: float) -> float:
+    return float(stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power))
+
+
+def min_detectable_speedup(sigma_log: float, repeats: int, *, alpha: float = ALPHA, power: float = POWER) -> float:
+    """Smallest ratio baseline/candidate a two-sample test on log step time detects with r runs per arm."""
+    if repeats < 1:
+        raise ValueError("repeats must be >= 1")
+    return float(math.exp(_z_sum(alpha, power) * sigma_log * math.sqrt(2.0 / repeats)))
+
+
+def repeats_for_effect(
+    sigma_log: float, speedup: float, *, alpha: float = ALPHA, power: float = POWER, max_repeats: int = 1000
+) -> int:
+    """Runs per arm needed so that ``min_detectable_speedup`` ≤ ``speedup`` (the inverse of the formula).
+
+    r = ceil(2 · ((z_{1-α/2} + z_{1-β}) · σ / ln(speedup))²), at least 1, capped at ``max_repeats``.
+    """
+    if speedup <= 1.0:
+        raise ValueError("speedup must be > 1")
+    if sigma_log <= 0:
+        return 1
+    r = 2.0 * (_z_sum(alpha, power) * sigma_log / math.log(speedup)) ** 2
+    # Guard against 2.0000000001 → 3 from floating point.
+    return int(min(max_repeats, max(1, math.ceil(r - 1e-9))))
+
+
+def recommended_repeats(
+    sigma_log: float,
+    *,
+    target_speedup: float = 1.05,
+    min_repeats: int = 1,
+    max_repeats: int = 8,
+    alpha: float = ALPHA,
+    power: float = POWER,
+) -> int:
+    """Repeats per search trial: enough to see ``target_speedup``, within [min_repeats, max_repeats].
+
+    Past ``max_repeats`` more repeats cost more than they tell: the search then relies on the models
+    pooling many trials, and verify (longer horizon, interleaved) settles the rest.
+    """
+    need = repeats_for_effect(sigma_log, target_speedup, alpha=alpha, power=power, max_repeats=max_repeats)
+    return int(min(max_repeats, max(min_repeats, need)))
+
+
+# --------------------------------------------------------------------------------------------------
+# The report
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    trial_id: str
+    warmup_steps: int
+    steady_steps: int
+    step_time_s: float
+    """Median of the steady steps of the slowest rank."""
+    step_to_step_cv: float
+    """Robust σ / median of the steady steps (slowest rank)."""
+    per_rank_step_s: dict[int, float]
+
+
+@dataclass(frozen=True)
+class DoctorReport:
+    repeats: int
+    runs: list[RunSummary]
+    step_time_s: float
+    """Median over runs of each run's robust steady step time."""
+    run_to_run_cv: float
+    """Sample std / mean of the per-run medians."""
+    sigma_log: float
+    """Sample std of log per-run medians: the σ of the power analysis."""
+    step_to_step_cv: float
+    """Median over runs of each run's robust within-run CV."""
+    warmup_steps: int
+    """Largest warm-up over runs (conservative: every run is steady after it)."""
+    phase_fractions: dict[str, float]
+    per_rank_step_s: list[float]
+    stragglers: list[int]
+    min_detectable_speedup: float
+    repeats_per_trial: int
+    repeats_for_effect: dict[str, int]
+    mde_by_repeats: dict[int, float]
+    peak_flops_measured: float | None = None
+    mfu: float | None = None
+
+    def as_event_fields(self) -> dict[str, object]:
+        """The fields of ``events.DoctorCompleted`` this report fills (trial ids and loss curve are the caller's)."""
+        return {
+            "repeats": self.repeats,
+            "step_time_s": self.step_time_s,
+            "run_to_run_cv": self.run_to_run_cv,
+            "step_to_step_cv": self.step_to_step_cv,
+            "warmup_steps": self.warmup_steps,
+            "phase_fractions": self.phase_fractions,
+            "per_rank_step_s": self.per_rank_step_s,
+            "stragglers": self.stragglers,
+            "min_detectable_speedup": self.min_detectable_speedup,
+            "repeats_per_trial": self.repeats_per_trial,
+            "repeats_for_effect": self.repeats_for_effect,
+            "peak_flops_measured": self.peak_flops_measured,
+            "mfu": self.mfu,
+        }
+
+
+def summarise_run(run: RunSeries, warmup: int | None = None) -> RunSummary:
+    """One run's steady statistics; ``warmup`` defaults to this run's own change point."""
+    slowest = run.slowest_rank_series()  # (steps,)
+    w = warmup_length(slowest) if warmup is None else min(warmup, max(0, slowest.size - 1))
+    steady = slowest[w:]
+    median = float(np.median(steady))
+    per_rank = {r: float(np.median(s[w:] if s.size > w else s)) for r, s in sorted(run.step_s.items())}
+    return RunSummary(
+        trial_id=run.trial_id,
+        warmup_steps=int(w),
+        steady_steps=int(steady.size),
+        step_time_s=median,
+        step_to_step_cv=robust_sigma(steady) / median if median > 0 else 0.0,
+        per_rank_step_s=per_rank,
+    )
+
+
+def phase_fractions(runs: Sequence[RunSeries], warmup: int) -> dict[str, float]:
+    """Share of steady step time in each phase, pooled over runs and ranks; the rest is ``other``.
+
+    Fractions are ratios of sums (Σ phase time / Σ step time), so long steps weigh in proportion.
+    """
+    totals: dict[str, float] = {}
+    step_total = 0.0
+    for run in runs:
+        for rank, steps in run.step_s.items():
+            by_name = run.phases.get(rank, {})
+            n = steps.size
+            step_total += float(np.sum(steps[warmup:n]))
+            for name, values in by_name.items():
+                totals[name] = totals.get(name, 0.0) + float(np.sum(values[warmup:n]))
+    if step_total <= 0:
+        return {}
+    fractions = {name: value / step_total for name, value in sorted(totals.items())}
+    rest = 1.0 - sum(fractions.values())
+    if fractions and rest > 1e-3:
+        fractions["other"] = rest
+    return fractions
+
+
+def find_stragglers(per_rank_step_s: Sequence[float], *, rel_tol: float = 0.05) -> list[int]:
+    """Ranks whose median step time exceeds the median over ranks by more than ``rel_tol``."""
+    if len(per_rank_step_s) < 2:
+        return []
+    values = np.asarray(per_rank_step_s, dtype=float)
+    centre = float(np.median(values))
+    return [int(i) for i in np.flatnonzero(values > centre * (1.0 + rel_tol))]
+
+
+def analyse(
+    runs: Sequence[RunSeries],
+    *,
+    repeats_per_trial: int | None = None,
+    target_speedup: float = 1.05,
+    max_repeats: int = 8,
+    effects: Sequence[float] = DEFAULT_EFFECTS,
+    flops_per_step: float | None = None,
+    peak_flops: float | None = None,
+    devices: int = 1,
+    straggler_tol: float = 0.05,
+    alpha: float = ALPHA,
+    power: float = POWER,
+) -> DoctorReport:
+    """The doctor report of k ≥ 2 baseline runs.
+
+    ``repeats_per_trial``: the repeats the MDE is quoted at; default = the recommended number.
+    ``flops_per_step`` (all ranks) and ``peak_flops`` (per device) give MFU when both are known.
+    """
+    if len(runs) < 2:
+        raise ValueError(f"doctor needs at least 2 baseline runs to measure run-to-run noise, got {len(runs)}")
+    per_run_warmup = [warmup_length(r.slowest_rank_series()) for r in runs]
+    warmup = max(per_run_warmup)
+    summaries = [summarise_run(r, warmup) for r in runs]
+    medians = np.array([s.step_time_s for s in summaries])  # (k,)
+    sigma_log = float(np.std(np.log(medians), ddof=1))
+    run_cv = float(np.std(medians, ddof=1) / np.mean(medians))
+    step_cv = float(np.median([s.step_to_step_cv for s in summaries]))
+
+    ranks = sorted({r for s in summaries for r in s.per_rank_step_s})
+    per_rank = [float(np.median([s.per_rank_step_s[r] for s in summaries if r in s.per_rank_step_s])) for r in ranks]
+
+    recommended = recommended_repeats(
+        sigma_log, target_speedup=target_speedup, max_repeats=max_repeats, alpha=alpha, power=power
+    )
+    r_quote = repeats_per_trial or recommended
+    step_time = float(np.median(medians))
+    mfu = None
+    if flops_per_step and peak_flops:
+        mfu = float(flops_per_step / step_time / (peak_flops * devices))
+    return DoctorReport(
+        repeats=len(runs),
+        runs=summaries,
+        step_time_s=step_time,
+        run_to_run_cv=run_cv,
+        sigma_log=sigma_log,
+        step_to_step_cv=step_cv,
+        warmup_steps=int(warmup),
+        phase_fractions=phase_fractions(runs, warmup),
+        per_rank_step_s=per_rank,
+        stragglers=find_stragglers(per_rank, rel_tol=straggler_tol),
+        min_detectable_speedup=min_detectable_speedup(sigma_log, r_quote, alpha=alpha, power=power),
+        repeats_per_trial=int(r_quote),
+        repeats_for_effect={
+            f"{e:.2f}": repeats_for_effect(sigma_log, e, alpha=alpha, power=power) for e in effects
+        },
+        mde_by_repeats={r: min_detectable_speedup(sigma_log, r, alpha=alpha, power=power) for r in (1, 2, 3, 5, 8, 13)},
+        peak_flops_measured=peak_flops,
+        mfu=mfu,
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# CPU peak FLOP/s
+# --------------------------------------------------------------------------------------------------
+
+
+def measure_cpu_peak_flops(threads: int, *, size: int = 2048, repeats: int = 5, warmup: int = 1) -> float:
+    """Measured fp32 matmul FLOP/s of this host with ``threads`` threads: best of ``repeats`` timed
+    ``torch.mm`` of two size×size matrices (2·size³ FLOPs each).
+
+    The best, not the mean: the peak is what the hardware can do; slower runs measure interference.
+    The torch thread count is restored afterwards.
+    """
+    import torch  # heavy; only the CPU-host doctor path needs it
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(max(1, int(threads)))
+    try:
+        a = torch.randn(size, size, dtype=torch.float32)
+        b = torch.randn(size, size, dtype=torch.float32)
+        out = torch.empty(size, size, dtype=torch.float32)
+        for _ in range(warmup):
+            torch.mm(a, b, out=out)
+        best = math.inf
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            torch.mm(a, b, out=out)
+            best = min(best, time.perf_counter() - t0)
+        return 2.0 * size**3 / best
+    finally:
+        torch.set_num_threads(previous)

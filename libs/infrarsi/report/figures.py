@@ -1,0 +1,113 @@
+"""The report's plots (matplotlib, Agg backend): each takes a ``Report`` and returns a ``Figure``.
+
+Plots draw only numbers already in the ``Report``; a plot with nothing to show says so on its canvas
+rather than disappearing, so the three formats always carry the same four figures.
+"""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display, ever: reports render on servers and in CI
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from infrarsi.report.model import OUTCOMES, Report  # noqa: E402
+
+OUTCOME_COLOURS = {"ok": "#2b8a3e", "oom": "#c92a2a", "crash": "#862e9c", "timeout": "#e67700", "violation": "#1864ab"}
+GIB = 1024**3
+
+
+def _empty(ax, text: str) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="#868e96")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def best_speedup(report: Report) -> Figure:
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    if report.best_speedup_curve:
+        n, s = zip(*report.best_speedup_curve, strict=True)
+        ax.step(n, s, where="post", color="#1864ab", label="best so far (search)")
+        ax.axhline(1.0, color="#868e96", lw=0.8, ls="--", label="baseline")
+        for v in report.winners:
+            ax.axhline(v.speedup, color="#2b8a3e", lw=0.8, ls=":", label=f"verified {v.candidate_key[:8]} ×{v.speedup:.2f}")
+        ax.set_xlabel("search trials measured")
+        ax.set_ylabel("speed-up vs baseline (×)")
+        ax.legend(fontsize=7, loc="lower right")
+    else:
+        _empty(ax, "no measured search trials")
+    ax.set_title("Best speed-up vs trials")
+    fig.tight_layout()
+    return fig
+
+
+def time_vs_memory(report: Report) -> Figure:
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    ok = [t for t in report.trials if t.step_time_s is not None and t.peak_memory_bytes]
+    ooms = [t for t in report.trials if t.outcome == "oom"]
+    if ok or ooms:
+        for outcome in OUTCOMES:
+            pts = [t for t in ok if t.outcome == outcome]
+            if pts:
+                ax.scatter([t.peak_memory_bytes / GIB for t in pts], [t.step_time_s * 1e3 for t in pts],
+                           s=18, color=OUTCOME_COLOURS[outcome], label=outcome, alpha=0.8)
+        if ooms:
+            top = max([t.step_time_s * 1e3 for t in ok], default=1.0)
+            xs = [(t.censored_peak_bytes or t.peak_memory_bytes or 0) / GIB for t in ooms]
+            # Censored: the true peak is above the bound; the arrow points where it lies.
+            ax.scatter(xs, [top * 1.05] * len(xs), marker="x", s=40, color=OUTCOME_COLOURS["oom"], label="OOM (peak > ×)")
+        if report.memory_capacity_bytes:
+            ax.axvline(report.memory_capacity_bytes / GIB, color="#c92a2a", ls="--", lw=1, label="capacity")
+        ax.set_xlabel("peak memory (GiB, max over ranks)")
+        ax.set_ylabel("step time (ms)")
+        ax.legend(fontsize=7)
+    else:
+        _empty(ax, "no trials with memory measurements")
+    ax.set_title("Step time vs peak memory")
+    fig.tight_layout()
+    return fig
+
+
+def noise(report: Report) -> Figure:
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    runs = np.asarray(report.doctor_run_step_s, dtype=float)
+    if runs.size:
+        rel = runs / np.median(runs)
+        ax.hist(rel, bins=max(3, min(20, runs.size)), color="#1864ab", alpha=0.7, label="doctor runs / median")
+        if report.doctor:
+            mde = report.doctor["min_detectable_speedup"]
+            ax.axvline(1 / mde, color="#c92a2a", ls="--", lw=1,
+                       label=f"MDE ×{mde:.3f} at {report.doctor['repeats_per_trial']} repeats")
+        ax.set_xlabel("run step time / median")
+        ax.set_ylabel("runs")
+        ax.legend(fontsize=7)
+    else:
+        _empty(ax, "no doctor runs")
+    ax.set_title("Baseline noise (doctor)")
+    fig.tight_layout()
+    return fig
+
+
+def cost(report: Report) -> Figure:
+    fig, ax = plt.subplots(figsize=(6.4, 3.2))
+    hours = [report.cost_by_outcome[o] for o in OUTCOMES]
+    bars = ax.bar(OUTCOMES, hours, color=[OUTCOME_COLOURS[o] for o in OUTCOMES])
+    for bar, o in zip(bars, OUTCOMES, strict=True):
+        ax.annotate(f"{report.trials_by_outcome[o]} trials", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                    ha="center", va="bottom", fontsize=7)
+    ax.set_ylabel("accelerator-hours")
+    ax.set_title(f"Cost by outcome (total {report.accelerator_hours:.3g} h)")
+    fig.tight_layout()
+    return fig
+
+
+FIGURES = {
+    "best_speedup": ("Best speed-up vs trials", best_speedup),
+    "time_vs_memory": ("Step time vs peak memory (OOMs marked, capacity line)", time_vs_memory),
+    "noise": ("Baseline noise distribution (doctor)", noise),
+    "cost": ("Accelerator-hours by outcome", cost),
+}
+"""Name → (caption, builder), in report order."""

@@ -1,0 +1,360 @@
+"""The report model: everything a study report says, built by SQL over the analyst DuckDB.
+
+``build_report(db, study_id)`` reads only the view ``report_events`` (see ``report.source``) and the
+workload's patch files (for the audit trail's diff text). Renderers (``report.render``) turn the ``Report``
+into HTML, Markdown and PDF; they compute nothing new, so every number in every format is one of the
+figures below, each traceable to a query in this module.
+
+Accounting rules (also in docs/stages.md):
+
+- accelerator-hours are ``TrialFinished.accelerator_s`` / 3600 of *every* trial (doctor, search, verify,
+  failed ones too), split by outcome: ``ok``; ``oom``; ``crash`` (crash, cancelled, patch_conflict);
+  ``timeout``; ``violation`` (scope_violation, invariant_violation, and an ``ok`` run whose
+  ``TrialMeasured.invariants_ok`` is false);
+- the baseline step time is ``DoctorCompleted.step_time_s`` (the last one), else the median of the
+  baseline/doctor trials' ``TrialMeasured.step_time_s``;
+- "best speed-up after n search trials" = baseline / the fastest ok, invariant-passing search run among the
+  first n measured (in stream order);
+- winners are the final ``VerifyCompleted`` of each verification that is ``promotable``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from infrarsi.report.source import VIEW, ensure_view
+
+OUTCOMES = ("ok", "oom", "crash", "timeout", "violation")
+
+OUTCOME_SQL = """
+CASE
+  WHEN f.status = 'ok' AND coalesce(m.invariants_ok, TRUE) THEN 'ok'
+  WHEN f.status = 'ok' THEN 'violation'
+  WHEN f.status = 'oom' THEN 'oom'
+  WHEN f.status = 'timeout' THEN 'timeout'
+  WHEN f.status IN ('scope_violation', 'invariant_violation') THEN 'violation'
+  ELSE 'crash'
+END
+"""
+
+
+def trials_sql(view: str = VIEW) -> str:
+    """One row per trial: proposal, launcher's finish, telemetry's measurement (last of each)."""
+    return f"""
+    WITH p AS (
+      SELECT trial_id, arg_max(payload, seq) AS payload, min(seq) AS seq
+      FROM {view} WHERE study_id = $study AND type = 'TrialProposed' AND trial_id IS NOT NULL GROUP BY trial_id
+    ), f AS (
+      SELECT trial_id, arg_max(payload, seq) AS payload
+      FROM {view} WHERE study_id = $study AND type = 'TrialFinished' GROUP BY trial_id
+    ), m AS (
+      SELECT trial_id, arg_max(payload, seq) AS payload, max(seq) AS seq
+      FROM {view} WHERE study_id = $study AND type = 'TrialMeasured' GROUP BY trial_id
+    )
+    SELECT p.trial_id,
+           p.seq AS proposed_seq,
+           m.seq AS measured_seq,
+           p.payload->>'kind' AS kind,
+           p.payload->>'origin' AS origin,
+           p.payload->>'candidate_key' AS candidate_key,
+           CAST(p.payload->'candidate' AS VARCHAR) AS candidate_json,
+           p.payload->>'verify_id' AS verify_id,
+           f.payload->>'status' AS status,
+           f.payload->>'reason' AS reason,
+           coalesce(CAST(f.payload->>'accelerator_s' AS DOUBLE), 0.0) AS accelerator_s,
+           CAST(f.payload->>'censored_peak_bytes' AS BIGINT) AS censored_peak_bytes,
+           CAST(f.payload->>'peak_memory_bytes' AS BIGINT) AS launcher_peak_bytes,
+           CAST(f.payload->>'memory_capacity_bytes' AS BIGINT) AS memory_capacity_bytes,
+           CAST(m.payload->>'step_time_s' AS DOUBLE) AS step_time_s,
+           CAST(m.payload->>'mfu' AS DOUBLE) AS mfu,
+           list_max(CAST(m.payload->'peak_memory_bytes' AS BIGINT[])) AS peak_memory_bytes,
+           CAST(m.payload->>'invariants_ok' AS BOOLEAN) AS invariants_ok,
+           CAST(m.payload->'invariants' AS VARCHAR) AS invariants_json
+    FROM p LEFT JOIN f USING (trial_id) LEFT JOIN m USING (trial_id)
+    """
+
+
+def cost_sql(view: str = VIEW) -> str:
+    """Accelerator-hours by outcome, over every finished trial of the study."""
+    return f"""
+    WITH f AS (
+      SELECT trial_id, arg_max(payload, seq) AS payload
+      FROM {view} WHERE study_id = $study AND type = 'TrialFinished' GROUP BY trial_id
+    ), fin AS (SELECT trial_id, payload->>'status' AS status, CAST(payload->>'accelerator_s' AS DOUBLE) AS acc_s FROM f),
+    m AS (
+      SELECT trial_id, CAST(arg_max(payload, seq)->>'invariants_ok' AS BOOLEAN) AS invariants_ok
+      FROM {view} WHERE study_id = $study AND type = 'TrialMeasured' GROUP BY trial_id
+    )
+    SELECT {OUTCOME_SQL} AS outcome, count(*) AS trials, sum(coalesce(f.acc_s, 0)) / 3600.0 AS accelerator_hours
+    FROM fin f LEFT JOIN m USING (trial_id)
+    GROUP BY outcome
+    """
+
+
+# --------------------------------------------------------------------------------------------------
+# The model
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrialRow:
+    trial_id: str
+    order: int
+    kind: str
+    origin: str
+    candidate_key: str
+    knobs: dict[str, Any]
+    patches: list[str]
+    status: str | None
+    outcome: str | None
+    accelerator_s: float
+    step_time_s: float | None
+    peak_memory_bytes: int | None
+    censored_peak_bytes: int | None
+    mfu: float | None
+    invariants_ok: bool | None
+    failed_invariants: list[str]
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class PatchAudit:
+    patch_id: str
+    files: list[str]
+    diff: str
+    found: bool
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The final ``VerifyCompleted`` of one verification, with its audit trail."""
+
+    verify_id: str
+    candidate_key: str
+    knobs: dict[str, Any]
+    patches: list[PatchAudit]
+    promotable: bool
+    passes: int
+    speedup: float
+    ci_low: float
+    ci_high: float
+    baseline_step_s: float
+    candidate_step_s: float
+    mfu_before: float | None
+    mfu_after: float | None
+    invariants: list[dict[str, Any]]
+    failed_invariants: list[str]
+    rounds: int
+    trial_ids: list[str]
+
+    @property
+    def files_changed(self) -> list[str]:
+        return sorted({f for p in self.patches for f in p.files})
+
+
+@dataclass(frozen=True)
+class Report:
+    study_id: str
+    name: str
+    goal: str
+    contract: dict[str, Any]
+    cluster: dict[str, Any]
+    workload_dir: str
+    baseline_ref: str
+    baseline_step_s: float | None
+    doctor: dict[str, Any] | None
+    doctor_run_step_s: list[float]
+    trials: list[TrialRow]
+    cost_by_outcome: dict[str, float]
+    """Accelerator-hours per outcome (every outcome key present)."""
+    trials_by_outcome: dict[str, int]
+    best_speedup_curve: list[tuple[int, float]]
+    """(search trials measured so far, best speed-up so far)."""
+    verdicts: list[Verdict]
+    model: dict[str, Any] | None
+    """Payload of the last ModelUpdated."""
+    invariant_failures: dict[str, int]
+    """Search/verify runs failing each invariant (from TrialMeasured)."""
+    memory_capacity_bytes: int | None
+    generated_from: dict[str, int] = field(default_factory=dict)
+    """Event counts by type: what the report was built from."""
+
+    @property
+    def winners(self) -> list[Verdict]:
+        return [v for v in self.verdicts if v.promotable]
+
+    @property
+    def accelerator_hours(self) -> float:
+        return sum(self.cost_by_outcome.values())
+
+
+# --------------------------------------------------------------------------------------------------
+# Building it
+# --------------------------------------------------------------------------------------------------
+
+
+def _connect(db: str | Path | duckdb.DuckDBPyConnection) -> tuple[duckdb.DuckDBPyConnection, bool]:
+    if isinstance(db, duckdb.DuckDBPyConnection):
+        return db, False
+    return duckdb.connect(str(db), read_only=False), True
+
+
+def _last_payload(con, study_id: str, event_type: str) -> dict[str, Any] | None:
+    row = con.execute(
+        f"SELECT CAST(payload AS VARCHAR) FROM {VIEW} WHERE study_id = $study AND type = $type ORDER BY seq DESC LIMIT 1",
+        {"study": study_id, "type": event_type},
+    ).fetchone()
+    return json.loads(row[0]) if row else None
+
+
+def _patch_audit(workload_dir: Path | None, patch_dir: str, patch_id: str) -> PatchAudit:
+    if workload_dir is not None:
+        path = workload_dir / patch_dir / f"{patch_id}.patch"
+        if path.is_file():
+            diff = path.read_text(errors="replace")
+            files = sorted(set(re.findall(r"^\+\+\+ b/(\S+)", diff, flags=re.M)) | set(re.findall(r"^--- a/(\S+)", diff, flags=re.M)))
+            return PatchAudit(patch_id, files, diff, True)
+    return PatchAudit(patch_id, [], "", False)
+
+
+def build_report(db: str | Path | duckdb.DuckDBPyConnection, study_id: str) -> Report:
+    """The report of ``study_id`` from the analyst DB (a path or an open connection)."""
+    con, owned = _connect(db)
+    try:
+        ensure_view(con)
+        return _build(con, study_id)
+    finally:
+        if owned:
+            con.close()
+
+
+def _build(con: duckdb.DuckDBPyConnection, study_id: str) -> Report:
+    params = {"study": study_id}
+    created = _last_payload(con, study_id, "StudyCreated")
+    if created is None:
+        raise LookupError(f"no StudyCreated for study {study_id!r} in the analyst DB")
+    contract = created.get("contract") or {}
+    doctor = _last_payload(con, study_id, "DoctorCompleted")
+    model = _last_payload(con, study_id, "ModelUpdated")
+
+    counts = dict(con.execute(f"SELECT type, count(*) FROM {VIEW} WHERE study_id = $study GROUP BY type ORDER BY type", params).fetchall())
+
+    rows = con.execute(trials_sql() + " ORDER BY coalesce(m.seq, p.seq), p.trial_id", params).fetchall()
+    cols = [d[0] for d in con.description]
+    trials = []
+    for i, raw in enumerate(rows):
+        r = dict(zip(cols, raw, strict=True))
+        candidate = json.loads(r["candidate_json"] or "{}")
+        invariants = json.loads(r["invariants_json"] or "[]")
+        outcome = None
+        if r["status"] is not None:
+            outcome = _outcome(r["status"], r["invariants_ok"])
+        trials.append(
+            TrialRow(
+                trial_id=r["trial_id"], order=i, kind=r["kind"], origin=r["origin"], candidate_key=r["candidate_key"],
+                knobs=candidate.get("knobs", {}), patches=candidate.get("patches", []), status=r["status"], outcome=outcome,
+                accelerator_s=r["accelerator_s"], step_time_s=r["step_time_s"],
+                peak_memory_bytes=r["peak_memory_bytes"] or r["launcher_peak_bytes"],
+                censored_peak_bytes=r["censored_peak_bytes"], mfu=r["mfu"], invariants_ok=r["invariants_ok"],
+                failed_invariants=[inv["name"] for inv in invariants if not inv.get("ok", True)], reason=r["reason"] or "",
+            )
+        )
+
+    cost = {o: 0.0 for o in OUTCOMES}
+    n_by_outcome = {o: 0 for o in OUTCOMES}
+    for outcome, n, hours in con.execute(cost_sql(), params).fetchall():
+        cost[outcome] = float(hours)
+        n_by_outcome[outcome] = int(n)
+
+    if doctor is not None:
+        baseline_s = float(doctor["step_time_s"])
+        doctor_ids = list(doctor.get("baseline_trial_ids", []))
+    else:
+        baseline_s = con.execute(
+            f"""SELECT median(CAST(m.payload->>'step_time_s' AS DOUBLE)) FROM {VIEW} m
+                WHERE m.study_id = $study AND m.type = 'TrialMeasured' AND m.payload->>'status' = 'ok'
+                  AND m.payload->>'kind' IN ('baseline', 'doctor')""",
+            params,
+        ).fetchone()[0]
+        doctor_ids = [t.trial_id for t in trials if t.kind == "doctor"]
+    doctor_runs = [t.step_time_s for t in trials if t.trial_id in set(doctor_ids) and t.step_time_s]
+
+    curve: list[tuple[int, float]] = []
+    if baseline_s:
+        best = None
+        n = 0
+        for t in trials:
+            if t.kind != "search" or t.step_time_s is None:
+                continue
+            n += 1
+            if t.outcome == "ok" and (best is None or t.step_time_s < best):
+                best = t.step_time_s
+            curve.append((n, baseline_s / best if best else 1.0))
+
+    invariant_failures: dict[str, int] = {}
+    for t in trials:
+        for name in t.failed_invariants:
+            invariant_failures[name] = invariant_failures.get(name, 0) + 1
+
+    workload_dir = _workload_dir(created, contract)
+    patch_dir = (contract.get("workload") or {}).get("patch_dir", "patches")
+    verdicts = _verdicts(con, study_id, workload_dir, patch_dir)
+    capacity = (created.get("cluster") or {}).get("memory_capacity_bytes") or None
+    return Report(
+        study_id=study_id, name=created.get("name", ""), goal=created.get("goal", ""), contract=contract,
+        cluster=created.get("cluster") or {}, workload_dir=created.get("workload_dir", ""),
+        baseline_ref=created.get("baseline_ref", ""), baseline_step_s=baseline_s, doctor=doctor,
+        doctor_run_step_s=doctor_runs, trials=trials, cost_by_outcome=cost, trials_by_outcome=n_by_outcome,
+        best_speedup_curve=curve, verdicts=verdicts, model=model, invariant_failures=invariant_failures,
+        memory_capacity_bytes=capacity, generated_from=counts,
+    )
+
+
+def _outcome(status: str, invariants_ok: bool | None) -> str:
+    if status == "ok":
+        return "ok" if invariants_ok is not False else "violation"
+    if status in ("oom", "timeout"):
+        return status
+    if status in ("scope_violation", "invariant_violation"):
+        return "violation"
+    return "crash"
+
+
+def _workload_dir(created: dict[str, Any], contract: dict[str, Any]) -> Path | None:
+    for candidate in (created.get("workload_dir"), (contract.get("workload") or {}).get("repo")):
+        if candidate and Path(candidate).is_dir():
+            return Path(candidate)
+    return None
+
+
+def _verdicts(con, study_id: str, workload_dir: Path | None, patch_dir: str) -> list[Verdict]:
+    rows = con.execute(
+        f"""SELECT payload->>'verify_id' AS verify_id, count(*) AS rounds, CAST(arg_max(payload, seq) AS VARCHAR) AS last
+            FROM {VIEW} WHERE study_id = $study AND type = 'VerifyCompleted'
+            GROUP BY verify_id ORDER BY min(seq)""",
+        {"study": study_id},
+    ).fetchall()
+    out = []
+    for verify_id, rounds, last_json in rows:
+        last = json.loads(last_json)
+        candidate = last.get("candidate") or {}
+        out.append(
+            Verdict(
+                verify_id=verify_id, candidate_key=last["candidate_key"], knobs=candidate.get("knobs", {}),
+                patches=[_patch_audit(workload_dir, patch_dir, p) for p in candidate.get("patches", [])],
+                promotable=bool(last["promotable"]), passes=int(last["passes"]), speedup=float(last["speedup"]),
+                ci_low=float(last["ci_low"]), ci_high=float(last["ci_high"]),
+                baseline_step_s=float(last["baseline_step_s"]), candidate_step_s=float(last["candidate_step_s"]),
+                mfu_before=last.get("mfu_before"), mfu_after=last.get("mfu_after"),
+                invariants=list(last.get("invariants", [])), failed_invariants=list(last.get("failed_invariants", [])),
+                rounds=int(rounds), trial_ids=list(last.get("trial_ids", [])),
+            )
+        )
+    out.sort(key=lambda v: (not v.promotable, -v.speedup))
+    return out

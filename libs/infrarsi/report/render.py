@@ -1,0 +1,349 @@
+"""Renderers: one document outline (``outline``), three formats (HTML, Markdown, PDF).
+
+``outline(report)`` turns a ``Report`` into a list of blocks (headings, paragraphs, tables, figures, code);
+each renderer only lays the blocks out, so the three formats say the same thing:
+
+- HTML: one self-contained file, plots inline as base64 PNG;
+- Markdown: ``report.md`` with the plots as PNG files beside it;
+- PDF: matplotlib ``PdfPages`` — text pages (tables as monospaced text) then one page per plot; no extra deps.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.backends.backend_pdf import PdfPages  # noqa: E402
+
+from infrarsi.report.figures import FIGURES  # noqa: E402
+from infrarsi.report.model import OUTCOMES, Report  # noqa: E402
+
+# --------------------------------------------------------------------------------------------------
+# Blocks
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Heading:
+    text: str
+    level: int = 2
+
+
+@dataclass(frozen=True)
+class Para:
+    text: str
+
+
+@dataclass(frozen=True)
+class Table:
+    header: list[str]
+    rows: list[list[str]]
+
+
+@dataclass(frozen=True)
+class Figure:
+    name: str
+    caption: str
+
+
+@dataclass(frozen=True)
+class Code:
+    text: str
+    caption: str = ""
+
+
+Block = Heading | Para | Table | Figure | Code
+
+
+def _ms(s: float | None) -> str:
+    return "—" if s is None else f"{s * 1e3:.2f} ms"
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{x:.1%}"
+
+
+def outline(report: Report) -> list[Block]:
+    c = report.contract
+    wl = c.get("workload") or {}
+    inv = c.get("invariants") or {}
+    loss = inv.get("loss") or {}
+    budget = c.get("budget") or {}
+    verify = c.get("verify") or {}
+    scope = c.get("scope") or {}
+    space = c.get("search_space") or {}
+    blocks: list[Block] = [
+        Heading(f"InfraRSI report — {report.name} ({report.study_id})", 1),
+        Para(report.goal),
+    ]
+    # Summary
+    blocks.append(Heading("Summary"))
+    if report.winners:
+        best = max(report.winners, key=lambda v: v.speedup)
+        blocks.append(Para(
+            f"{len(report.winners)} verified winner(s). Best: ×{best.speedup:.3f} "
+            f"(95% CI {best.ci_low:.3f}–{best.ci_high:.3f}), step {_ms(best.baseline_step_s)} → {_ms(best.candidate_step_s)}, "
+            f"MFU {_pct(best.mfu_before)} → {_pct(best.mfu_after)}."
+        ))
+    else:
+        blocks.append(Para("No candidate passed verification; nothing is promotable."))
+    blocks.append(Para(
+        f"{len(report.trials)} trials, {report.accelerator_hours:.4g} accelerator-hours in total (failed trials included). "
+        f"Baseline step time {_ms(report.baseline_step_s)}."
+    ))
+    # Contract
+    blocks.append(Heading("Contract"))
+    blocks.append(Table(["field", "value"], [
+        ["workload", f"{wl.get('repo', report.workload_dir)} @ {report.baseline_ref[:12]}"],
+        ["command", " ".join(wl.get("command", []))],
+        ["horizon", f"{wl.get('steps')} steps (verify: {wl.get('verify_steps')})"],
+        ["cluster", f"{report.cluster.get('cluster_id')} · {report.cluster.get('accelerator')} · "
+                    f"{report.cluster.get('nodes', 1)}×{report.cluster.get('devices_per_node', 1)} devices · "
+                    f"capacity {(report.memory_capacity_bytes or 0) / 1024**3:.3g} GiB"],
+        ["editable files", ", ".join(scope.get("files", [])) or "—"],
+        ["launch keys", ", ".join(scope.get("launch_keys", [])) or "—"],
+        ["knobs", ", ".join(sorted((space.get("knobs") or {}).keys())) or "—"],
+        ["patches", ", ".join(space.get("patches", [])) or "—"],
+        ["loss invariant", f"{loss.get('mode', '?')} ε={loss.get('tolerance', '?')} at {loss.get('at', '?')}"],
+        ["work invariants", f"steps={inv.get('steps', True)} tokens={inv.get('tokens', True)} eval={inv.get('eval', True)}; "
+                            f"timing tolerance {inv.get('timing_tolerance', '?')}"],
+        ["budget", f"{budget.get('trials')} trials, {budget.get('accelerator_hours')} accelerator-hours"],
+        ["verify", f"top {verify.get('top_k')}, {verify.get('repeats')} interleaved pairs, {verify.get('passes_required')} passes"],
+    ]))
+    # Winners and verdicts
+    blocks.append(Heading("Verified candidates"))
+    if report.verdicts:
+        blocks.append(Table(
+            ["candidate", "verdict", "speed-up", "95% CI", "step before → after", "MFU before → after", "rounds", "failed invariants"],
+            [[v.candidate_key, "PROMOTABLE" if v.promotable else "rejected", f"×{v.speedup:.3f}",
+              f"{v.ci_low:.3f}–{v.ci_high:.3f}", f"{_ms(v.baseline_step_s)} → {_ms(v.candidate_step_s)}",
+              f"{_pct(v.mfu_before)} → {_pct(v.mfu_after)}", f"{v.passes}/{v.rounds} passed",
+              ", ".join(v.failed_invariants) or "none"] for v in report.verdicts],
+        ))
+        blocks.append(Heading("Invariant verdicts", 3))
+        rows = []
+        for v in report.verdicts:
+            for i in v.invariants:
+                rows.append([v.candidate_key, i.get("name", ""), "ok" if i.get("ok") else "FAIL", i.get("detail", "")])
+        blocks.append(Table(["candidate", "invariant", "verdict", "detail"], rows))
+    else:
+        blocks.append(Para("No verification ran."))
+    if report.invariant_failures:
+        blocks.append(Para("Invariant failures over all measured runs: "
+                           + ", ".join(f"{k}: {n}" for k, n in sorted(report.invariant_failures.items()))))
+    # Audit trail
+    blocks.append(Heading("Audit trail"))
+    if not report.winners:
+        blocks.append(Para("Nothing to audit: no winner."))
+    for v in report.winners:
+        blocks.append(Heading(f"Winner {v.candidate_key}", 3))
+        blocks.append(Table(["what", "changes"], [
+            ["launch keys", ", ".join(f"{k}={json.dumps(val)}" for k, val in sorted(v.knobs.items())) or "none"],
+            ["git paths", ", ".join(v.files_changed) or "none"],
+            ["patches", ", ".join(p.patch_id + ("" if p.found else " (diff not found)") for p in v.patches) or "none"],
+            ["verify trials", ", ".join(v.trial_ids)],
+        ]))
+        for p in v.patches:
+            if p.found:
+                blocks.append(Code(p.diff, f"{p.patch_id}.patch"))
+    # Cost
+    blocks.append(Heading("Cost"))
+    blocks.append(Table(["outcome", "trials", "accelerator-hours"],
+                        [[o, str(report.trials_by_outcome[o]), f"{report.cost_by_outcome[o]:.4g}"] for o in OUTCOMES]
+                        + [["total", str(sum(report.trials_by_outcome.values())), f"{report.accelerator_hours:.4g}"]]))
+    blocks.append(Figure("cost", FIGURES["cost"][0]))
+    # Search
+    blocks.append(Heading("Search"))
+    blocks.append(Figure("best_speedup", FIGURES["best_speedup"][0]))
+    blocks.append(Figure("time_vs_memory", FIGURES["time_vs_memory"][0]))
+    # Model
+    blocks.append(Heading("Priors vs posteriors"))
+    if report.model:
+        m = report.model
+        blocks.append(Para(f"Last model fit over {m.get('n_trials')} trials ({m.get('n_oom')} OOM, censored); "
+                           f"noise σ(log) {m.get('noise_std_log', 0):.4f}."))
+        for label, key in (("time (log-ratio of step time)", "time_effects"), ("memory (log-ratio of peak)", "memory_effects")):
+            effects = m.get(key) or []
+            if effects:
+                blocks.append(Heading(f"Effects on {label}", 3))
+                blocks.append(Table(["feature", "prior", "posterior", "source"], [
+                    [e["feature"], f"{e['prior_mean']:+.3f} ± {e['prior_std']:.3f}",
+                     f"{e['post_mean']:+.3f} ± {e['post_std']:.3f}", e.get("source", "")] for e in effects]))
+    else:
+        blocks.append(Para("No model update in the log."))
+    # Doctor appendix
+    blocks.append(Heading("Appendix: doctor"))
+    d = report.doctor
+    if d:
+        blocks.append(Table(["measure", "value"], [
+            ["baseline runs", str(d["repeats"])],
+            ["step time (median of runs)", _ms(d["step_time_s"])],
+            ["warm-up", f"{d['warmup_steps']} steps"],
+            ["run-to-run CV", _pct(d["run_to_run_cv"])],
+            ["step-to-step CV", _pct(d["step_to_step_cv"])],
+            ["min detectable speed-up", f"×{d['min_detectable_speedup']:.3f} at {d['repeats_per_trial']} repeats"],
+            ["repeats for effect", ", ".join(f"×{k}: {n}" for k, n in (d.get("repeats_for_effect") or {}).items())],
+            ["phases", ", ".join(f"{k} {v:.0%}" for k, v in (d.get("phase_fractions") or {}).items()) or "—"],
+            ["per-rank step", ", ".join(_ms(t) for t in d.get("per_rank_step_s", []))],
+            ["stragglers", ", ".join(map(str, d.get("stragglers", []))) or "none"],
+            ["peak FLOP/s (measured)", f"{d['peak_flops_measured']:.3g}" if d.get("peak_flops_measured") else "—"],
+            ["MFU", _pct(d.get("mfu"))],
+        ]))
+    else:
+        blocks.append(Para("Doctor did not run."))
+    blocks.append(Figure("noise", FIGURES["noise"][0]))
+    blocks.append(Para("Built from events: " + ", ".join(f"{k} {n}" for k, n in report.generated_from.items())))
+    return blocks
+
+
+def _png(report: Report, name: str) -> bytes:
+    fig = FIGURES[name][1](report)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+# --------------------------------------------------------------------------------------------------
+# HTML
+# --------------------------------------------------------------------------------------------------
+
+_CSS = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#212529}
+table{border-collapse:collapse;margin:.5em 0 1em}td,th{border:1px solid #dee2e6;padding:.25em .5em;font-size:.9em;text-align:left}
+th{background:#f1f3f5}pre{background:#f8f9fa;padding:.75em;overflow-x:auto;font-size:.8em}figure{margin:1em 0}"""
+
+
+def render_html(report: Report, path: Path) -> Path:
+    e = html.escape
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{e(report.name)} — InfraRSI</title>"
+             f"<style>{_CSS}</style></head><body>"]
+    for b in outline(report):
+        match b:
+            case Heading(text, level):
+                parts.append(f"<h{level}>{e(text)}</h{level}>")
+            case Para(text):
+                parts.append(f"<p>{e(text)}</p>")
+            case Table(header, rows):
+                parts.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in header) + "</tr>"
+                             + "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows) + "</table>")
+            case Figure(name, caption):
+                data = base64.b64encode(_png(report, name)).decode()
+                parts.append(f"<figure><img alt='{e(caption)}' src='data:image/png;base64,{data}'>"
+                             f"<figcaption>{e(caption)}</figcaption></figure>")
+            case Code(text, caption):
+                parts.append(f"<p><code>{e(caption)}</code></p><pre>{e(text)}</pre>")
+    parts.append("</body></html>")
+    path.write_text("\n".join(parts))
+    return path
+
+
+# --------------------------------------------------------------------------------------------------
+# Markdown
+# --------------------------------------------------------------------------------------------------
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(report: Report, path: Path) -> list[Path]:
+    """``report.md`` plus one PNG per plot beside it; returns every file written."""
+    written = [path]
+    lines: list[str] = []
+    for b in outline(report):
+        match b:
+            case Heading(text, level):
+                lines += ["#" * level + " " + text, ""]
+            case Para(text):
+                lines += [text, ""]
+            case Table(header, rows):
+                lines.append("| " + " | ".join(map(_md_cell, header)) + " |")
+                lines.append("|" + "---|" * len(header))
+                lines += ["| " + " | ".join(map(_md_cell, r)) + " |" for r in rows]
+                lines.append("")
+            case Figure(name, caption):
+                image = path.with_name(f"{path.stem}-{name}.png")
+                image.write_bytes(_png(report, name))
+                written.append(image)
+                lines += [f"![{caption}]({image.name})", ""]
+            case Code(text, caption):
+                lines += [f"`{caption}`", "", "```diff", text.rstrip("\n"), "```", ""]
+    path.write_text("\n".join(lines))
+    return written
+
+
+# --------------------------------------------------------------------------------------------------
+# PDF
+# --------------------------------------------------------------------------------------------------
+
+_PAGE_LINES = 62
+_PAGE_COLS = 110
+
+
+def _text_lines(blocks: list[Block]) -> list[tuple[str, str]]:
+    """(style, line) pairs: the text part of the document, tables as fixed-width columns."""
+    out: list[tuple[str, str]] = []
+    for b in blocks:
+        match b:
+            case Heading(text, level):
+                out += [("", ""), ("h" if level <= 2 else "h3", text)]
+            case Para(text):
+                out += [("p", line) for line in textwrap.wrap(text, _PAGE_COLS)] + [("", "")]
+            case Table(header, rows):
+                widths = [min(40, max(len(str(r[i])) for r in [header, *rows])) for i in range(len(header))]
+                for r in [header, *rows]:
+                    line = "  ".join(str(c)[:w].ljust(w) for c, w in zip(r, widths, strict=True))
+                    out.append(("t", line[:_PAGE_COLS]))
+                out.append(("", ""))
+            case Code(text, caption):
+                out.append(("p", caption))
+                out += [("t", line[:_PAGE_COLS]) for line in text.splitlines()]
+                out.append(("", ""))
+            case Figure(_, caption):
+                out.append(("p", f"[figure: {caption} — see its page]"))
+    return out
+
+
+def render_pdf(report: Report, path: Path) -> Path:
+    blocks = outline(report)
+    lines = _text_lines(blocks)
+    styles = {"h": dict(size=12, weight="bold"), "h3": dict(size=10, weight="bold"), "p": dict(size=8),
+              "t": dict(size=6.5, family="monospace"), "": dict(size=8)}
+    with PdfPages(path) as pdf:
+        for start in range(0, len(lines), _PAGE_LINES):
+            fig = plt.figure(figsize=(8.27, 11.69))  # A4
+            for i, (style, text) in enumerate(lines[start : start + _PAGE_LINES]):
+                fig.text(0.06, 0.96 - i * 0.0148, text, va="top", **styles[style])
+            pdf.savefig(fig)
+            plt.close(fig)
+        for b in blocks:
+            if isinstance(b, Figure):
+                fig = FIGURES[b.name][1](report)
+                pdf.savefig(fig)
+                plt.close(fig)
+        info = pdf.infodict()
+        info["Title"] = f"InfraRSI report {report.study_id}"
+    return path
+
+
+def render_all(report: Report, out_dir: Path, formats: tuple[str, ...] = ("html", "md", "pdf")) -> list[Path]:
+    """Write the report in every format into ``out_dir``; returns every file written."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files: list[Path] = []
+    if "html" in formats:
+        files.append(render_html(report, out_dir / "report.html"))
+    if "md" in formats:
+        files += render_markdown(report, out_dir / "report.md")
+    if "pdf" in formats:
+        files.append(render_pdf(report, out_dir / "report.pdf"))
+    return files

@@ -1,0 +1,502 @@
+"""Verification: interleaved baseline/candidate plans, the paired bootstrap CI, and the promotion decision.
+
+Owns the pure logic of the verify stage (ARCHITECTURE.md §1, §7):
+
+- ``plan_round``: one round = ``repeats`` interleaved pairs A B A B … (A = the untouched baseline,
+  B = the candidate) at the verify horizon; trial ids are derived from the verify id, round, pair and arm,
+  so a re-planned round has the same ids and JetStream drops the duplicates.
+- ``bootstrap_speedup_ci``: speed-up = median(baseline) / median(candidate) with a bootstrap CI that
+  resamples *pairs* (position i of A with position i of B — they ran next to each other, so they share
+  the drift of the host), seeded, percentile or BCa.
+- ``pair_invariants`` / ``decide``: every invariant on every run — telemetry's verdicts, plus the checks
+  verify adds against the *paired* baseline run at the longer horizon (loss within ε at every checkpoint,
+  same optimiser steps and tokens, same eval work) — and the round verdict: passed if every invariant holds
+  on every run and the CI lower bound is above 1. Promotable after ``passes_required`` passed rounds.
+- ``select_candidates``: the top-K search candidates to verify.
+
+No I/O and no bus here: the verifier service (``infrarsi_services.verifier``) and ``infrarsi verify`` call it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+from scipy import stats
+
+from infrarsi import events as ev
+
+Arm = Literal["baseline", "candidate"]
+CiMethod = Literal["percentile", "bca", "auto"]
+
+BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_SEED = 20240607
+CONFIDENCE = 0.95
+BASELINE_CANDIDATE = ev.Candidate()
+"""The untouched baseline as a candidate: no knob overrides, no patches."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Ids and plans
+# --------------------------------------------------------------------------------------------------
+
+
+def verify_id_for(request_event_id: str, candidate_key: str) -> str:
+    """The verification of one candidate of one ``VerifyRequested`` (deterministic, so the CLI can wait on it)."""
+    return ev.derived_id(request_event_id, "verify", candidate_key)
+
+
+def trial_id_for(verify_id: str, round_no: int, pair: int, arm: Arm) -> str:
+    return ev.derived_id(verify_id, f"round{round_no}", f"pair{pair}", arm)
+
+
+@dataclass(frozen=True)
+class PlannedTrial:
+    """One run of a verification plan: the ``TrialProposed`` to publish and where it sits in the plan."""
+
+    trial_id: str
+    verify_id: str
+    round_no: int
+    pair: int
+    arm: Arm
+    payload: ev.TrialProposed
+
+
+def plan_round(
+    verify_id: str,
+    candidate: ev.Candidate,
+    *,
+    round_no: int,
+    repeats: int,
+    steps: int | None,
+) -> list[PlannedTrial]:
+    """``repeats`` interleaved pairs A B A B … for round ``round_no`` (1-based), in launch order.
+
+    Interleaving spreads slow drifts of the host (thermal, page cache, a noisy neighbour) over both
+    arms instead of charging them to whichever arm ran second.
+    """
+    if repeats < 1:
+        raise ValueError("repeats must be >= 1")
+    key = candidate.key()
+    plan = []
+    for pair in range(repeats):
+        for arm in ("baseline", "candidate"):
+            cand = BASELINE_CANDIDATE if arm == "baseline" else candidate
+            payload = ev.TrialProposed(
+                candidate=cand,
+                candidate_key=cand.key(),
+                kind="verify",
+                origin="baseline" if arm == "baseline" else "verify",
+                reason=f"verify {key} round {round_no} pair {pair + 1}/{repeats} ({arm})",
+                repeat=(round_no - 1) * repeats + pair,
+                steps=steps,
+                verify_id=verify_id,
+            )
+            plan.append(
+                PlannedTrial(trial_id_for(verify_id, round_no, pair, arm), verify_id, round_no, pair, arm, payload)
+            )
+    return plan
+
+
+# --------------------------------------------------------------------------------------------------
+# Measurements
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunMeasurement:
+    """What verify needs of one run, from its ``TrialMeasured`` (or its ``TrialFinished`` if it died)."""
+
+    trial_id: str
+    arm: Arm
+    pair: int
+    status: ev.TrialStatus
+    step_time_s: float | None = None
+    mfu: float | None = None
+    optimizer_steps: int | None = None
+    tokens: int | None = None
+    loss_curve: tuple[ev.LossPoint, ...] = ()
+    eval_curve: tuple[ev.LossPoint, ...] = ()
+    invariants: tuple[ev.InvariantResult, ...] = ()
+    reason: str = ""
+
+    @property
+    def usable(self) -> bool:
+        return self.status == "ok" and self.step_time_s is not None and self.step_time_s > 0
+
+    @classmethod
+    def from_measured(cls, trial_id: str, arm: Arm, pair: int, m: ev.TrialMeasured) -> RunMeasurement:
+        return cls(
+            trial_id=trial_id,
+            arm=arm,
+            pair=pair,
+            status=m.status,
+            step_time_s=m.step_time_s,
+            mfu=m.mfu,
+            optimizer_steps=m.optimizer_steps,
+            tokens=m.tokens,
+            loss_curve=tuple(m.loss_curve),
+            eval_curve=tuple(m.eval_curve),
+            invariants=tuple(m.invariants),
+        )
+
+    @classmethod
+    def from_finished(cls, trial_id: str, arm: Arm, pair: int, f: ev.TrialFinished) -> RunMeasurement:
+        return cls(trial_id=trial_id, arm=arm, pair=pair, status=f.status, reason=f.reason)
+
+
+# --------------------------------------------------------------------------------------------------
+# Bootstrap
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SpeedupCI:
+    speedup: float
+    low: float
+    high: float
+    method: str
+    n_pairs: int
+
+
+def _ratio_of_medians(baseline: np.ndarray, candidate: np.ndarray) -> np.ndarray:
+    """Row-wise median(baseline) / median(candidate); inputs (B, n)."""
+    return np.median(baseline, axis=-1) / np.median(candidate, axis=-1)
+
+
+def bootstrap_speedup_ci(
+    baseline_s: Sequence[float],
+    candidate_s: Sequence[float],
+    *,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    confidence: float = CONFIDENCE,
+    seed: int = BOOTSTRAP_SEED,
+    method: CiMethod = "auto",
+) -> SpeedupCI:
+    """Speed-up median(A)/median(B) with a paired bootstrap CI (pairs resampled together by position).
+
+    ``auto`` uses BCa from 5 pairs up and the percentile interval below: with 2–4 pairs the jackknife
+    behind BCa's acceleration has too few points to mean anything. With few pairs the percentile
+    interval is deliberately conservative: with 3 pairs, 1/27 of resamples repeat the worst pair three
+    times, so the 2.5% bound is that pair's own ratio.
+    """
+    a = np.asarray(baseline_s, dtype=float)  # (n,)
+    b = np.asarray(candidate_s, dtype=float)  # (n,)
+    if a.shape != b.shape or a.size == 0:
+        raise ValueError(f"need equal, non-empty paired samples, got {a.size} and {b.size}")
+    n = a.size
+    point = float(np.median(a) / np.median(b))
+    if n == 1:
+        return SpeedupCI(point, point, point, "single-pair", 1)
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, n, size=(resamples, n))  # (B, n) pair indices
+    boot = _ratio_of_medians(a[idx], b[idx])  # (B,)
+    alpha = 1.0 - confidence
+    chosen = ("bca" if n >= 5 else "percentile") if method == "auto" else method
+    lo_q, hi_q = alpha / 2, 1 - alpha / 2
+    if chosen == "bca":
+        # Work on the log scale, where the ratio is a difference and the distribution nearer symmetric.
+        log_boot = np.log(boot)
+        log_point = math.log(point)
+        frac_below = float(np.mean(log_boot < log_point))
+        jack = np.array([math.log(np.median(np.delete(a, i)) / np.median(np.delete(b, i))) for i in range(n)])
+        d = jack.mean() - jack
+        denom = 6.0 * float(np.sum(d**2)) ** 1.5
+        if 0.0 < frac_below < 1.0 and denom > 0:
+            z0 = stats.norm.ppf(frac_below)
+            acc = float(np.sum(d**3)) / denom
+            z = stats.norm.ppf([lo_q, hi_q])
+            adj = stats.norm.cdf(z0 + (z0 + z) / (1 - acc * (z0 + z)))
+            lo_q, hi_q = float(adj[0]), float(adj[1])
+        else:
+            chosen = "percentile"  # degenerate bootstrap distribution: BCa's bias term is infinite
+    low, high = np.quantile(boot, [lo_q, hi_q])
+    return SpeedupCI(point, float(low), float(high), chosen, n)
+
+
+# --------------------------------------------------------------------------------------------------
+# Invariants at verify
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LossRule:
+    """The contract's loss invariant: tolerance, relative (fraction of the baseline loss) or absolute."""
+
+    tolerance: float = 0.02
+    mode: Literal["relative", "absolute"] = "relative"
+
+    def allowed(self, baseline_loss: float) -> float:
+        return self.tolerance * abs(baseline_loss) if self.mode == "relative" else self.tolerance
+
+
+def _curve_check(
+    name: Literal["loss"],
+    what: str,
+    base: Sequence[ev.LossPoint],
+    cand: Sequence[ev.LossPoint],
+    rule: LossRule,
+    *,
+    require_all: bool = True,
+) -> ev.InvariantResult:
+    """Every checkpoint of the baseline curve must lie within ε in the candidate's (and exist there, when
+    ``require_all``; eval checkpoints that are missing are ``work.eval``'s finding, not a second ``loss``)."""
+    b = {p.step: p.loss for p in base}
+    c = {p.step: p.loss for p in cand}
+    missing = sorted(set(b) - set(c))
+    if not require_all:
+        b = {s: v for s, v in b.items() if s in c}
+    elif missing:
+        return ev.InvariantResult(
+            name=name, ok=False, detail=f"{what}: candidate lacks checkpoints {missing[:5]}", observed=float(len(missing))
+        )
+    worst_step, worst_excess, worst_dev, worst_allowed = None, -math.inf, 0.0, 0.0
+    for step, loss in sorted(b.items()):
+        dev = abs(c[step] - loss)
+        allowed = rule.allowed(loss)
+        if not math.isfinite(c[step]):
+            dev = math.inf
+        if dev - allowed > worst_excess:
+            worst_step, worst_excess, worst_dev, worst_allowed = step, dev - allowed, dev, allowed
+    if worst_step is None:
+        return ev.InvariantResult(name=name, ok=True, detail=f"{what}: no checkpoints to compare")
+    ok = worst_excess <= 0
+    return ev.InvariantResult(
+        name=name,
+        ok=ok,
+        detail=f"{what}: worst |Δ|={worst_dev:.4g} at step {worst_step} (allowed {worst_allowed:.4g})",
+        observed=worst_dev if math.isfinite(worst_dev) else None,
+        expected=b[worst_step],
+        tolerance=worst_allowed,
+    )
+
+
+def pair_invariants(baseline: RunMeasurement, candidate: RunMeasurement, rule: LossRule) -> list[ev.InvariantResult]:
+    """What verify checks of a candidate run against the baseline run it was paired with."""
+    out = [
+        _curve_check("loss", "train loss", baseline.loss_curve, candidate.loss_curve, rule),
+    ]
+    if baseline.eval_curve:
+        out.append(
+            _curve_check("loss", "eval loss", baseline.eval_curve, candidate.eval_curve, rule, require_all=False)
+        )
+    out.append(
+        ev.InvariantResult(
+            name="work.optimizer_steps",
+            ok=candidate.optimizer_steps == baseline.optimizer_steps,
+            detail=f"optimizer steps {candidate.optimizer_steps} vs baseline {baseline.optimizer_steps}",
+            observed=_num(candidate.optimizer_steps),
+            expected=_num(baseline.optimizer_steps),
+        )
+    )
+    out.append(
+        ev.InvariantResult(
+            name="work.tokens",
+            ok=candidate.tokens == baseline.tokens,
+            detail=f"tokens {candidate.tokens} vs baseline {baseline.tokens}",
+            observed=_num(candidate.tokens),
+            expected=_num(baseline.tokens),
+        )
+    )
+    b_evals = [p.step for p in baseline.eval_curve]
+    c_evals = [p.step for p in candidate.eval_curve]
+    out.append(
+        ev.InvariantResult(
+            name="work.eval",
+            ok=b_evals == c_evals,
+            detail=f"{len(c_evals)} evals vs baseline {len(b_evals)}"
+            + ("" if b_evals == c_evals else f" (steps {c_evals[:5]} vs {b_evals[:5]})"),
+            observed=float(len(c_evals)),
+            expected=float(len(b_evals)),
+        )
+    )
+    return out
+
+
+def _num(value: int | None) -> float | None:
+    return None if value is None else float(value)
+
+
+# Telemetry judges a verify *baseline* run against the study's trial-horizon baseline; of those verdicts
+# only the ones about the measurement itself (timing, scope) say something about a baseline run.
+_BASELINE_ARM_INVARIANTS = frozenset({"timing", "scope"})
+
+
+# --------------------------------------------------------------------------------------------------
+# The decision
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Round:
+    """One round's runs of one candidate."""
+
+    verify_id: str
+    candidate: ev.Candidate
+    round_no: int
+    repeats: int
+    runs: dict[str, RunMeasurement] = field(default_factory=dict)
+    """By trial id."""
+
+    def complete(self) -> bool:
+        return len(self.runs) >= 2 * self.repeats
+
+
+def decide(
+    round_: Round,
+    *,
+    passes_before: int,
+    passes_required: int,
+    loss_rule: LossRule,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> dict[str, object]:
+    """The ``VerifyCompleted`` fields of one finished round.
+
+    Round passes ⇔ every run finished ok, every invariant holds on every run (telemetry's verdicts and the
+    paired checks), and the CI's lower bound > 1. ``passes`` counts passed rounds so far; the candidate is
+    promotable once ``passes >= passes_required``.
+    """
+    by_pair: dict[int, dict[Arm, RunMeasurement]] = {}
+    for run in round_.runs.values():
+        by_pair.setdefault(run.pair, {})[run.arm] = run
+    verdicts: dict[str, list[tuple[str, ev.InvariantResult]]] = {}
+    failed_runs: list[str] = []
+
+    def note(where: str, result: ev.InvariantResult) -> None:
+        verdicts.setdefault(result.name, []).append((where, result))
+
+    for run in sorted(round_.runs.values(), key=lambda r: (r.pair, r.arm)):
+        where = f"pair {run.pair + 1} {run.arm}"
+        if run.status != "ok":
+            failed_runs.append(f"run.{run.status}")
+        for result in run.invariants:
+            if run.arm == "candidate" or result.name in _BASELINE_ARM_INVARIANTS:
+                note(where, result)
+    a_times, b_times, a_mfu, b_mfu = [], [], [], []
+    for pair in sorted(by_pair):
+        arms = by_pair[pair]
+        base, cand = arms.get("baseline"), arms.get("candidate")
+        if base is None or cand is None or not (base.usable and cand.usable):
+            continue
+        for result in pair_invariants(base, cand, loss_rule):
+            note(f"pair {pair + 1}", result)
+        a_times.append(base.step_time_s)
+        b_times.append(cand.step_time_s)
+        if base.mfu is not None:
+            a_mfu.append(base.mfu)
+        if cand.mfu is not None:
+            b_mfu.append(cand.mfu)
+
+    invariants = []
+    failed: list[str] = []
+    for name in sorted(verdicts):
+        results = verdicts[name]
+        bad = [(w, r) for w, r in results if not r.ok]
+        if bad:
+            failed.append(name)
+            where, first = bad[0]
+            detail = f"failed on {len(bad)}/{len(results)} checks; first: {where}: {first.detail}"
+            invariants.append(ev.InvariantResult(
+                name=first.name, ok=False, detail=detail,
+                observed=first.observed, expected=first.expected, tolerance=first.tolerance,
+            ))
+        else:
+            invariants.append(ev.InvariantResult(name=results[0][1].name, ok=True, detail=f"held on {len(results)} checks"))
+    for run_failure in sorted(set(failed_runs)):
+        failed.append(run_failure)
+
+    if a_times:
+        ci = bootstrap_speedup_ci(a_times, b_times, resamples=resamples, seed=seed)
+        speedup, low, high = ci.speedup, ci.low, ci.high
+        base_s, cand_s = float(np.median(a_times)), float(np.median(b_times))
+    else:
+        speedup = low = high = base_s = cand_s = 0.0  # nothing comparable: reads as "no speed-up shown"
+    passed = not failed and low > 1.0
+    passes = passes_before + (1 if passed else 0)
+    return {
+        "verify_id": round_.verify_id,
+        "candidate": round_.candidate,
+        "candidate_key": round_.candidate.key(),
+        "passes": passes,
+        "promotable": passed and passes >= passes_required,
+        "speedup": speedup,
+        "ci_low": low,
+        "ci_high": high,
+        "baseline_step_s": base_s,
+        "candidate_step_s": cand_s,
+        "mfu_before": float(np.median(a_mfu)) if a_mfu else None,
+        "mfu_after": float(np.median(b_mfu)) if b_mfu else None,
+        "invariants": invariants,
+        "failed_invariants": failed,
+        "trial_ids": sorted(round_.runs, key=lambda t: (round_.runs[t].pair, round_.runs[t].arm)),
+    }
+
+
+def round_passed(done: ev.VerifyCompleted) -> bool:
+    """Whether the round a ``VerifyCompleted`` reports passed (the event carries the inputs, not a flag)."""
+    return not done.failed_invariants and done.ci_low > 1.0
+
+
+def is_final(done: ev.VerifyCompleted) -> bool:
+    """The last ``VerifyCompleted`` of a verification: promotable, or a round failed (which ends it)."""
+    return done.promotable or not round_passed(done)
+
+
+# --------------------------------------------------------------------------------------------------
+# Which candidates to verify
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RankedCandidate:
+    candidate: ev.Candidate
+    candidate_key: str
+    step_time_s: float
+    """Median over the candidate's invariant-passing ok search runs."""
+    runs: int
+    trial_ids: tuple[str, ...]
+
+
+def select_candidates(
+    search_runs: Iterable[tuple[str, ev.TrialProposed, ev.TrialMeasured]],
+    k: int,
+    *,
+    baseline_step_s: float | None = None,
+) -> list[RankedCandidate]:
+    """Top-``k`` search candidates by median step time among ok, invariant-passing runs.
+
+    A candidate with any invariant-violating run is excluded outright (a violation ends candidacy,
+    ARCHITECTURE.md §7); the untouched baseline and anything not faster than ``baseline_step_s`` are skipped.
+    """
+    times: dict[str, list[float]] = {}
+    trials: dict[str, list[str]] = {}
+    cands: dict[str, ev.Candidate] = {}
+    disqualified: set[str] = set()
+    baseline_key = BASELINE_CANDIDATE.key()
+    for trial_id, proposed, measured in search_runs:
+        if measured.kind != "search":
+            continue
+        key = proposed.candidate.key()
+        if key == baseline_key:
+            continue
+        if not measured.invariants_ok or measured.status == "invariant_violation":
+            disqualified.add(key)
+            continue
+        if measured.status != "ok" or measured.step_time_s <= 0:
+            continue
+        cands[key] = proposed.candidate
+        times.setdefault(key, []).append(measured.step_time_s)
+        trials.setdefault(key, []).append(trial_id)
+    ranked = [
+        RankedCandidate(cands[key], key, float(np.median(ts)), len(ts), tuple(trials[key]))
+        for key, ts in times.items()
+        if key not in disqualified
+    ]
+    if baseline_step_s is not None:
+        ranked = [r for r in ranked if r.step_time_s < baseline_step_s]
+    ranked.sort(key=lambda r: (r.step_time_s, r.candidate_key))
+    return ranked[:k]

@@ -1,0 +1,195 @@
+"""The verifier's state machine: events in, events to publish out. No I/O.
+
+``VerifierLogic.on_event(event)`` takes every event the verifier consumes and returns the ``Emission`` s
+the service publishes for it, so ``services/verifier/service.py`` is a thin wrapper:
+
+    consumes = (StudyCreated, VerifyRequested, TrialMeasured, TrialFinished)
+
+    async def start(self):                       # rebuild the read model
+        async for event in self.replay():
+            self.logic.on_event(event)           # outputs discarded: they were published in a past life
+
+    async def handle(self, event, out):
+        for e in self.logic.on_event(event):
+            await out.emit(e.payload, study_id=e.study_id, trial_id=e.trial_id, key=e.key)
+
+Determinism is what makes that safe: the same events in the same order give the same state and the same
+emissions with the same keys, and ``Outbox`` derives event ids from (cause, type, key), so re-publishing
+after a crash (an unacked event redelivered) is dropped by JetStream as a duplicate. An event seen twice
+returns the emissions of its first handling again, without changing the state.
+
+Flow per candidate of a ``VerifyRequested``: round 1's interleaved plan (``verification.plan_round``) →
+collect a ``TrialMeasured`` (or a failed ``TrialFinished``) per planned trial → ``verification.decide`` →
+``VerifyCompleted`` (one per round) → if the round passed and fewer than ``passes_required`` rounds have
+passed, plan the next round; a failed round ends the verification (pass twice *in a row* to be promotable).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from infrarsi import events as ev
+from infrarsi import verification as vf
+
+DEFAULT_PASSES_REQUIRED = 2
+DEFAULT_REPEATS = 3
+
+
+@dataclass(frozen=True)
+class Emission:
+    """One event to publish: payload, its envelope's study/trial, and the ``Outbox.emit`` key."""
+
+    payload: ev.Payload
+    study_id: str
+    trial_id: str | None
+    key: str
+
+
+@dataclass(frozen=True)
+class StudyRules:
+    """What the verifier needs of a study's contract."""
+
+    passes_required: int = DEFAULT_PASSES_REQUIRED
+    repeats: int = DEFAULT_REPEATS
+    verify_steps: int | None = None
+    loss_rule: vf.LossRule = vf.LossRule()
+
+    @classmethod
+    def from_contract(cls, contract: dict[str, Any]) -> StudyRules:
+        verify = contract.get("verify") or {}
+        loss = (contract.get("invariants") or {}).get("loss") or {}
+        return cls(
+            passes_required=int(verify.get("passes_required", DEFAULT_PASSES_REQUIRED)),
+            repeats=int(verify.get("repeats", DEFAULT_REPEATS)),
+            verify_steps=(contract.get("workload") or {}).get("verify_steps"),
+            loss_rule=vf.LossRule(
+                tolerance=float(loss.get("tolerance", vf.LossRule.tolerance)),
+                mode=loss.get("mode", vf.LossRule.mode),
+            ),
+        )
+
+
+@dataclass
+class Verification:
+    """One candidate's verification across rounds."""
+
+    study_id: str
+    verify_id: str
+    candidate: ev.Candidate
+    repeats: int
+    steps: int | None
+    rules: StudyRules
+    round: vf.Round
+    plan: dict[str, vf.PlannedTrial] = field(default_factory=dict)
+    """Planned trials of the current round, by trial id."""
+    passes: int = 0
+    done: bool = False
+    history: list[ev.VerifyCompleted] = field(default_factory=list)
+
+
+class VerifierLogic:
+    """The verifier's read model and reactions."""
+
+    def __init__(self) -> None:
+        self.rules: dict[str, StudyRules] = {}
+        self.verifications: dict[str, Verification] = {}
+        self._trial_to_verify: dict[str, str] = {}
+        self._outputs: dict[str, list[Emission]] = {}
+
+    # ---------------------------------------------------------------- entry point
+
+    def on_event(self, event: ev.Event) -> list[Emission]:
+        if event.event_id in self._outputs:
+            return self._outputs[event.event_id]
+        match event.payload:
+            case ev.StudyCreated(contract=contract):
+                self.rules[event.study_id] = StudyRules.from_contract(contract)
+                out: list[Emission] = []
+            case ev.VerifyRequested() as request:
+                out = self._on_request(event, request)
+            case ev.TrialMeasured() as measured:
+                out = self._on_result(event, lambda t, a, p: vf.RunMeasurement.from_measured(t, a, p, measured))
+            case ev.TrialFinished(status=status) as finished if status != "ok":
+                # A run that died has no TrialMeasured (or a late one); its failure is the result.
+                out = self._on_result(event, lambda t, a, p: vf.RunMeasurement.from_finished(t, a, p, finished))
+            case _:
+                out = []
+        self._outputs[event.event_id] = out
+        return out
+
+    # ---------------------------------------------------------------- reactions
+
+    def _on_request(self, event: ev.Event, request: ev.VerifyRequested) -> list[Emission]:
+        rules = self.rules.get(event.study_id, StudyRules())
+        repeats = request.repeats or rules.repeats
+        steps = request.steps if request.steps is not None else rules.verify_steps
+        out = []
+        for candidate in request.candidates:
+            verify_id = vf.verify_id_for(event.event_id, candidate.key())
+            if verify_id in self.verifications:
+                continue  # the same candidate twice in one request
+            verification = Verification(
+                study_id=event.study_id,
+                verify_id=verify_id,
+                candidate=candidate,
+                repeats=repeats,
+                steps=steps,
+                rules=rules,
+                round=vf.Round(verify_id, candidate, 1, repeats),
+            )
+            self.verifications[verify_id] = verification
+            out += self._plan(verification, 1)
+        return out
+
+    def _plan(self, verification: Verification, round_no: int) -> list[Emission]:
+        verification.round = vf.Round(verification.verify_id, verification.candidate, round_no, verification.repeats)
+        plan = vf.plan_round(
+            verification.verify_id,
+            verification.candidate,
+            round_no=round_no,
+            repeats=verification.repeats,
+            steps=verification.steps,
+        )
+        verification.plan = {p.trial_id: p for p in plan}
+        for planned in plan:
+            self._trial_to_verify[planned.trial_id] = verification.verify_id
+        return [Emission(p.payload, verification.study_id, p.trial_id, p.trial_id) for p in plan]
+
+    def _on_result(self, event: ev.Event, make) -> list[Emission]:
+        trial_id = event.trial_id
+        verify_id = self._trial_to_verify.get(trial_id or "")
+        if verify_id is None:
+            return []  # not a verify run
+        verification = self.verifications[verify_id]
+        planned = verification.plan.get(trial_id)
+        if verification.done or planned is None or trial_id in verification.round.runs:
+            return []  # late (round already decided) or a second report of the same run
+        verification.round.runs[trial_id] = make(trial_id, planned.arm, planned.pair)
+        if not verification.round.complete():
+            return []
+        fields = vf.decide(
+            verification.round,
+            passes_before=verification.passes,
+            passes_required=verification.rules.passes_required,
+            loss_rule=verification.rules.loss_rule,
+        )
+        done = ev.VerifyCompleted(**fields)
+        verification.history.append(done)
+        verification.passes = done.passes
+        out = [Emission(done, verification.study_id, None, f"{verify_id}:round{verification.round.round_no}")]
+        if vf.is_final(done):
+            verification.done = True
+        else:
+            out += self._plan(verification, verification.round.round_no + 1)
+        return out
+
+    # ---------------------------------------------------------------- status
+
+    def status(self) -> dict[str, object]:
+        active = [v for v in self.verifications.values() if not v.done]
+        return {
+            "verifications": len(self.verifications),
+            "active": len(active),
+            "promotable": sum(1 for v in self.verifications.values() if v.history and v.history[-1].promotable),
+        }

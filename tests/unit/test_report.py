@@ -1,0 +1,102 @@
+"""The report model against SQL over the same analyst DB, and the renderers on a synthetic study."""
+
+from __future__ import annotations
+
+import duckdb
+import pytest
+from infrarsi.report import build_report, outline, render_html, render_markdown
+from infrarsi.report.source import load_events
+from infrarsi.report.synthetic import synthetic_study, write_workload
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory):
+    root = tmp_path_factory.mktemp("report")
+    workload = write_workload(root / "workload")
+    con = duckdb.connect(str(root / "analyst.duckdb"))
+    load_events(con, list(enumerate(synthetic_study("s1", workload, seed=3), start=1)))
+    yield con
+    con.close()
+
+
+def test_cost_by_outcome_matches_sql(db):
+    report = build_report(db, "s1")
+    rows = db.execute(
+        """SELECT payload->>'status', sum(CAST(payload->>'accelerator_s' AS DOUBLE)) FROM events
+           WHERE type = 'TrialFinished' AND study_id = 's1' GROUP BY 1"""
+    ).fetchall()
+    by_status = dict(rows)
+    violation_ok_s = db.execute(
+        """SELECT sum(CAST(f.payload->>'accelerator_s' AS DOUBLE)) FROM events f JOIN events m USING (trial_id)
+           WHERE f.type = 'TrialFinished' AND m.type = 'TrialMeasured' AND f.payload->>'status' = 'ok'
+             AND NOT CAST(m.payload->>'invariants_ok' AS BOOLEAN)"""
+    ).fetchone()[0]
+    assert report.cost_by_outcome["oom"] == pytest.approx(by_status["oom"] / 3600)
+    assert report.cost_by_outcome["timeout"] == pytest.approx(by_status["timeout"] / 3600)
+    assert report.cost_by_outcome["crash"] == pytest.approx(by_status["crash"] / 3600)
+    assert report.cost_by_outcome["violation"] == pytest.approx((by_status["scope_violation"] + violation_ok_s) / 3600)
+    assert report.cost_by_outcome["ok"] == pytest.approx((by_status["ok"] - violation_ok_s) / 3600)
+    assert report.accelerator_hours == pytest.approx(sum(by_status.values()) / 3600)
+    assert report.trials_by_outcome == {"ok": 28, "oom": 1, "crash": 1, "timeout": 1, "violation": 2}
+
+
+def test_winner_and_verdicts_match_the_last_verify_completed(db):
+    report = build_report(db, "s1")
+    rows = db.execute(
+        """SELECT payload->>'candidate_key', CAST(payload->>'speedup' AS DOUBLE), CAST(payload->>'ci_low' AS DOUBLE),
+                  CAST(payload->>'promotable' AS BOOLEAN), CAST(payload->'failed_invariants' AS VARCHAR[])
+           FROM events WHERE type = 'VerifyCompleted' ORDER BY stream_seq"""
+    ).fetchall()
+    last = {key: (s, lo, p, f) for key, s, lo, p, f in rows}
+    assert len(report.verdicts) == 2 and len(report.winners) == 1
+    for v in report.verdicts:
+        s, lo, p, f = last[v.candidate_key]
+        assert (v.speedup, v.ci_low, v.promotable, v.failed_invariants) == (pytest.approx(s), pytest.approx(lo), p, f)
+    winner = report.winners[0]
+    assert winner.passes == 2 and winner.rounds == 2 and winner.ci_low > 1
+    assert winner.files_changed == ["model.py"] and "self.qkv(x)" in winner.patches[0].diff
+    loser = next(v for v in report.verdicts if not v.promotable)
+    assert loser.failed_invariants == ["loss"] and loser.rounds == 1
+
+
+def test_baseline_and_best_speedup_curve(db):
+    report = build_report(db, "s1")
+    doctor_t = db.execute("SELECT CAST(payload->>'step_time_s' AS DOUBLE) FROM events WHERE type='DoctorCompleted'").fetchone()[0]
+    assert report.baseline_step_s == pytest.approx(doctor_t)
+    best_ok = db.execute(
+        """SELECT min(CAST(payload->>'step_time_s' AS DOUBLE)) FROM events WHERE type = 'TrialMeasured'
+           AND payload->>'kind' = 'search' AND CAST(payload->>'invariants_ok' AS BOOLEAN)"""
+    ).fetchone()[0]
+    n_search = db.execute("SELECT count(*) FROM events WHERE type='TrialMeasured' AND payload->>'kind'='search'").fetchone()[0]
+    assert report.best_speedup_curve[-1] == (n_search, pytest.approx(doctor_t / best_ok))
+    speedups = [s for _, s in report.best_speedup_curve]
+    assert speedups == sorted(speedups)  # best-so-far never gets worse
+    assert len(report.doctor_run_step_s) == 5
+    oom = next(t for t in report.trials if t.outcome == "oom")
+    assert oom.censored_peak_bytes and oom.step_time_s is None
+    assert report.model["best_candidate_key"] == report.winners[0].candidate_key
+
+
+def test_renderers_carry_the_same_numbers(db, tmp_path):
+    report = build_report(db, "s1")
+    html = render_html(report, tmp_path / "r.html").read_text()
+    md_files = render_markdown(report, tmp_path / "r.md")
+    md = md_files[0].read_text()
+    assert len(md_files) == 5 and all(f.stat().st_size > 1000 for f in md_files[1:])
+    assert html.count("data:image/png;base64,") == 4
+    winner = report.winners[0]
+    for text in (html, md):
+        assert f"×{winner.speedup:.3f}" in text and f"{winner.ci_low:.3f}–{winner.ci_high:.3f}" in text
+        assert "fused-qkv.patch" in text and "model.py" in text
+        assert f"{report.accelerator_hours:.4g}" in text
+    headings = [b.text for b in outline(report) if type(b).__name__ == "Heading"]
+    assert "Appendix: doctor" in headings and "Priors vs posteriors" in headings
+
+
+def test_unknown_study_and_missing_table(tmp_path, db):
+    with pytest.raises(LookupError):
+        build_report(db, "nope")
+    from infrarsi.report.source import ReportSourceError
+
+    with pytest.raises(ReportSourceError):
+        build_report(duckdb.connect(), "s1")

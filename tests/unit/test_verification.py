@@ -1,0 +1,257 @@
+"""Verify-stage logic: interleaved plans, paired bootstrap CI, invariants at verify, the state machine."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from infrarsi import events as ev
+from infrarsi import verification as vf
+from infrarsi_services.verifier.logic import VerifierLogic
+
+CAND = ev.Candidate(knobs={"micro_batch_size": 8}, patches=["fused-qkv"])
+STUDY = "study1"
+
+
+# --------------------------------------------------------------------------------------------------
+# Plans
+# --------------------------------------------------------------------------------------------------
+
+
+def test_plan_round_is_interleaved_and_deterministic():
+    plan = vf.plan_round("v1", CAND, round_no=2, repeats=3, steps=400)
+    assert [p.arm for p in plan] == ["baseline", "candidate"] * 3
+    assert [p.pair for p in plan] == [0, 0, 1, 1, 2, 2]
+    assert all(p.payload.kind == "verify" and p.payload.steps == 400 and p.payload.verify_id == "v1" for p in plan)
+    assert plan[0].payload.candidate == ev.Candidate() and plan[0].payload.origin == "baseline"
+    assert plan[1].payload.candidate_key == CAND.key() and plan[1].payload.origin == "verify"
+    assert [p.payload.repeat for p in plan[1::2]] == [3, 4, 5]
+    again = vf.plan_round("v1", CAND, round_no=2, repeats=3, steps=400)
+    assert [p.trial_id for p in plan] == [p.trial_id for p in again]
+    other_round = vf.plan_round("v1", CAND, round_no=3, repeats=3, steps=400)
+    assert not {p.trial_id for p in plan} & {p.trial_id for p in other_round}
+
+
+# --------------------------------------------------------------------------------------------------
+# Bootstrap
+# --------------------------------------------------------------------------------------------------
+
+
+def test_bootstrap_constant_ratio_has_zero_width():
+    ci = vf.bootstrap_speedup_ci([1.1, 1.21, 1.32], [1.0, 1.1, 1.2])
+    assert ci.speedup == pytest.approx(1.1)
+    assert ci.low == pytest.approx(1.1) and ci.high == pytest.approx(1.1)
+
+
+def test_bootstrap_percentile_matches_a_by_hand_resampling():
+    a = np.array([1.00, 1.02, 0.99, 1.05])
+    b = np.array([0.90, 0.97, 0.95, 0.92])
+    ci = vf.bootstrap_speedup_ci(a, b, method="percentile", seed=7, resamples=2000)
+    rng = np.random.default_rng(7)
+    idx = rng.integers(0, 4, size=(2000, 4))
+    boot = np.median(a[idx], axis=1) / np.median(b[idx], axis=1)
+    assert ci.speedup == pytest.approx(np.median(a) / np.median(b))
+    assert (ci.low, ci.high) == pytest.approx(tuple(np.quantile(boot, [0.025, 0.975])))
+    assert ci.method == "percentile"
+    # Seeded: same answer twice.
+    assert vf.bootstrap_speedup_ci(a, b, method="percentile", seed=7) == ci
+
+
+def test_bootstrap_three_pairs_lower_bound_is_the_worst_pair():
+    # With 3 pairs, P(a resample repeats one pair thrice) = 1/27 > 2.5%: the bound is that pair's ratio.
+    ci = vf.bootstrap_speedup_ci([1.0, 1.0, 1.0], [0.90, 0.95, 0.99])
+    assert ci.low == pytest.approx(1.0 / 0.99)
+    assert ci.high == pytest.approx(1.0 / 0.90)
+
+
+def test_bca_covers_the_true_ratio_in_most_repetitions():
+    rng = np.random.default_rng(11)
+    true_speedup, covered = 1.10, 0
+    trials = 200
+    for i in range(trials):
+        drift = 0.03 * rng.standard_normal(10)  # shared by both arms of a pair
+        a = np.exp(0.0 + drift + 0.02 * rng.standard_normal(10))
+        b = np.exp(-math.log(true_speedup) + drift + 0.02 * rng.standard_normal(10))
+        ci = vf.bootstrap_speedup_ci(a, b, method="bca", seed=i, resamples=1000)
+        assert ci.method == "bca"
+        covered += ci.low <= true_speedup <= ci.high
+    assert covered / trials > 0.85  # nominal 95%; medians of 10 with BCa run a little under
+
+
+# --------------------------------------------------------------------------------------------------
+# Invariants and the decision
+# --------------------------------------------------------------------------------------------------
+
+
+def _curve(n=10, start=4.0, bump_at=None, bump=0.0):
+    return [ev.LossPoint(s, start * math.exp(-0.1 * s) + (bump if s == bump_at else 0.0)) for s in range(0, n * 10, 10)]
+
+
+def _run(trial_id, arm, pair, t, *, loss=None, evals=None, opt=100, tokens=100 * 4096, status="ok", invariants=(), mfu=0.3):
+    return vf.RunMeasurement(
+        trial_id=trial_id, arm=arm, pair=pair, status=status, step_time_s=t, mfu=mfu,
+        optimizer_steps=opt, tokens=tokens, loss_curve=tuple(loss or _curve()),
+        eval_curve=tuple(evals if evals is not None else [ev.LossPoint(50, 3.0), ev.LossPoint(100, 2.5)]),
+        invariants=tuple(invariants),
+    )
+
+
+def _round(pairs, **cand_kwargs):
+    r = vf.Round("v1", CAND, 1, len(pairs))
+    for i, (a, b) in enumerate(pairs):
+        r.runs[f"a{i}"] = _run(f"a{i}", "baseline", i, a)
+        r.runs[f"b{i}"] = _run(f"b{i}", "candidate", i, b, **cand_kwargs)
+    return r
+
+
+RULE = vf.LossRule(tolerance=0.02, mode="relative")
+
+
+def test_decide_passes_a_clear_speedup():
+    fields = vf.decide(_round([(1.0, 0.80), (1.02, 0.81), (0.99, 0.79)]), passes_before=0, passes_required=2, loss_rule=RULE)
+    done = ev.VerifyCompleted(**fields)
+    assert done.speedup == pytest.approx(1.0 / 0.80)
+    assert done.ci_low > 1.0 and done.passes == 1 and not done.promotable
+    assert done.failed_invariants == []
+    assert {i.name for i in done.invariants} >= {"loss", "work.optimizer_steps", "work.tokens", "work.eval"}
+    assert done.mfu_before == pytest.approx(0.3)
+    assert vf.round_passed(done) and not vf.is_final(done)
+    second = ev.VerifyCompleted(**vf.decide(_round([(1.0, 0.8)] * 3), passes_before=1, passes_required=2, loss_rule=RULE))
+    assert second.passes == 2 and second.promotable and vf.is_final(second)
+
+
+def test_decide_names_a_mid_curve_loss_divergence():
+    # Same final loss, but 10% off at step 40: "within ε at every checkpoint, not just at the end".
+    bad = _curve(bump_at=40, bump=0.25)
+    fields = vf.decide(_round([(1.0, 0.8)] * 3, loss=bad), passes_before=0, passes_required=2, loss_rule=RULE)
+    assert fields["failed_invariants"] == ["loss"]
+    loss = next(i for i in fields["invariants"] if i.name == "loss")
+    assert "step 40" in loss.detail and not loss.ok
+    assert fields["passes"] == 0 and not fields["promotable"]
+
+
+def test_decide_names_work_and_telemetry_violations_and_crashes():
+    timing_bad = ev.InvariantResult(name="timing", ok=False, detail="wall 12% off")
+    fields = vf.decide(
+        _round([(1.0, 0.8)] * 2, opt=99, tokens=99 * 4096, evals=[ev.LossPoint(50, 3.0)], invariants=[timing_bad]),
+        passes_before=0, passes_required=2, loss_rule=RULE,
+    )
+    assert fields["failed_invariants"] == ["timing", "work.eval", "work.optimizer_steps", "work.tokens"]
+    crash = _round([(1.0, 0.8)] * 2)
+    crash.runs["b1"] = vf.RunMeasurement(trial_id="b1", arm="candidate", pair=1, status="crash", reason="exit 1")
+    fields = vf.decide(crash, passes_before=0, passes_required=2, loss_rule=RULE)
+    assert fields["failed_invariants"] == ["run.crash"]
+    assert fields["speedup"] == pytest.approx(1.25)  # from the one complete pair
+
+
+def test_decide_fails_when_ci_includes_one():
+    fields = vf.decide(_round([(1.0, 0.95), (1.0, 1.04), (1.0, 0.97)]), passes_before=0, passes_required=2, loss_rule=RULE)
+    assert fields["ci_low"] <= 1.0 and fields["failed_invariants"] == [] and fields["passes"] == 0
+
+
+def test_select_candidates_ranks_and_disqualifies():
+    def pm(key_knob, t, ok=True, status="ok", kind="search"):
+        cand = ev.Candidate(knobs={"mb": key_knob})
+        prop = ev.TrialProposed(candidate=cand, candidate_key=cand.key(), kind=kind, origin="ei")
+        meas = ev.TrialMeasured(
+            candidate_key=cand.key(), kind=kind, status=status, steps=10, warmup_steps=1, step_time_s=t,
+            step_time_mad_s=0.0, step_time_with_warmup_s=t, tokens_per_s=1.0, mfu=None, flops_per_step=None,
+            phases={}, peak_memory_bytes=[1], per_rank_step_s=[t], stragglers=[], loss_curve=[], eval_curve=[],
+            optimizer_steps=10, tokens=10, invariants=[], invariants_ok=ok,
+        )
+        return (f"t{key_knob}{t}", prop, meas)
+
+    runs = [pm(1, 0.9), pm(1, 0.7), pm(1, 0.8), pm(2, 0.5, ok=False), pm(2, 0.5), pm(3, 0.85), pm(4, 1.2), pm(5, 0.1, status="oom"),
+            pm(6, 0.2, kind="verify")]
+    top = vf.select_candidates(runs, 5, baseline_step_s=1.0)
+    assert [(r.candidate.knobs["mb"], r.step_time_s, r.runs) for r in top] == [(1, 0.8, 3), (3, 0.85, 1)]
+
+
+# --------------------------------------------------------------------------------------------------
+# The verifier state machine
+# --------------------------------------------------------------------------------------------------
+
+
+def _env(payload, trial_id=None, event_id=None):
+    return ev.make_event(payload, study_id=STUDY, source="test", trial_id=trial_id, event_id=event_id)
+
+
+def _measured(proposed: ev.TrialProposed, t: float, *, loss=None):
+    return ev.TrialMeasured(
+        candidate_key=proposed.candidate_key, kind="verify", status="ok", steps=100, warmup_steps=2,
+        step_time_s=t, step_time_mad_s=0.001, step_time_with_warmup_s=t, tokens_per_s=4096 / t,
+        mfu=0.1 / t, flops_per_step=1e9, phases={}, peak_memory_bytes=[1 << 30], per_rank_step_s=[t],
+        stragglers=[], loss_curve=loss or _curve(), eval_curve=[ev.LossPoint(50, 3.0)], optimizer_steps=100,
+        tokens=100 * 4096, invariants=[ev.InvariantResult(name="timing", ok=True, detail="ok")], invariants_ok=True,
+    )
+
+
+def _contract():
+    return {"verify": {"repeats": 3, "passes_required": 2, "top_k": 1}, "workload": {"verify_steps": 400},
+            "invariants": {"loss": {"tolerance": 0.02, "mode": "relative"}}}
+
+
+def _study_created():
+    return ev.StudyCreated(
+        name="s", goal="g", contract=_contract(), contract_sha256="x", workload_dir="/w", baseline_ref="abc",
+        locked_files={}, cluster=ev.ClusterInfo(cluster_id="local", accelerator="cpu"),
+    )
+
+
+def _drive(logic, proposals, speed, loss=None):
+    out = []
+    for e in proposals:
+        t = 1.0 if e.payload.candidate_key == ev.Candidate().key() else 1.0 / speed
+        out += logic.on_event(_env(_measured(e.payload, t, loss=loss if e.payload.origin == "verify" else None), trial_id=e.trial_id))
+    return out
+
+
+def test_state_machine_two_rounds_to_promotable_and_replay_is_idempotent():
+    logic = VerifierLogic()
+    events_seen = [_env(_study_created())]
+    logic.on_event(events_seen[0])
+    request = _env(ev.VerifyRequested(candidates=[CAND], repeats=3), event_id="req1")
+    round1 = logic.on_event(request)
+    assert len(round1) == 6 and all(isinstance(e.payload, ev.TrialProposed) for e in round1)
+    assert round1[0].payload.steps == 400 and round1[0].key == round1[0].trial_id
+    # Redelivery of the request: same emissions, no new state.
+    assert logic.on_event(request) == round1
+    out = _drive(logic, round1, speed=1.2)
+    first = out[0].payload
+    assert isinstance(first, ev.VerifyCompleted) and first.passes == 1 and not first.promotable
+    assert first.verify_id == vf.verify_id_for("req1", CAND.key())
+    round2 = out[1:]
+    assert len(round2) == 6 and not {e.trial_id for e in round2} & {e.trial_id for e in round1}
+    out2 = _drive(logic, round2, speed=1.2)
+    assert len(out2) == 1
+    final = out2[0].payload
+    assert final.promotable and final.passes == 2 and final.speedup == pytest.approx(1.2)
+    assert final.mfu_after == pytest.approx(0.12) and final.mfu_before == pytest.approx(0.1)
+    # Late duplicate report of a decided run: nothing.
+    assert _drive(logic, round2[:1], speed=1.2) == []
+
+
+def test_state_machine_stops_after_a_failing_round_and_names_the_invariant():
+    logic = VerifierLogic()
+    logic.on_event(_env(_study_created()))
+    round1 = logic.on_event(_env(ev.VerifyRequested(candidates=[CAND], repeats=3)))
+    out = _drive(logic, round1, speed=1.3, loss=_curve(bump_at=70, bump=0.5))
+    assert len(out) == 1
+    done = out[0].payload
+    assert done.failed_invariants == ["loss"] and done.passes == 0 and not done.promotable
+    assert vf.is_final(done)
+    assert logic.status()["active"] == 0
+
+
+def test_state_machine_counts_a_crashed_run_from_trial_finished():
+    logic = VerifierLogic()
+    logic.on_event(_env(_study_created()))
+    round1 = logic.on_event(_env(ev.VerifyRequested(candidates=[CAND], repeats=1)))
+    base, cand = round1
+    assert logic.on_event(_env(_measured(base.payload, 1.0), trial_id=base.trial_id)) == []
+    assert logic.on_event(_env(ev.TrialFinished(status="ok"), trial_id=cand.trial_id)) == []
+    out = logic.on_event(_env(ev.TrialFinished(status="oom", reason="rss over capacity"), trial_id=cand.trial_id))
+    assert out[0].payload.failed_invariants == ["run.oom"]
+    # Unrelated trials are ignored.
+    assert logic.on_event(_env(_measured(base.payload, 1.0), trial_id="someone-else")) == []
