@@ -1,0 +1,122 @@
+"""The launcher's backend interface: where and how a trial's processes run.
+
+A backend runs *jobs*: one command per rank, laid out over nodes, with an environment and a working
+directory. It reports facts (exit code, wall time, memory peaks, whether memory ran out, the output's
+tail); the launcher decides what they mean for the trial (ok, crash, timeout, oom…).
+
+Calling order and consistency rules:
+
+1. ``open()`` once, before anything else; then ``reap()`` once, to clean up after a previous life of the
+   same owner (a launcher killed mid-trial);
+2. per job: ``submit(spec)`` → ``poll(handle)`` repeatedly until it returns ``True`` → ``collect(handle)``
+   once. ``cancel(handle, reason)`` may come at any time between ``submit`` and ``collect``, any number of
+   times; the job then ends and ``poll`` turns ``True``. ``collect`` leaves no process of the job behind;
+3. ``close()`` once, at the end; it cancels whatever is still running.
+
+``submit``/``poll`` must not block for long (the launcher calls them from its event loop); ``cancel`` and
+``collect`` may (the launcher runs them in a thread). Several jobs may run at once.
+Slurm (sbatch/squeue/scancel) and Kubernetes (Job manifests) fit the same five calls.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+DEVICE_OOM = re.compile(r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError|HIP out of memory|\bMemoryError\b")
+"""What a real out-of-memory leaves in a rank's output."""
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job: what to run for each rank, where, with what environment."""
+
+    name: str
+    """Unique job name (the trial id)."""
+    argv: list[str]
+    """One rank's command, no shell. For ``torchrun`` jobs ``argv[0]`` is the Python interpreter."""
+    workdir: Path
+    """Working directory of every rank (the trial's materialised workload)."""
+    env: dict[str, str]
+    """Environment of every rank (complete: the backend adds only its own rank/rendezvous variables)."""
+    state_dir: Path
+    """A directory the backend may write to (logs, pid files); it outlives the job."""
+    launcher: Literal["python", "torchrun"] = "python"
+    """``python``: one process; ``torchrun``: ``nnodes`` torchrun agents with ``nproc_per_node`` ranks each."""
+    nnodes: int = 1
+    nproc_per_node: int = 1
+    memory_capacity_bytes: int | None = None
+    """Per rank. Set on hosts whose devices do not enforce it themselves (CPU): the backend emulates it."""
+
+    @property
+    def ranks(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+
+@dataclass
+class JobHandle:
+    """A submitted job, as the backend knows it."""
+
+    job_id: str
+    spec: JobSpec
+    host: str
+    command: list[str]
+    """What was started (of node 0, for multi-node jobs), for the record."""
+    started_at: float
+    """Unix time of the submit."""
+    private: Any = field(default=None, repr=False)
+    """The backend's own state of the job."""
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """What the backend saw of a finished job."""
+
+    exit_code: int | None
+    """0 when every process exited 0; else the first failure's code (negative: killed by that signal)."""
+    wall_s: float
+    """From submit until every process had exited."""
+    oom: bool = False
+    """Memory ran out: the emulated capacity was exceeded (the job was killed) or a device OOM was reported."""
+    oom_detail: str = ""
+    peak_memory_bytes: int = 0
+    """Highest per-rank peak seen (0 when the backend cannot see memory)."""
+    peak_per_rank: dict[int, int] = field(default_factory=dict)
+    cancelled: str | None = None
+    """The reason given to ``cancel``, if it was cancelled."""
+    output_tail: str = ""
+
+
+class Backend(ABC):
+    """Runs jobs. See the module docstring for the calling order."""
+
+    name: ClassVar[str]
+
+    def open(self) -> None:  # noqa: B027 — a no-op hook by design
+        """Acquire what the backend needs (connections, directories). Default: nothing."""
+
+    def reap(self) -> int:
+        """Cancel every job a previous life of this owner left running; returns how many processes/jobs."""
+        return 0
+
+    def close(self) -> None:  # noqa: B027 — a no-op hook by design
+        """Release everything. Default: nothing."""
+
+    @abstractmethod
+    def submit(self, spec: JobSpec) -> JobHandle:
+        """Start the job; returns at once."""
+
+    @abstractmethod
+    def poll(self, handle: JobHandle) -> bool:
+        """``True`` once every process of the job has exited."""
+
+    @abstractmethod
+    def cancel(self, handle: JobHandle, reason: str) -> None:
+        """End the job now (idempotent)."""
+
+    @abstractmethod
+    def collect(self, handle: JobHandle) -> JobResult:
+        """The job's result; call once, after ``poll`` returned ``True``."""

@@ -1,0 +1,253 @@
+"""The ``local`` backend: a trial's ranks as subprocesses of this host.
+
+- ``python`` jobs: one process;
+- ``torchrun`` jobs: ``nnodes`` torchrun agents (``python -m torch.distributed.run``), each with
+  ``--nnodes N --node-rank i --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:<free port>`` — one agent is a
+  single node with several ranks; two agents on loopback are a two-node job.
+
+Every process is started without a shell, in its own session, with the launch tag in its environment
+(``procs.LAUNCH_TAG_VAR``), its output in ``<state_dir>/node<i>.log``, and the pids it has spawned kept in
+``<state_dir>/pids.json``. A ``MemoryWatchdog`` per job samples the tree every 50 ms and, when the spec
+carries an emulated capacity, SIGKILLs the whole job the moment a rank exceeds it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from infrarsi import procs
+from infrarsi.backends.base import DEVICE_OOM, Backend, JobHandle, JobResult, JobSpec
+from infrarsi.embedded import free_port
+
+TAIL_BYTES = 6000
+
+
+@dataclass
+class _LocalJob:
+    popens: list[subprocess.Popen]
+    logs: list[Path]
+    watchdog: procs.MemoryWatchdog
+    tag: str
+    ended_at: float | None = None
+    cancelled: str | None = None
+    oom: procs.MemoryExceeded | None = None
+    extra: list[psutil.Process] = field(default_factory=list)
+
+
+class LocalBackend(Backend):
+    """Subprocesses (and torchrun agents) on this host.
+
+    ``owner`` identifies the launcher (its state directory): ``reap`` kills every process tagged with it.
+    """
+
+    name = "local"
+
+    def __init__(self, owner: str, *, sample_interval_s: float = 0.05, term_grace_s: float = 3.0) -> None:
+        self.owner = owner
+        self.sample_interval_s = sample_interval_s
+        self.term_grace_s = term_grace_s
+        self._live: dict[str, JobHandle] = {}
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def reap(self) -> int:
+        found = {p.pid: p for p in procs.tagged_processes(f"{self.owner}|")}
+        # Processes that dropped the tag from their environment are still in the pid files.
+        state_root = Path(self.owner)
+        if state_root.is_dir():
+            for pid_file in state_root.glob("*/pids.json"):
+                with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                    for item in json.loads(pid_file.read_text()):
+                        proc = procs.ProcRef(int(item["pid"]), float(item["create_time"])).process()
+                        if proc is not None:
+                            found.setdefault(proc.pid, proc)
+        return procs.kill_all(found.values(), grace_s=self.term_grace_s) if found else 0
+
+    def close(self) -> None:
+        for handle in list(self._live.values()):
+            self.cancel(handle, "backend closed")
+            self.collect(handle)
+
+    # ---------------------------------------------------------------- jobs
+
+    def submit(self, spec: JobSpec) -> JobHandle:
+        spec.state_dir.mkdir(parents=True, exist_ok=True)
+        tag = f"{self.owner}|{spec.name}"
+        env = {**spec.env, procs.LAUNCH_TAG_VAR: tag}
+        commands = self._commands(spec)
+        if spec.nnodes > 1:
+            # Two agents on loopback: keep gloo on the loopback interface whatever the hostname resolves to.
+            env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        popens, logs = [], []
+        started = time.time()
+        try:
+            for i, argv in enumerate(commands):
+                log_path = spec.state_dir / f"node{i}.log"
+                logs.append(log_path)
+                with open(log_path, "wb") as out:
+                    popens.append(
+                        subprocess.Popen(
+                            argv,
+                            cwd=spec.workdir,
+                            env=env,
+                            stdout=out,
+                            stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL,
+                            start_new_session=True,
+                        )
+                    )
+        except OSError:
+            procs.kill_all([psutil.Process(p.pid) for p in popens if p.poll() is None], hard=True)
+            raise
+        (spec.state_dir / "job.json").write_text(
+            json.dumps({"tag": tag, "commands": commands, "pids": [p.pid for p in popens], "started_at": started})
+        )
+        job = _LocalJob(popens=popens, logs=logs, watchdog=None, tag=tag)  # type: ignore[arg-type]
+
+        def on_exceed(exceeded: procs.MemoryExceeded) -> None:
+            job.oom = exceeded
+            procs.kill_all(job.watchdog.processes(), hard=True)
+
+        def on_procs(refs: list[procs.ProcRef]) -> None:
+            with contextlib.suppress(OSError):
+                tmp = spec.state_dir / "pids.json.tmp"
+                tmp.write_text(json.dumps([{"pid": r.pid, "create_time": r.create_time} for r in refs]))
+                tmp.replace(spec.state_dir / "pids.json")
+
+        job.watchdog = procs.MemoryWatchdog(
+            [p.pid for p in popens],
+            capacity_bytes=spec.memory_capacity_bytes,
+            untagged_rank=0 if spec.launcher == "python" else None,
+            interval_s=self.sample_interval_s,
+            on_exceed=on_exceed,
+            on_procs=on_procs,
+        )
+        job.watchdog.start()
+        handle = JobHandle(
+            job_id=f"local-{popens[0].pid}",
+            spec=spec,
+            host=socket.gethostname(),
+            command=commands[0],
+            started_at=started,
+            private=job,
+        )
+        self._live[spec.name] = handle
+        return handle
+
+    def poll(self, handle: JobHandle) -> bool:
+        job: _LocalJob = handle.private
+        if job.ended_at is not None:
+            return True
+        if all(p.poll() is not None for p in job.popens):
+            job.ended_at = time.time()
+            return True
+        if job.oom is None and job.watchdog.exceeded is not None:
+            job.oom = job.watchdog.exceeded
+        # One agent of a multi-node job died: the others would wait for it at the next collective.
+        if any(p.poll() not in (None, 0) for p in job.popens) and job.cancelled is None:
+            procs.kill_all(job.watchdog.processes(), grace_s=self.term_grace_s)
+        return False
+
+    def cancel(self, handle: JobHandle, reason: str) -> None:
+        job: _LocalJob = handle.private
+        if job.cancelled is None:
+            job.cancelled = reason
+        live = job.watchdog.processes() + [psutil.Process(p.pid) for p in job.popens if p.poll() is None]
+        procs.kill_all(live, grace_s=self.term_grace_s)
+        for p in job.popens:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=10.0)
+
+    def collect(self, handle: JobHandle) -> JobResult:
+        job: _LocalJob = handle.private
+        for p in job.popens:
+            try:
+                p.wait(timeout=30.0)
+            except subprocess.TimeoutExpired:
+                self.cancel(handle, job.cancelled or "collect: job did not exit")
+        ended = job.ended_at or time.time()
+        job.watchdog.stop()
+        # Whatever outlived the agents (a worker in its own session, a daemonised helper) goes now.
+        leftovers = [p for p in job.watchdog.processes() if procs.is_live(p)]
+        leftovers += procs.tagged_processes(job.tag)
+        if leftovers:
+            procs.kill_all(leftovers, grace_s=1.0)
+        self._live.pop(handle.spec.name, None)
+        tails = [self._tail(path) for path in job.logs]
+        if len(tails) > 1:
+            output = "\n".join(f"--- node {i} ---\n{t}" for i, t in enumerate(tails))
+        else:
+            output = tails[0] if tails else ""
+        codes = [p.returncode for p in job.popens]
+        exit_code = next((c for c in codes if c != 0), 0)
+        oom = job.oom or job.watchdog.exceeded
+        device_oom = DEVICE_OOM.search(output)
+        if oom is not None:
+            detail = f"rank {oom.rank} RSS {oom.rss_bytes} B exceeded the emulated capacity {oom.capacity_bytes} B"
+        elif device_oom is not None:
+            line_start = output.rfind("\n", 0, device_oom.start()) + 1
+            line_end = output.find("\n", device_oom.end())
+            line = output[line_start : line_end if line_end != -1 else len(output)].strip()[:300]
+            detail = f"out-of-memory reported by the job: {line}"
+        else:
+            detail = ""
+        return JobResult(
+            exit_code=exit_code,
+            wall_s=ended - handle.started_at,
+            oom=oom is not None or device_oom is not None,
+            oom_detail=detail,
+            peak_memory_bytes=job.watchdog.peak_bytes,
+            peak_per_rank=dict(job.watchdog.peak_per_rank),
+            cancelled=job.cancelled,
+            output_tail=output[-TAIL_BYTES:],
+        )
+
+    # ---------------------------------------------------------------- helpers
+
+    def _commands(self, spec: JobSpec) -> list[list[str]]:
+        if spec.launcher == "python":
+            if spec.ranks != 1:
+                raise ValueError(f"job {spec.name}: {spec.ranks} ranks need launcher torchrun")
+            return [list(spec.argv)]
+        argv = list(spec.argv)
+        if Path(argv[0]).name.startswith("python"):
+            python, rest = argv[0], argv[1:]
+            script = ["--module", *rest[1:]] if rest[:1] == ["-m"] else rest
+        else:
+            python, script = "python3", ["--no-python", *argv]
+        endpoint = f"127.0.0.1:{free_port()}"
+        return [
+            [
+                python, "-m", "torch.distributed.run",
+                "--nnodes", str(spec.nnodes),
+                "--nproc-per-node", str(spec.nproc_per_node),
+                "--node-rank", str(node),
+                "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", endpoint,
+                "--rdzv-id", spec.name,
+                "--max-restarts", "0",
+                "--monitor-interval", "0.5",
+                *script,
+            ]  # fmt: skip
+            for node in range(spec.nnodes)
+        ]
+
+    @staticmethod
+    def _tail(path: Path) -> str:
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                size = fh.tell()
+                fh.seek(max(0, size - TAIL_BYTES))
+                return fh.read().decode(errors="replace")
+        except OSError:
+            return ""

@@ -1,0 +1,278 @@
+"""``infrarsi trial CONTRACT [--set KEY=VALUE]… [--patch ID]… [--repeats N] [--steps N] [--json]``.
+
+Runs one candidate through the bus, as the search would: finds (or creates) the study of the contract,
+runs the untouched baseline first if the study has none at this horizon (the invariants need it), then
+the candidate ``--repeats`` times, and prints each ``TrialMeasured`` (with the launcher's
+``TrialFinished``). Starts a stack (NATS + launcher + telemetry) for its own duration when none is running.
+
+Exit status: 0 every candidate run ended ``ok`` with every invariant holding; 3 a run did not (refused,
+crashed, OOM, timeout, invariant violation — the output says which and why); 1 the command itself failed;
+2 bad arguments or contract.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import yaml
+
+from infrarsi import events as ev
+from infrarsi.contract import Contract, ContractError, load_contract
+
+SOURCE = "cli.trial"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("contract", type=Path, help="the contract YAML")
+    parser.add_argument(
+        "--set", dest="knobs", action="append", default=[], metavar="KEY=VALUE",
+        help="launch key of the candidate (value parsed as YAML), e.g. knobs.micro_batch_size=8",
+    )  # fmt: skip
+    parser.add_argument("--patch", dest="patches", action="append", default=[], metavar="ID", help="patch id, in order")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of the candidate (default 1)")
+    parser.add_argument("--steps", type=int, default=None, help="horizon override (default: the contract's)")
+    parser.add_argument(
+        "--no-baseline", action="store_true",
+        help="do not run a missing baseline first (the loss invariant is then not checked)",
+    )  # fmt: skip
+    parser.add_argument("--timeout", type=float, default=None, help="seconds to wait for each trial's measurement")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--data-dir", type=Path, default=argparse.SUPPRESS, help="state directory (default .infrarsi)")
+    parser.add_argument("--nats-url", default=argparse.SUPPRESS, help="NATS server (default: $INFRARSI_NATS_URL or embedded)")
+
+
+def parse_knobs(items: list[str]) -> dict[str, ev.KnobValue]:
+    knobs: dict[str, ev.KnobValue] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--set {item!r} is not KEY=VALUE")
+        value = yaml.safe_load(raw)
+        if not isinstance(value, bool | int | float | str):
+            raise ValueError(f"--set {item!r}: value must be a scalar, got {type(value).__name__}")
+        knobs[key.strip()] = value
+    return knobs
+
+
+async def run(args: argparse.Namespace) -> int:
+    data_dir = Path(getattr(args, "data_dir", None) or os.environ.get("INFRARSI_DATA_DIR", ".infrarsi")).absolute()
+    try:
+        contract = load_contract(args.contract)
+        knobs = parse_knobs(args.knobs)
+    except ContractError as exc:
+        for line in exc.lines():
+            print(f"error: {line}", file=sys.stderr)
+        return 2
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.repeats < 1 or (args.steps is not None and args.steps < 1):
+        print("error: --repeats and --steps must be positive", file=sys.stderr)
+        return 2
+
+    from infrarsi.bus import Bus, BusError
+    from infrarsi.embedded import EmbeddedServerError
+    from infrarsi.stack import StackError, ensure_stack
+
+    try:
+        url, stack = await asyncio.to_thread(
+            ensure_stack, getattr(args, "nats_url", None), data_dir, services=("launcher", "telemetry")
+        )
+    except (StackError, EmbeddedServerError, BusError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    try:
+        bus = await Bus.connect(url, service=SOURCE)
+        try:
+            report = await _trial(bus, args, contract, knobs, data_dir)
+        finally:
+            await bus.close()
+    except (BusError, TimeoutError, ContractError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if stack is not None:
+            await asyncio.to_thread(stack.stop)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        _print_human(report)
+    candidate_runs = report["candidate"]
+    passed = all(r["measured"] and r["measured"]["status"] == "ok" and r["measured"]["invariants_ok"] for r in candidate_runs)
+    return 0 if passed else 3
+
+
+# --------------------------------------------------------------------------------------------------
+
+
+async def _trial(bus, args, contract: Contract, knobs: dict[str, ev.KnobValue], data_dir: Path) -> dict[str, Any]:
+    study_id, created_now, peak = await _study(bus, args.contract, contract, data_dir)
+    horizon = args.steps or contract.workload.steps
+    timeout = args.timeout or (contract.backend.timeout_s * 1.5 + 120.0)
+    report: dict[str, Any] = {"study_id": study_id, "study_created": created_now, "steps": horizon, "peak_flops": peak}
+    baseline_id = await _baseline_at(bus, study_id, horizon)
+    if baseline_id is None and args.no_baseline:
+        report["baseline"] = {"trial_id": None, "skipped": True}
+    elif baseline_id is None:
+        baseline = ev.Candidate()
+        proposal = ev.TrialProposed(
+            candidate=baseline, candidate_key=baseline.key(), kind="baseline", origin="baseline",
+            reason="infrarsi trial: the study has no baseline at this horizon", steps=args.steps,
+        )  # fmt: skip
+        report["baseline"] = await _run_one(bus, study_id, contract, proposal, timeout)
+    else:
+        report["baseline"] = {"trial_id": baseline_id, "reused": True}
+    candidate = ev.Candidate(knobs=knobs, patches=list(args.patches))
+    report["candidate"] = []
+    for repeat in range(args.repeats):
+        proposal = ev.TrialProposed(
+            candidate=candidate, candidate_key=candidate.key(), kind="search", origin="manual",
+            reason="infrarsi trial", repeat=repeat, steps=args.steps,
+        )  # fmt: skip
+        report["candidate"].append(await _run_one(bus, study_id, contract, proposal, timeout))
+    return report
+
+
+async def _run_one(bus, study_id: str, contract: Contract, proposal: ev.TrialProposed, timeout_s: float) -> dict[str, Any]:
+    trial_id = ev.new_id()
+    got: dict[str, ev.Payload] = {}
+    done = asyncio.Event()
+
+    async def on_msg(msg) -> None:
+        try:
+            event = ev.decode(msg.data)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return
+        if event.trial_id == trial_id:
+            got[event.type] = event.payload
+            if "TrialMeasured" in got:
+                done.set()
+
+    subs = [
+        await bus.nc.subscribe(f"irsi.{study_id}.{name}", cb=on_msg)
+        for name in ("TrialLaunched", "TrialFinished", "TrialMeasured")
+    ]
+    started = time.monotonic()
+    try:
+        await bus.publish(
+            ev.make_event(proposal, study_id=study_id, trial_id=trial_id, source=SOURCE, cluster_id=contract.cluster.id)
+        )
+        await asyncio.wait_for(done.wait(), timeout_s)
+    finally:
+        for sub in subs:
+            await sub.unsubscribe()
+    return {
+        "trial_id": trial_id,
+        "kind": proposal.kind,
+        "candidate": msgspec.to_builtins(proposal.candidate),
+        "elapsed_s": time.monotonic() - started,
+        "finished": msgspec.to_builtins(got["TrialFinished"]) if "TrialFinished" in got else None,
+        "measured": msgspec.to_builtins(got["TrialMeasured"]),
+    }
+
+
+async def _study(bus, contract_path: Path, contract: Contract, data_dir: Path) -> tuple[str, bool, float | None]:
+    """The latest study of this exact contract, or a new one (with a measured peak on CPU hosts)."""
+    sha = contract.sha256()
+    found: tuple[str, float | None] | None = None
+    async for batch in bus.iter_stream("IRSI", subjects="irsi.*.StudyCreated"):
+        for msg in batch:
+            try:
+                event = ev.decode(msg.data)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                continue
+            if isinstance(event.payload, ev.StudyCreated) and event.payload.contract_sha256 == sha:
+                found = (event.study_id, event.payload.cluster.peak_flops)
+    if found is not None:
+        return found[0], False, found[1]
+
+    from infrarsi.commands.init import prepare_study, study_created_event
+
+    prepared = await asyncio.to_thread(prepare_study, contract_path, data_dir)
+    created = prepared.created
+    peak = created.cluster.peak_flops
+    if peak is None and created.cluster.accelerator.lower() == "cpu":
+        ranks = contract.workload.launcher.nnodes * contract.workload.launcher.nproc_per_node
+        peak = await asyncio.to_thread(measure_cpu_peak_flops) / ranks
+        created = msgspec.structs.replace(created, cluster=msgspec.structs.replace(created.cluster, peak_flops=peak))
+        prepared = prepared._replace(created=created)
+    await bus.publish(study_created_event(prepared))
+    return prepared.study_id, True, peak
+
+
+def measure_cpu_peak_flops(size: int = 1024, seconds: float = 1.0) -> float:
+    """FLOP/s of float32 matmuls on every core of this host (best of a few timed runs)."""
+    import torch
+
+    a = torch.randn(size, size)
+    b = torch.randn(size, size)
+    torch.mm(a, b)
+    best = 0.0
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        t0 = time.perf_counter()
+        for _ in range(4):
+            torch.mm(a, b)
+        best = max(best, 4 * 2 * size**3 / (time.perf_counter() - t0))
+    return best
+
+
+async def _baseline_at(bus, study_id: str, horizon: int) -> str | None:
+    """A trial of the study that measured ``ok`` as a baseline at this horizon, if any."""
+    proposed_steps: dict[str, int | None] = {}
+    async for batch in bus.iter_stream("IRSI", subjects=f"irsi.{study_id}.*"):
+        for msg in batch:
+            try:
+                event = ev.decode(msg.data)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                continue
+            match event.payload:
+                case ev.TrialProposed(kind="baseline" | "doctor", steps=steps):
+                    proposed_steps[event.trial_id or ""] = steps
+                case ev.TrialMeasured(status="ok", optimizer_steps=n) if event.trial_id in proposed_steps and n == horizon:
+                    return event.trial_id
+    return None
+
+
+def _print_human(report: dict[str, Any]) -> None:
+    print(f"study {report['study_id']}  horizon {report['steps']} steps")
+    base = report["baseline"]
+    if base.get("skipped"):
+        print("baseline: not run (--no-baseline)")
+    elif base.get("reused"):
+        print(f"baseline: reusing trial {base['trial_id']}")
+    else:
+        _print_run("baseline", base)
+    for i, run in enumerate(report["candidate"]):
+        _print_run(f"candidate #{i}", run)
+
+
+def _print_run(label: str, run: dict[str, Any]) -> None:
+    m, f = run["measured"], run["finished"] or {}
+    print(f"{label}: trial {run['trial_id']}  {json.dumps(run['candidate'])}")
+    print(f"  status {m['status']}" + (f": {f.get('reason')}" if f.get("reason") else ""))
+    if m["steps"]:
+        mfu = f"{m['mfu']:.2%}" if m.get("mfu") is not None else "n/a"
+        print(
+            f"  step {m['step_time_s'] * 1000:.1f} ms (MAD {m['step_time_mad_s'] * 1000:.1f} ms; with warm-up "
+            f"{m['step_time_with_warmup_s'] * 1000:.1f} ms; {m['warmup_steps']} warm-up steps)  "
+            f"{m['tokens_per_s']:.0f} tokens/s  MFU {mfu}"
+        )
+        print(f"  steps {m['steps']}  optimiser steps {m['optimizer_steps']}  tokens {m['tokens']}  peak/rank {m['peak_memory_bytes']}")
+    if f:
+        print(
+            f"  cost {f.get('accelerator_s', 0):.1f} accelerator-s (warm-up {f.get('warmup_accelerator_s', 0):.1f}, "
+            f"steady {f.get('steady_accelerator_s', 0):.1f})"
+            + (f"  censored peak {f['censored_peak_bytes']} B" if f.get("censored_peak_bytes") else "")
+        )
+    for inv in m["invariants"]:
+        mark = "ok  " if inv["ok"] else "FAIL"
+        print(f"  [{mark}] {inv['name']}: {inv['detail']}")

@@ -1,0 +1,237 @@
+"""Process trees of trials: memory sampling, the emulated-capacity watchdog, killing, and reaping.
+
+Owns what the launcher (and the verifier/doctor through the backends) needs to keep the host clean:
+
+- ``ProcRef``: a process named by (pid, create time), so a recycled pid is never killed by mistake;
+- ``MemoryWatchdog``: a thread that samples the RSS of a job's whole process tree every ~50 ms, keeps the
+  peak per rank, and calls back once when a rank exceeds the emulated device capacity (CPU hosts);
+- ``kill_all``: SIGTERM (or straight SIGKILL) to every process and its process group, then SIGKILL
+  what is left; ``tagged_processes``: every process whose environment carries a launch tag, which is how
+  a restarted launcher finds what its previous life left, even processes that moved to their own session
+  (torchrun starts each worker with ``start_new_session=True``).
+
+Accounting (docs/trials.md): memory is counted **per rank** — a rank's process and its descendants
+(data-loader workers) — against the capacity of one device (``ClusterInfo.memory_capacity_bytes``), as a
+device OOM would be. A process is attributed to a rank by the ``RANK`` variable in its environment
+(torchrun sets it; children inherit it); processes without one are either rank 0 (a single-process job)
+or the launcher's machinery (torchrun agents), which are not a device and are not counted.
+RSS is summed over processes, so pages shared by forked workers are counted once per process.
+
+This module must not know about events or the bus.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import psutil
+
+LAUNCH_TAG_VAR = "INFRARSI_LAUNCH_TAG"
+"""Set in every trial's environment: ``<launcher state root>|<trial id>``."""
+
+
+@dataclass(frozen=True)
+class ProcRef:
+    """A process as (pid, create time): survives pid reuse."""
+
+    pid: int
+    create_time: float
+
+    @classmethod
+    def of(cls, proc: psutil.Process) -> ProcRef:
+        return cls(proc.pid, proc.create_time())
+
+    def process(self) -> psutil.Process | None:
+        """The live process this names, or ``None`` if it is gone (or the pid now names another)."""
+        try:
+            proc = psutil.Process(self.pid)
+            if abs(proc.create_time() - self.create_time) > 0.01 or proc.status() == psutil.STATUS_ZOMBIE:
+                return None
+            return proc
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            return None
+
+
+def tree(root: psutil.Process) -> list[psutil.Process]:
+    """``root`` and all its descendants that are alive now."""
+    try:
+        return [root, *root.children(recursive=True)]
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return []
+
+
+def _environ(proc: psutil.Process) -> dict[str, str]:
+    try:
+        return proc.environ()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+        return {}
+
+
+def tagged_processes(prefix: str) -> list[psutil.Process]:
+    """Every live process (of this user) whose ``INFRARSI_LAUNCH_TAG`` starts with ``prefix``."""
+    me = os.getpid()
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        if proc.pid == me:
+            continue
+        tag = _environ(proc).get(LAUNCH_TAG_VAR)
+        if tag is not None and tag.startswith(prefix):
+            found.append(proc)
+    return found
+
+
+def kill_all(procs: Iterable[psutil.Process], *, grace_s: float = 3.0, hard: bool = False) -> int:
+    """Terminate every process (and its process group, unless that group is ours); returns how many were live.
+
+    ``hard`` sends SIGKILL at once (an emulated OOM dies like a device OOM: no clean-up in the job).
+    """
+    procs = [p for p in procs if p.pid != os.getpid()]
+    own_group = os.getpgid(0)
+    first = signal.SIGKILL if hard else signal.SIGTERM
+    groups: set[int] = set()
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError, PermissionError, OSError):
+            pgid = os.getpgid(proc.pid)
+            if pgid != own_group and pgid not in groups:
+                groups.add(pgid)
+                os.killpg(pgid, first)
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            proc.send_signal(first)
+    alive = _wait_gone(procs, 0.0 if hard else grace_s)
+    for pgid in groups:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+    for proc in alive:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            proc.kill()
+    _wait_gone(alive, 5.0)
+    return len(procs)
+
+
+def _wait_gone(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    """Wait until each process has exited (a zombie counts as exited); returns those still alive.
+
+    Never reaps: ``psutil.wait_procs`` would ``waitpid`` our own children and steal their exit status
+    from ``subprocess.Popen``, which would then report 0 for a job we killed.
+    """
+    deadline = time.monotonic() + timeout_s
+    alive = [p for p in procs if is_live(p)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.02)
+        alive = [p for p in alive if is_live(p)]
+    return alive
+
+
+@dataclass(frozen=True)
+class MemoryExceeded:
+    rank: int
+    rss_bytes: int
+    capacity_bytes: int
+
+
+class MemoryWatchdog(threading.Thread):
+    """Samples a job's process tree; keeps per-rank peaks; enforces an emulated per-rank capacity.
+
+    ``on_exceed`` is called once, from the watchdog thread, the first time a rank's RSS exceeds
+    ``capacity_bytes`` (``None``: only measure). ``on_procs`` is called with every process seen so far
+    whenever a new one appears, so a caller can persist them for reaping after its own death.
+    """
+
+    def __init__(
+        self,
+        roots: Iterable[int],
+        *,
+        capacity_bytes: int | None,
+        untagged_rank: int | None,
+        interval_s: float = 0.05,
+        on_exceed: Callable[[MemoryExceeded], None] | None = None,
+        on_procs: Callable[[list[ProcRef]], None] | None = None,
+    ) -> None:
+        super().__init__(name="infrarsi-memory-watchdog", daemon=True)
+        self._roots = [psutil.Process(pid) for pid in roots]
+        self.capacity_bytes = capacity_bytes
+        self.untagged_rank = untagged_rank
+        self.interval_s = interval_s
+        self.on_exceed = on_exceed
+        self.on_procs = on_procs
+        self.peak_per_rank: dict[int, int] = {}
+        self.exceeded: MemoryExceeded | None = None
+        self.seen: dict[ProcRef, psutil.Process] = {}
+        self._rank_of: dict[ProcRef, int | None] = {}
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join(2.0)
+
+    def processes(self) -> list[psutil.Process]:
+        """Every process of the job seen so far (some may have exited)."""
+        with self._lock:
+            return list(self.seen.values())
+
+    @property
+    def peak_bytes(self) -> int:
+        """Highest per-rank peak seen."""
+        return max(self.peak_per_rank.values(), default=0)
+
+    def sample(self) -> dict[int, int]:
+        """One sample: RSS per rank now (also updates peaks and the set of processes seen)."""
+        live: dict[ProcRef, psutil.Process] = {}
+        for root in self._roots:
+            for proc in tree(root):
+                with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+                    live[ProcRef.of(proc)] = proc
+        new = [ref for ref in live if ref not in self.seen]
+        if new:
+            with self._lock:
+                self.seen.update({ref: live[ref] for ref in new})
+            if self.on_procs is not None:
+                self.on_procs(list(self.seen))
+        per_rank: dict[int, int] = {}
+        for ref, proc in live.items():
+            if ref not in self._rank_of:
+                raw = _environ(proc).get("RANK")
+                self._rank_of[ref] = int(raw) if raw is not None and raw.isdigit() else self.untagged_rank
+            rank = self._rank_of[ref]
+            if rank is None:
+                continue
+            try:
+                rss = proc.memory_info().rss
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            per_rank[rank] = per_rank.get(rank, 0) + rss
+        for rank, rss in per_rank.items():
+            if rss > self.peak_per_rank.get(rank, 0):
+                self.peak_per_rank[rank] = rss
+        return per_rank
+
+    def run(self) -> None:
+        while not self._stopping.is_set():
+            started = time.monotonic()
+            per_rank = self.sample()
+            if self.capacity_bytes and self.exceeded is None:
+                over = [(rss, rank) for rank, rss in per_rank.items() if rss > self.capacity_bytes]
+                if over:
+                    rss, rank = max(over)
+                    self.exceeded = MemoryExceeded(rank=rank, rss_bytes=rss, capacity_bytes=self.capacity_bytes)
+                    if self.on_exceed is not None:
+                        self.on_exceed(self.exceeded)
+            if not any(is_live(r) for r in self._roots):
+                return
+            self._stopping.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
+
+
+def is_live(proc: psutil.Process) -> bool:
+    """Alive and not a zombie (an exited child its parent has not waited for yet)."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False

@@ -1,0 +1,452 @@
+"""Telemetry statistics: from a trial's step samples to a ``TrialMeasured``, and the invariant verdicts.
+
+Owns the pure math of the telemetry service and of the launcher's cost split: warm-up detection, robust
+centre and spread, stragglers, MFU, and the evaluation of the contract's invariants (ARCHITECTURE.md §7)
+against a baseline. Inputs are ``TrialStep`` samples (deduplicated here by (rank, step), so late, repeated
+or reordered deliveries give the same answer), the launcher's ``TrialFinished`` and plain numbers.
+
+This module must not do I/O, talk to the bus or import torch.
+
+Definitions (also in docs/trials.md):
+
+- **warm-up**: the leading steps whose time stays above ``median_steady + max(k · σ̂, 5 % · median_steady)``,
+  where the steady reference (median, σ̂ = 1.4826 · MAD) comes from the second half of the series. The
+  first step at or below the threshold whose next few steps are (in median) also below ends the warm-up.
+  A spike later in the run (an eval, a GC pause) does not extend it.
+- **step time**: median of the steady steps of the slowest rank; **spread**: their MAD (unscaled).
+- **step time with warm-up**: mean over all steps of that rank (total time / steps, what a user pays).
+- **straggler**: a rank whose steady median exceeds the median of the other ranks' medians by more than
+  ``max(k · σ̂_pooled, 5 %)``.
+- **timing invariant**: over the steady steps, the launcher's own clock (``TrialFinished.step_seen_s``,
+  when each rank-0 step became visible in the probe's file) must agree with the sum of reported step times
+  within the contract's tolerance. Intervals next to an eval step are left out: eval is not part of a
+  training step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from infrarsi import events as ev
+
+MAD_TO_SIGMA = 1.4826
+"""σ of a normal distribution = 1.4826 × MAD."""
+
+WARMUP_K = 5.0
+STRAGGLER_K = 3.0
+RELATIVE_FLOOR = 0.05
+"""Differences below 5 % of the median never count as warm-up or straggling (timer noise on a busy host)."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Robust statistics
+# --------------------------------------------------------------------------------------------------
+
+
+def median(values: Sequence[float]) -> float:
+    return float(np.median(np.asarray(values, dtype=float))) if len(values) else math.nan
+
+
+def mad(values: Sequence[float]) -> float:
+    """Median absolute deviation from the median (unscaled)."""
+    if not len(values):
+        return math.nan
+    x = np.asarray(values, dtype=float)
+    return float(np.median(np.abs(x - np.median(x))))
+
+
+def detect_warmup(times: Sequence[float], *, k: float = WARMUP_K, max_fraction: float = 0.6, confirm: int = 3) -> int:
+    """Number of leading warm-up steps of a step-time series (0 when none is detected).
+
+    The steady reference is the second half of the series; at most ``max_fraction`` of the steps are
+    counted as warm-up, so a trial that never settles still has steady steps to measure.
+    """
+    x = np.asarray(times, dtype=float)
+    n = len(x)
+    if n < 3:
+        return 1 if n == 2 and x[0] > x[1] * (1 + RELATIVE_FLOOR) else 0
+    tail = x[n // 2 :]
+    centre = float(np.median(tail))
+    sigma = MAD_TO_SIGMA * float(np.median(np.abs(tail - centre)))
+    threshold = centre + max(k * sigma, RELATIVE_FLOOR * centre)
+    limit = max(1, int(max_fraction * n))
+    for i in range(limit + 1):
+        if x[i] <= threshold and float(np.median(x[i : i + confirm])) <= threshold:
+            return i
+    return limit
+
+
+def two_segment_split(times: Sequence[float]) -> int:
+    """Least-squares change point: the split ``w`` minimising the squared error of two constant segments.
+
+    A second, independent estimate of the warm-up boundary (used in tests and diagnostics); a decaying
+    warm-up is where the step-function fit is weakest, which is why ``detect_warmup`` is the default.
+    """
+    x = np.asarray(times, dtype=float)
+    n = len(x)
+    if n < 3:
+        return 0
+    csum = np.cumsum(x)
+    csq = np.cumsum(x * x)
+    best, best_w = math.inf, 0
+    for w in range(1, n - 1):
+        left_sse = csq[w - 1] - csum[w - 1] ** 2 / w
+        right_n = n - w
+        right_sum = csum[-1] - csum[w - 1]
+        right_sse = (csq[-1] - csq[w - 1]) - right_sum**2 / right_n
+        if left_sse + right_sse < best:
+            best, best_w = left_sse + right_sse, w
+    return best_w
+
+
+def stragglers(rank_medians: Sequence[float], rank_mads: Sequence[float], *, k: float = STRAGGLER_K) -> list[int]:
+    """Ranks whose median exceeds the median of the other ranks' medians by > max(k·σ̂, 5 %)."""
+    m = np.asarray(rank_medians, dtype=float)
+    if len(m) < 2:
+        return []
+    pooled_sigma = MAD_TO_SIGMA * float(np.median(np.asarray(rank_mads, dtype=float)))
+    out = []
+    for r in range(len(m)):
+        others = float(np.median(np.delete(m, r)))
+        if m[r] - others > max(k * pooled_sigma, RELATIVE_FLOOR * others):
+            out.append(r)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# One trial's series
+# --------------------------------------------------------------------------------------------------
+
+
+def dedup_steps(samples: Iterable[ev.TrialStep]) -> dict[int, list[ev.TrialStep]]:
+    """Per rank, the steps in step order; the first sample of a (rank, step) wins, later copies are ignored."""
+    seen: dict[tuple[int, int], ev.TrialStep] = {}
+    for s in samples:
+        seen.setdefault((s.rank, s.step), s)
+    by_rank: dict[int, list[ev.TrialStep]] = {}
+    for (rank, _step), s in sorted(seen.items()):
+        by_rank.setdefault(rank, []).append(s)
+    return by_rank
+
+
+@dataclass(frozen=True)
+class Series:
+    """What telemetry knows of one trial's steps (also kept for a study's baseline)."""
+
+    world_size: int
+    steps: int
+    """Steps of rank 0."""
+    warmup_steps: int
+    step_time_s: float
+    step_time_mad_s: float
+    step_time_with_warmup_s: float
+    per_rank_step_s: list[float]
+    stragglers: list[int]
+    phases: dict[str, float]
+    peak_memory_bytes: list[int]
+    tokens_per_step: list[int]
+    optimizer_steps: int
+    loss_curve: list[ev.LossPoint]
+    eval_curve: list[ev.LossPoint]
+    eval_tokens: list[int]
+    flops_per_step: float | None
+    probe_mfu: float | None
+    rank0_steps: list[int] = field(default_factory=list)
+    rank0_times: list[float] = field(default_factory=list)
+
+    @property
+    def tokens(self) -> int:
+        return int(sum(self.tokens_per_step))
+
+    @property
+    def eval_steps(self) -> list[int]:
+        return [p.step for p in self.eval_curve]
+
+
+def summarise(samples: Iterable[ev.TrialStep]) -> Series:
+    """Robust statistics of a trial's steps (any order, duplicates allowed)."""
+    by_rank = dedup_steps(samples)
+    if not by_rank:
+        return Series(
+            world_size=0, steps=0, warmup_steps=0, step_time_s=math.nan, step_time_mad_s=math.nan,
+            step_time_with_warmup_s=math.nan, per_rank_step_s=[], stragglers=[], phases={},
+            peak_memory_bytes=[], tokens_per_step=[], optimizer_steps=0, loss_curve=[], eval_curve=[],
+            eval_tokens=[], flops_per_step=None, probe_mfu=None,
+        )  # fmt: skip
+    world = max(max(s.world_size for s in steps) for steps in by_rank.values())
+    world = max(world, max(by_rank) + 1)
+    rank0 = by_rank.get(0) or by_rank[min(by_rank)]
+    times0 = [float(s.step_time_s) for s in rank0]
+    warmup = detect_warmup(times0)
+
+    per_rank_median, per_rank_mad = [], []
+    for r in range(world):
+        steady = [s.step_time_s for s in by_rank.get(r, [])][warmup:] or [s.step_time_s for s in by_rank.get(r, [])]
+        per_rank_median.append(median(steady) if steady else math.nan)
+        per_rank_mad.append(mad(steady) if steady else math.nan)
+    finite = [i for i, m in enumerate(per_rank_median) if not math.isnan(m)]
+    slowest = max(finite, key=lambda i: per_rank_median[i])
+    slow_steps = by_rank[slowest]
+    steady_slow = slow_steps[warmup:] or slow_steps
+
+    phase_names = sorted({p for s in steady_slow for p in s.phases})
+    phases = {p: median([s.phases.get(p, 0.0) for s in steady_slow]) for p in phase_names}
+    flops = [s.flops for s in steady_slow if s.flops]
+    mfus = [s.mfu for s in steady_slow if s.mfu]
+    return Series(
+        world_size=world,
+        steps=len(rank0),
+        warmup_steps=warmup,
+        step_time_s=per_rank_median[slowest],
+        step_time_mad_s=per_rank_mad[slowest],
+        step_time_with_warmup_s=float(np.mean([s.step_time_s for s in slow_steps])),
+        per_rank_step_s=per_rank_median,
+        stragglers=stragglers([per_rank_median[i] for i in finite], [per_rank_mad[i] for i in finite]),
+        phases=phases,
+        peak_memory_bytes=[max((s.peak_memory_bytes for s in by_rank.get(r, [])), default=0) for r in range(world)],
+        tokens_per_step=[s.tokens for s in rank0],
+        optimizer_steps=max(s.optimizer_steps for s in rank0),
+        loss_curve=[ev.LossPoint(s.step, s.loss) for s in rank0],
+        eval_curve=[ev.LossPoint(s.step, s.eval_loss) for s in rank0 if s.eval_loss is not None],
+        eval_tokens=[s.eval_tokens or 0 for s in rank0 if s.eval_loss is not None],
+        flops_per_step=median(flops) if flops else None,
+        probe_mfu=median(mfus) if mfus else None,
+        rank0_steps=[s.step for s in rank0],
+        rank0_times=times0,
+    )
+
+
+def mfu(flops_per_step: float | None, step_time_s: float, peak_flops_per_device: float | None, devices: int) -> float | None:
+    """Model FLOPs utilisation: the step's FLOPs (all ranks) / (step time × peak per device × devices)."""
+    if not flops_per_step or not peak_flops_per_device or not step_time_s or math.isnan(step_time_s) or devices < 1:
+        return None
+    return flops_per_step / (step_time_s * peak_flops_per_device * devices)
+
+
+# --------------------------------------------------------------------------------------------------
+# Invariants
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class InvariantSpec:
+    """The contract's invariants, as plain values (see ``infrarsi.contract.Invariants``)."""
+
+    loss_tolerance: float
+    loss_mode: str = "relative"
+    loss_at: str | list[int] = "every_eval"
+    steps: bool = True
+    tokens: bool = True
+    eval: bool = True
+    timing_tolerance: float = 0.10
+    global_batch: int | None = None
+    """Sequences per optimiser step, when the contract fixes it (tokens per step must be a multiple)."""
+
+
+def timing_check(series: Series, step_seen_s: Sequence[float], tolerance: float) -> ev.InvariantResult:
+    """Launcher wall clock over the steady steps vs the sum of the probe's step times (see module doc)."""
+    n = min(len(step_seen_s), len(series.rank0_times))
+    eval_steps = set(series.eval_steps)
+    wall = reported = 0.0
+    used = 0
+    for i in range(max(series.warmup_steps, 1), n):
+        if series.rank0_steps[i - 1] in eval_steps or series.rank0_steps[i] in eval_steps:
+            continue  # an eval ran next to this interval (before or after its record was written)
+        wall += float(step_seen_s[i] - step_seen_s[i - 1])
+        reported += float(series.rank0_times[i])
+        used += 1
+    if used < 3 or wall <= 0:
+        return ev.InvariantResult(name="timing", ok=True, detail=f"not checked: {used} comparable steady steps")
+    error = abs(wall - reported) / wall
+    return ev.InvariantResult(
+        name="timing",
+        ok=bool(error <= tolerance),
+        detail=f"launcher wall {wall:.3f}s vs reported {reported:.3f}s over {used} steady steps ({error:.1%} apart)",
+        observed=reported,
+        expected=wall,
+        tolerance=tolerance,
+    )
+
+
+def _loss_checkpoints(spec: InvariantSpec, trial: Series, base: Series) -> tuple[str, list[tuple[int, float, float]]]:
+    """(what, [(step, trial loss, baseline loss)]) at the contract's checkpoints present in both runs."""
+    horizon = min(trial.steps and trial.rank0_steps[-1], base.steps and base.rank0_steps[-1])
+    if spec.loss_at == "every_eval":
+        t, b, what = dict((p.step, p.loss) for p in trial.eval_curve), dict((p.step, p.loss) for p in base.eval_curve), "eval loss"
+        wanted = sorted(s for s in b if s <= horizon)
+    else:
+        t, b, what = dict((p.step, p.loss) for p in trial.loss_curve), dict((p.step, p.loss) for p in base.loss_curve), "train loss"
+        wanted = sorted(b) if spec.loss_at == "every_step" else sorted(spec.loss_at)
+        wanted = [s for s in wanted if s <= horizon]
+    return what, [(s, t.get(s, math.nan), b.get(s, math.nan)) for s in wanted]
+
+
+def loss_check(spec: InvariantSpec, trial: Series, base: Series) -> ev.InvariantResult:
+    what, points = _loss_checkpoints(spec, trial, base)
+    if not points:
+        return ev.InvariantResult(name="loss", ok=True, detail=f"not checked: no {what} checkpoint in both runs")
+    worst_step, worst, worst_allowed, missing = None, -1.0, spec.loss_tolerance, []
+    ok = True
+    for step, lt, lb in points:
+        if math.isnan(lt) or math.isnan(lb) or math.isinf(lt):
+            missing.append(step)
+            ok = False
+            continue
+        dev = abs(lt - lb) / abs(lb) if spec.loss_mode == "relative" else abs(lt - lb)
+        if dev > spec.loss_tolerance:
+            ok = False
+        if dev > worst:
+            worst, worst_step = dev, step
+    unit = "" if spec.loss_mode == "absolute" else " (relative)"
+    detail = f"{what} at {len(points)} checkpoints: largest deviation {max(worst, 0):.4g}{unit} at step {worst_step}"
+    if missing:
+        detail += f"; missing or non-finite at steps {missing}"
+    return ev.InvariantResult(name="loss", ok=ok, detail=detail, observed=max(worst, 0.0), expected=0.0, tolerance=worst_allowed)
+
+
+def check_invariants(
+    spec: InvariantSpec,
+    trial: Series,
+    finished: ev.TrialFinished,
+    *,
+    horizon: int,
+    baseline: Series | None,
+) -> list[ev.InvariantResult]:
+    """Every invariant's verdict. ``baseline`` is ``None`` for a baseline trial: internal checks only."""
+    results = [
+        ev.InvariantResult(
+            name="scope",
+            ok=finished.status != "scope_violation",
+            detail=finished.reason if finished.status == "scope_violation" else "launcher applied only in-scope changes",
+        )
+    ]
+    if spec.steps:
+        results.append(
+            ev.InvariantResult(
+                name="work.optimizer_steps",
+                ok=trial.optimizer_steps == horizon,
+                detail=f"{trial.optimizer_steps} optimiser steps counted by the probe, horizon {horizon}",
+                observed=float(trial.optimizer_steps),
+                expected=float(horizon),
+            )
+        )
+    if spec.tokens:
+        results.append(_tokens_check(spec, trial, baseline))
+    if spec.eval:
+        results.append(_eval_check(trial, baseline))
+    if baseline is not None:
+        results.append(loss_check(spec, trial, baseline))
+    results.append(timing_check(trial, finished.step_seen_s, spec.timing_tolerance))
+    return results
+
+
+def _tokens_check(spec: InvariantSpec, trial: Series, baseline: Series | None) -> ev.InvariantResult:
+    per_step = sorted(set(trial.tokens_per_step))
+    if not per_step:
+        return ev.InvariantResult(name="work.tokens", ok=False, detail="no steps reported")
+    if baseline is not None and baseline.tokens_per_step:
+        expected = baseline.tokens_per_step[0]
+        ok = per_step == [expected]
+        return ev.InvariantResult(
+            name="work.tokens",
+            ok=ok,
+            detail=f"tokens per step {per_step} vs baseline {expected}",
+            observed=float(per_step[0] if ok else next(t for t in per_step if t != expected)),
+            expected=float(expected),
+        )
+    ok = len(per_step) == 1 and (spec.global_batch is None or per_step[0] % spec.global_batch == 0)
+    return ev.InvariantResult(
+        name="work.tokens",
+        ok=ok,
+        detail=f"tokens per step {per_step}" + (f", global batch {spec.global_batch}" if spec.global_batch else ""),
+        observed=float(per_step[0]),
+    )
+
+
+def _eval_check(trial: Series, baseline: Series | None) -> ev.InvariantResult:
+    steps = trial.eval_steps
+    tokens = sorted(set(trial.eval_tokens))
+    if baseline is None:
+        first = trial.rank0_steps[0] if trial.rank0_steps else 0
+        counts = [s - first + 1 for s in steps]  # steps are indices; evals come after every k-th step
+        gaps = sorted({b - a for a, b in zip([0, *counts[:-1]], counts, strict=True)}) if counts else []
+        # evals every k steps, plus one after the last step when the horizon is not a multiple of k
+        regular = len(gaps) <= 1 or (len(gaps) == 2 and steps[-1] == trial.rank0_steps[-1])
+        ok = bool(steps) and regular and len(tokens) == 1
+        return ev.InvariantResult(name="work.eval", ok=ok, detail=f"eval at steps {steps}, eval tokens {tokens}")
+    horizon = min(trial.rank0_steps[-1] if trial.rank0_steps else 0, baseline.rank0_steps[-1] if baseline.rank0_steps else 0)
+    base_steps = [s for s in baseline.eval_steps if s <= horizon]
+    mine = [s for s in steps if s <= horizon]
+    base_tokens = sorted(set(baseline.eval_tokens))
+    ok = mine == base_steps and tokens == base_tokens
+    return ev.InvariantResult(
+        name="work.eval",
+        ok=ok,
+        detail=f"eval at steps {mine} with tokens {tokens}; baseline {base_steps} with {base_tokens}",
+        observed=float(tokens[0]) if tokens else None,
+        expected=float(base_tokens[0]) if base_tokens else None,
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# The measurement
+# --------------------------------------------------------------------------------------------------
+
+
+def measure(
+    samples: Iterable[ev.TrialStep],
+    finished: ev.TrialFinished,
+    *,
+    candidate_key: str,
+    kind: ev.TrialKind,
+    horizon: int,
+    spec: InvariantSpec,
+    baseline: Series | None,
+    peak_flops_per_device: float | None,
+) -> tuple[ev.TrialMeasured, Series]:
+    """The ``TrialMeasured`` of one trial (and its series, kept by telemetry if it becomes the baseline)."""
+    series = summarise(samples)
+    nan_to_zero = lambda v: 0.0 if v is None or math.isnan(v) else float(v)  # noqa: E731
+    if series.steps == 0 or finished.status != "ok":
+        invariants = check_invariants(spec, series, finished, horizon=horizon, baseline=baseline) if series.steps else []
+        invariants_ok = False
+    else:
+        invariants = check_invariants(spec, series, finished, horizon=horizon, baseline=baseline)
+        invariants_ok = all(r.ok for r in invariants)
+    status: ev.TrialStatus = finished.status
+    if status == "ok" and not invariants_ok:
+        status = "invariant_violation"
+    tokens_per_step = median(series.tokens_per_step[series.warmup_steps :] or series.tokens_per_step) if series.steps else 0.0
+    devices = series.world_size or finished.ranks
+    utilisation = mfu(series.flops_per_step, series.step_time_s, peak_flops_per_device, devices)
+    if utilisation is None:
+        utilisation = series.probe_mfu
+    measured = ev.TrialMeasured(
+        candidate_key=candidate_key,
+        kind=kind,
+        status=status,
+        steps=series.steps,
+        warmup_steps=series.warmup_steps,
+        step_time_s=nan_to_zero(series.step_time_s),
+        step_time_mad_s=nan_to_zero(series.step_time_mad_s),
+        step_time_with_warmup_s=nan_to_zero(series.step_time_with_warmup_s),
+        tokens_per_s=tokens_per_step / series.step_time_s if series.steps and series.step_time_s > 0 else 0.0,
+        mfu=utilisation,
+        flops_per_step=series.flops_per_step,
+        phases=series.phases,
+        peak_memory_bytes=series.peak_memory_bytes,
+        per_rank_step_s=[nan_to_zero(v) for v in series.per_rank_step_s],
+        stragglers=series.stragglers,
+        loss_curve=series.loss_curve,
+        eval_curve=series.eval_curve,
+        optimizer_steps=series.optimizer_steps,
+        tokens=series.tokens,
+        invariants=invariants,
+        invariants_ok=invariants_ok,
+        accelerator_s=finished.accelerator_s,
+    )
+    return measured, series

@@ -1,0 +1,491 @@
+"""The launcher service: turns each ``TrialProposed`` into a run of the workload and one ``TrialFinished``.
+
+Owns trial worktrees, the trial's processes (through a backend), OOM detection and cost accounting.
+Per trial, in this order, nothing running before the checks pass:
+
+1. scope: every launch key must be a knob of the contract with a value of the knob's type and range, every
+   patch must be in the contract's search space — else ``scope_violation``;
+2. a git worktree of the golden baseline (``workspace.materialise``), the patches applied by
+   ``workspace.apply_patches`` (path, symlink, binary and locked-file checks → ``scope_violation``;
+   ``git apply --check`` of the sequence → ``patch_conflict``);
+3. the launch file written as YAML into the trial's state directory; the job's argv from the contract's
+   command (no shell); the environment variables of docs/trials.md;
+4. submit → ``TrialLaunched`` → poll (tailing rank 0's probe file for ``step_seen_s``; timeout) → collect;
+5. every probe record re-published with the probe's own ``Nats-Msg-Id`` (dedup makes it idempotent);
+6. ``TrialFinished`` with the status, cost and evidence; the worktree is removed.
+
+State lives under ``<data_dir>/launcher/trials/<trial>/`` (job.json, pids.json, node logs, probe files,
+finished.json). On start the launcher reaps what a previous life left: every tagged process is killed,
+every worktree removed, and a trial that was running is marked abandoned; when its ``TrialProposed`` is
+redelivered it is reported ``cancelled`` with the cost it had run up (its step ids are already used, so it
+cannot be re-run under the same trial id).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+import yaml
+from infrarsi import events as ev
+from infrarsi import stats, tracing, workspace
+from infrarsi.backends import Backend, JobHandle, JobResult, JobSpec, make_backend
+from infrarsi.bus import TELEMETRY_STREAM
+from infrarsi.contract import Contract, ContractError, contract_from_dict, load_patch_library
+from infrarsi.logs import get_logger
+from infrarsi.service import Outbox, Service
+
+log = get_logger(__name__)
+
+POLL_S = 0.05
+TAIL_S = 0.005
+OUTPUT_TAIL_CHARS = 4000
+
+
+@dataclass(frozen=True)
+class Study:
+    """What the launcher keeps of a ``StudyCreated``."""
+
+    contract: Contract
+    workload_dir: Path
+    baseline_ref: str
+    locked_files: dict[str, str]
+    cluster: ev.ClusterInfo
+
+
+class Refused(Exception):
+    """A trial refused before anything ran: its status and reason."""
+
+    def __init__(self, status: ev.TrialStatus, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+class ProbeTail:
+    """Follows a growing probe JSONL file and notes when each complete line became visible."""
+
+    def __init__(self, path: Path, t0: float) -> None:
+        self.path = path
+        self.t0 = t0
+        self.offset = 0
+        self.partial = b""
+        self.seen_s: list[float] = []
+
+    def poll(self) -> None:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read()
+        except FileNotFoundError:
+            return
+        if not data:
+            return
+        now = time.monotonic() - self.t0
+        self.offset += len(data)
+        lines = (self.partial + data).split(b"\n")
+        self.partial = lines.pop()
+        self.seen_s.extend(now for line in lines if line.strip())
+
+
+class LauncherService(Service):
+    name = "launcher"
+    consumes = (ev.StudyCreated, ev.TrialProposed)
+    ack_wait_s = float(os.environ.get("INFRARSI_LAUNCHER_ACK_WAIT_S", "30"))
+    """A TrialProposed left unacked by a dead launcher is redelivered after this long."""
+
+    def __init__(self, data_dir: Path | str | None = None, *, slots: int | None = None, nats_url: str | None = None) -> None:
+        self.data_dir = Path(data_dir or os.environ.get("INFRARSI_DATA_DIR", ".infrarsi")).absolute()
+        self.state_root = self.data_dir / "launcher" / "trials"
+        self.concurrency = slots or int(os.environ.get("INFRARSI_LAUNCHER_SLOTS", "1"))
+        self._nats_url = nats_url
+        self.studies: dict[str, Study] = {}
+        self.backends: dict[str, Backend] = {}
+        self.running: dict[str, tuple[Backend, JobHandle]] = {}
+        self.reaped = 0
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        self.state_root.mkdir(parents=True, exist_ok=True)
+        self.reaped = await asyncio.to_thread(self._reap_previous_life)
+        async for event in self.replay((ev.StudyCreated,)):
+            self._remember_study(event)
+        log.info("launcher ready", studies=len(self.studies), reaped=self.reaped, slots=self.concurrency)
+
+    async def stop(self) -> None:
+        for backend in self.backends.values():
+            await asyncio.to_thread(backend.close)
+
+    def status(self) -> dict[str, object]:
+        return {"running_trials": sorted(self.running), "slots": self.concurrency, "reaped_at_start": self.reaped}
+
+    def backend(self, kind: str) -> Backend:
+        if kind not in self.backends:
+            backend = make_backend(kind, self.state_root)
+            backend.open()
+            self.backends[kind] = backend
+        return self.backends[kind]
+
+    def _reap_previous_life(self) -> int:
+        """Kill what a killed launcher left; mark its running trials abandoned; remove every worktree."""
+        killed = self.backend("local").reap()
+        for tdir in sorted(p for p in self.state_root.iterdir() if p.is_dir()):
+            with contextlib.suppress(workspace.WorkspaceError, OSError):
+                _remove_worktree(tdir / "worktree")
+            if (tdir / "finished.json").exists() or (tdir / "abandoned.json").exists():
+                continue
+            job = _read_json(tdir / "job.json")
+            started = float(job.get("started_at", time.time())) if job else time.time()
+            (tdir / "abandoned.json").write_text(
+                json.dumps({"wall_s": max(0.0, time.time() - started), "launched": job is not None})
+            )
+        return killed
+
+    # ---------------------------------------------------------------- events
+
+    async def handle(self, event: ev.Event, out: Outbox) -> None:
+        match event.payload:
+            case ev.StudyCreated():
+                self._remember_study(event)
+            case ev.TrialProposed() as proposed:
+                await self._trial(event, proposed, out)
+
+    def _remember_study(self, event: ev.Event) -> None:
+        created = event.payload
+        assert isinstance(created, ev.StudyCreated)
+        try:
+            contract = contract_from_dict(created.contract, check=False)
+        except ContractError as exc:
+            log.error("unusable contract in StudyCreated", study_id=event.study_id, error=str(exc))
+            return
+        self.studies[event.study_id] = Study(
+            contract=contract,
+            workload_dir=Path(created.workload_dir),
+            baseline_ref=created.baseline_ref,
+            locked_files=dict(created.locked_files),
+            cluster=created.cluster,
+        )
+
+    async def _trial(self, event: ev.Event, proposed: ev.TrialProposed, out: Outbox) -> None:
+        trial_id = event.trial_id
+        if not trial_id:
+            raise ValueError("TrialProposed without a trial id")
+        study = self.studies.get(event.study_id)
+        if study is None:
+            raise LookupError(f"study {event.study_id} unknown to the launcher (no StudyCreated yet)")
+        tdir = self.state_root / trial_id
+        finished_file = tdir / "finished.json"
+        if finished_file.exists():  # redelivered after we published but before the ack
+            await out.emit(msgspec.json.decode(finished_file.read_bytes(), type=ev.TrialFinished))
+            return
+        launcher = study.contract.workload.launcher
+        ranks = launcher.nnodes * launcher.nproc_per_node
+        if (abandoned := _read_json(tdir / "abandoned.json")) is not None:
+            wall = float(abandoned.get("wall_s", 0.0))
+            await self._finish(
+                out, tdir, ev.TrialFinished(
+                    status="cancelled", reason="the launcher was stopped or killed mid-trial; its processes were reaped",
+                    wall_s=wall, ranks=ranks, accelerator_s=ranks * wall, warmup_accelerator_s=ranks * wall,
+                    memory_capacity_bytes=study.cluster.memory_capacity_bytes,
+                    steps_completed=len(_rank0_records(tdir / "probe")),
+                ),
+                republish_from=tdir / "probe", trial_id=trial_id, study_id=event.study_id,
+            )  # fmt: skip
+            return
+        tdir.mkdir(parents=True, exist_ok=True)
+        try:
+            finished = await self._run(event, proposed, study, tdir, out)
+        except Refused as refused:
+            finished = ev.TrialFinished(
+                status=refused.status, reason=refused.reason, ranks=ranks,
+                memory_capacity_bytes=study.cluster.memory_capacity_bytes,
+            )  # fmt: skip
+        except asyncio.CancelledError:
+            # The service is stopping: the job dies with us; the next life reports the trial cancelled.
+            await asyncio.shield(asyncio.to_thread(self._abort, trial_id, tdir))
+            raise
+        finally:
+            with contextlib.suppress(workspace.WorkspaceError, OSError):
+                await asyncio.to_thread(_remove_worktree, tdir / "worktree")
+        await self._finish(out, tdir, finished, republish_from=tdir / "probe", trial_id=trial_id, study_id=event.study_id)
+
+    def _abort(self, trial_id: str, tdir: Path) -> None:
+        running = self.running.pop(trial_id, None)
+        if running is not None:
+            backend, handle = running
+            backend.cancel(handle, "launcher stopping")
+            backend.collect(handle)
+        with contextlib.suppress(workspace.WorkspaceError, OSError):
+            _remove_worktree(tdir / "worktree")
+
+    async def _finish(
+        self, out: Outbox, tdir: Path, finished: ev.TrialFinished, *, republish_from: Path, trial_id: str, study_id: str
+    ) -> None:
+        await self._republish(republish_from, trial_id, study_id)
+        (tdir / "finished.json").write_bytes(msgspec.json.encode(finished))
+        await out.emit(finished)
+        log.info("trial finished", status=finished.status, reason=finished.reason[:200], wall_s=round(finished.wall_s, 2))
+
+    # ---------------------------------------------------------------- one trial
+
+    async def _run(
+        self, event: ev.Event, proposed: ev.TrialProposed, study: Study, tdir: Path, out: Outbox
+    ) -> ev.TrialFinished:
+        contract = study.contract
+        candidate = proposed.candidate
+        problems = contract.candidate_problems(candidate.knobs, candidate.patches)
+        if proposed.steps is not None and proposed.steps < 1:
+            problems.append(f"steps: {proposed.steps} is not a positive horizon")
+        if problems:
+            raise Refused("scope_violation", "; ".join(problems))
+
+        worktree = tdir / "worktree"
+        await asyncio.to_thread(_remove_worktree, worktree)
+        await asyncio.to_thread(workspace.materialise, study.workload_dir, study.baseline_ref, worktree)
+        patch_paths = await asyncio.to_thread(self._copy_patches, contract, worktree, tdir, candidate.patches)
+        result = await asyncio.to_thread(
+            workspace.apply_patches, worktree, patch_paths, contract.editable, study.locked_files
+        )
+        if not result.ok:
+            raise Refused(result.kind or "scope_violation", f"patch {result.patch or '(set)'}: {result.reason}")
+
+        trial_contract = contract.model_copy(
+            update={"workload": contract.workload.model_copy(update={"repo": worktree})}
+        )
+        launch = trial_contract.launch_for(candidate.knobs, steps=proposed.steps)
+        launch_path = tdir / "launch.yaml"
+        launch_path.write_text(yaml.safe_dump(launch, sort_keys=False))
+        probe_dir = tdir / "probe"
+        shutil.rmtree(probe_dir, ignore_errors=True)
+        probe_dir.mkdir(parents=True)
+        argv = contract.command_for(python=sys.executable, launch_file=str(launch_path), probe_dir=str(probe_dir))
+        spec = JobSpec(
+            name=event.trial_id or "",
+            argv=argv,
+            workdir=worktree,
+            env=self._job_env(event, study, probe_dir),
+            state_dir=tdir,
+            launcher=contract.workload.launcher.kind,
+            nnodes=contract.workload.launcher.nnodes,
+            nproc_per_node=contract.workload.launcher.nproc_per_node,
+            memory_capacity_bytes=_emulated_capacity(study.cluster),
+        )
+        backend = self.backend(contract.backend.kind)
+        handle = await asyncio.to_thread(backend.submit, spec)
+        t0 = time.monotonic()
+        self.running[spec.name] = (backend, handle)
+        try:
+            await out.emit(
+                ev.TrialLaunched(
+                    backend=backend.name, workdir=str(worktree), command=handle.command, nodes=spec.nnodes,
+                    ranks=spec.ranks, host=handle.host, job_id=handle.job_id,
+                )
+            )  # fmt: skip
+            tail = ProbeTail(probe_dir / "probe-rank0.jsonl", t0)
+            tailing = asyncio.create_task(_follow(tail))
+            timeout_s = contract.backend.timeout_s
+            try:
+                while not await asyncio.to_thread(backend.poll, handle):
+                    if time.monotonic() - t0 > timeout_s:
+                        await asyncio.to_thread(backend.cancel, handle, f"timeout: still running after {timeout_s:g}s")
+                    await asyncio.sleep(POLL_S)
+            finally:
+                tailing.cancel()
+            tail.poll()
+            job = await asyncio.to_thread(backend.collect, handle)
+        finally:
+            self.running.pop(spec.name, None)
+        return self._account(job, spec, tail, candidate, study)
+
+    def _copy_patches(self, contract: Contract, worktree: Path, tdir: Path, patch_ids: list[str]) -> list[Path]:
+        """The candidate's diffs, copied out of the pristine worktree before anything is applied."""
+        if not patch_ids:
+            return []
+        try:
+            library = load_patch_library(worktree / contract.workload.patch_dir)
+        except ContractError as exc:
+            raise Refused("patch_conflict", f"patch library unreadable: {exc}") from None
+        dest = tdir / "patches"
+        dest.mkdir(exist_ok=True)
+        paths = []
+        for patch_id in patch_ids:
+            info = library.get(patch_id)
+            if info is None:
+                raise Refused("scope_violation", f"patch {patch_id!r} is not in the workload's patch library")
+            target = dest / f"{patch_id}.patch"
+            shutil.copyfile(info.path, target)
+            paths.append(target)
+        return paths
+
+    def _job_env(self, event: ev.Event, study: Study, probe_dir: Path) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("INFRARSI_")}
+        keep = ("INFRARSI_LOG_LEVEL",)
+        env.update({k: os.environ[k] for k in keep if k in os.environ})
+        env.update(study.contract.workload.env)
+        env.update(
+            {
+                "INFRARSI_PROBE_DIR": str(probe_dir),
+                "INFRARSI_STUDY": event.study_id,
+                "INFRARSI_TRIAL": event.trial_id or "",
+                "INFRARSI_CLUSTER": study.cluster.cluster_id,
+                "INFRARSI_NATS_URL": self.nats_url(),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        if (traceparent := tracing.traceparent()) is not None:
+            env["INFRARSI_TRACEPARENT"] = traceparent
+        if study.cluster.peak_flops:
+            env["INFRARSI_PEAK_FLOPS"] = repr(float(study.cluster.peak_flops))
+        return env
+
+    def nats_url(self) -> str:
+        if self._nats_url:
+            return self._nats_url
+        url = self.bus.nc.connected_url
+        return url.geturl() if url is not None else os.environ.get("INFRARSI_NATS_URL", "")
+
+    def _account(
+        self, job: JobResult, spec: JobSpec, tail: ProbeTail, candidate: ev.Candidate, study: Study
+    ) -> ev.TrialFinished:
+        """Status, reason and cost of a finished job (docs/trials.md, "How a trial ends")."""
+        records = _rank0_records(spec.state_dir / "probe")
+        capacity = study.cluster.memory_capacity_bytes
+        censored = None
+        if job.oom:
+            status: ev.TrialStatus = "oom"
+            reason = job.oom_detail
+            probe_peak = max((r.peak_memory_bytes for r in _all_records(spec.state_dir / "probe")), default=0)
+            if spec.memory_capacity_bytes:  # emulated: the watchdog's last sample is the bound
+                censored = max(job.peak_memory_bytes, probe_peak)
+            else:  # a device OOM: the allocation that failed went past the capacity
+                censored = max(capacity, probe_peak)
+        elif job.cancelled is not None and job.cancelled.startswith("timeout"):
+            status, reason = "timeout", job.cancelled
+        elif job.cancelled is not None:
+            status, reason = "cancelled", job.cancelled
+        elif job.exit_code == 0:
+            status, reason = "ok", ""
+        else:
+            error = _last_error_line(job.output_tail)
+            if candidate.patches:
+                status = "patch_conflict" if len(candidate.patches) > 1 else "crash"
+                prefix = "run-time conflict: " if status == "patch_conflict" else ""
+                reason = f"{prefix}patched job ({', '.join(candidate.patches)}) crashed with exit code {job.exit_code}: {error}"
+            else:
+                status, reason = "crash", f"job crashed with exit code {job.exit_code}: {error}"
+        ranks = spec.ranks
+        wall = job.wall_s
+        seen = tail.seen_s[: len(records)]
+        warmup_end = wall
+        if records and seen:
+            warmup = stats.detect_warmup([r.step_time_s for r in records])
+            warmup_end = seen[warmup - 1] if warmup >= 1 else max(0.0, seen[0] - records[0].step_time_s)
+            if status != "ok" and len(records) < 3:
+                warmup_end = wall
+        warmup_end = min(warmup_end, wall)
+        return ev.TrialFinished(
+            status=status,
+            reason=reason,
+            exit_code=job.exit_code,
+            wall_s=wall,
+            ranks=ranks,
+            accelerator_s=ranks * wall,
+            warmup_accelerator_s=ranks * warmup_end,
+            steady_accelerator_s=ranks * (wall - warmup_end),
+            peak_memory_bytes=job.peak_memory_bytes,
+            censored_peak_bytes=censored,
+            memory_capacity_bytes=capacity,
+            steps_completed=len(records),
+            step_seen_s=seen,
+            output_tail=job.output_tail[-OUTPUT_TAIL_CHARS:],
+        )
+
+    async def _republish(self, probe_dir: Path, trial_id: str, study_id: str) -> None:
+        """Every probe record on the bus, with the probe's msg id: steps a killed job never sent arrive now."""
+        if not probe_dir.is_dir():
+            return
+        subject = f"irsi.telemetry.{study_id}.{trial_id}"
+        for path in sorted(probe_dir.glob("probe-rank*.jsonl")):
+            rank = path.stem.removeprefix("probe-rank")
+            for line in path.read_bytes().splitlines():
+                try:
+                    record = ev.decode(line)
+                except (msgspec.DecodeError, msgspec.ValidationError):
+                    continue  # a torn last line of a killed job
+                if not isinstance(record.payload, ev.TrialStep):
+                    continue
+                await self.bus.js.publish(
+                    subject,
+                    line,
+                    headers={"Nats-Msg-Id": f"{trial_id}:{rank}:step:{record.payload.step}"},
+                    stream=TELEMETRY_STREAM,
+                )
+
+
+async def _follow(tail: ProbeTail) -> None:
+    """Poll the probe file often: its arrival times are the launcher's own clock for the timing invariant."""
+    while True:
+        tail.poll()
+        await asyncio.sleep(TAIL_S)
+
+
+def _emulated_capacity(cluster: ev.ClusterInfo) -> int | None:
+    """On a CPU host the device capacity is emulated per rank; a GPU enforces its own."""
+    if cluster.accelerator.lower() == "cpu" and cluster.memory_capacity_bytes > 0:
+        return cluster.memory_capacity_bytes
+    return None
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _all_records(probe_dir: Path) -> list[ev.TrialStep]:
+    out = []
+    for path in sorted(probe_dir.glob("probe-rank*.jsonl")) if probe_dir.is_dir() else []:
+        out += _decode_records(path)
+    return out
+
+
+def _rank0_records(probe_dir: Path) -> list[ev.TrialStep]:
+    path = probe_dir / "probe-rank0.jsonl"
+    return sorted(_decode_records(path), key=lambda r: r.step) if path.exists() else []
+
+
+def _decode_records(path: Path) -> list[ev.TrialStep]:
+    out = []
+    for line in path.read_bytes().splitlines():
+        with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
+            event = ev.decode(line)
+            if isinstance(event.payload, ev.TrialStep):
+                out.append(event.payload)
+    return out
+
+
+def _last_error_line(output: str) -> str:
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if "Error" in line or "Exception" in line or "error:" in line:
+            return line[:300]
+    return lines[-1][:300] if lines else "(no output)"
+
+
+def _remove_worktree(path: Path) -> None:
+    if not path.exists():
+        return
+    try:
+        workspace.remove(path)
+    except workspace.WorkspaceError:
+        shutil.rmtree(path, ignore_errors=True)

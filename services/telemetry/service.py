@@ -1,0 +1,246 @@
+"""The telemetry service: per-trial step series → one ``TrialMeasured`` per trial, invariants included.
+
+Consumes ``TrialStep`` (stream IRSI_TELEMETRY) and ``StudyCreated``, ``TrialProposed``, ``TrialFinished``,
+``DoctorCompleted`` (stream IRSI). A trial is measured once its ``TrialFinished`` has arrived and its steps
+are complete (rank 0 has ``steps_completed`` records and, for a trial that ended ``ok``, so has every
+rank) — or ``COMPLETE_GRACE_S`` after the finish if some never arrive (a trial that died, a lost sample).
+Samples are deduplicated by (trial, rank, step), so late, repeated or reordered deliveries change nothing.
+
+The statistics and invariant verdicts are ``infrarsi.stats``; this module only keeps the read model:
+studies (invariant spec, peak FLOP/s, the baseline series per horizon), trials (proposal, finish, steps),
+and which trials are already measured. On start it is rebuilt by replaying the lifecycle stream, then
+the telemetry of every not-yet-measured trial and of each study's baseline.
+
+The study's baseline is its first trial of kind ``baseline`` or ``doctor`` that measured ``ok`` (at the
+same horizon: the learning-rate schedule depends on it). A baseline trial itself checks only internal
+consistency (work against the configuration, timing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+import msgspec
+from infrarsi import events as ev
+from infrarsi import stats
+from infrarsi.bus import TELEMETRY_STREAM
+from infrarsi.contract import ContractError, contract_from_dict
+from infrarsi.logs import get_logger
+from infrarsi.service import Outbox, Service
+
+log = get_logger(__name__)
+
+COMPLETE_GRACE_S = 15.0
+"""How long after ``TrialFinished`` to wait for missing steps before measuring what is there."""
+
+BASELINE_KINDS = ("baseline", "doctor")
+
+
+@dataclass
+class StudyState:
+    spec: stats.InvariantSpec
+    steps: int
+    """The contract's trial horizon."""
+    cluster: ev.ClusterInfo
+    peak_flops: float | None
+    baselines: dict[int, tuple[str, stats.Series]] = field(default_factory=dict)
+    """Horizon → (trial id, series) of the study's first successful baseline at that horizon."""
+
+
+@dataclass
+class TrialState:
+    study_id: str
+    proposed: ev.TrialProposed | None = None
+    finished: ev.TrialFinished | None = None
+    finished_at: float | None = None
+    cluster_id: str | None = None
+    steps: dict[tuple[int, int], ev.TrialStep] = field(default_factory=dict)
+    measuring: bool = False
+
+
+class TelemetryService(Service):
+    name = "telemetry"
+    consumes = (ev.StudyCreated, ev.TrialProposed, ev.TrialFinished, ev.DoctorCompleted, ev.TrialStep)
+
+    def __init__(self, *, complete_grace_s: float = COMPLETE_GRACE_S) -> None:
+        self.complete_grace_s = complete_grace_s
+        self.studies: dict[str, StudyState] = {}
+        self.trials: dict[str, TrialState] = {}
+        self.measured: set[str] = set()
+        self._sweeper: asyncio.Task | None = None
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        baseline_measures: list[tuple[str, str, ev.TrialMeasured]] = []
+        async for event in self.replay((ev.StudyCreated, ev.TrialProposed, ev.TrialFinished, ev.DoctorCompleted, ev.TrialMeasured)):
+            match event.payload:
+                case ev.TrialMeasured() as measured:
+                    self.measured.add(event.trial_id or "")
+                    self.trials.pop(event.trial_id or "", None)
+                    if measured.kind in BASELINE_KINDS and measured.status == "ok":
+                        baseline_measures.append((event.study_id, event.trial_id or "", measured))
+                case _:
+                    self._apply(event)
+        # steps of trials still to measure, and of each study's baseline, come back from the telemetry stream
+        for trial_id, trial in list(self.trials.items()):
+            for step in await self._replay_steps(trial.study_id, trial_id):
+                trial.steps.setdefault((step.rank, step.step), step)
+        for study_id, trial_id, _measured in baseline_measures:
+            study = self.studies.get(study_id)
+            if study is None:
+                continue
+            series = stats.summarise(await self._replay_steps(study_id, trial_id))
+            horizon = series.optimizer_steps
+            study.baselines.setdefault(horizon, (trial_id, series))
+        self._sweeper = asyncio.create_task(self._sweep(), name="telemetry-sweeper")
+        log.info("telemetry ready", studies=len(self.studies), pending=len(self.trials), measured=len(self.measured))
+
+    async def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+
+    def status(self) -> dict[str, object]:
+        return {"pending_trials": len(self.trials), "measured_trials": len(self.measured)}
+
+    async def _replay_steps(self, study_id: str, trial_id: str) -> list[ev.TrialStep]:
+        out = []
+        async for batch in self.bus.iter_stream(TELEMETRY_STREAM, subjects=f"irsi.telemetry.{study_id}.{trial_id}"):
+            for msg in batch:
+                with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
+                    event = ev.decode(msg.data)
+                    if isinstance(event.payload, ev.TrialStep):
+                        out.append(event.payload)
+        return out
+
+    async def _sweep(self) -> None:
+        """Measure trials whose missing steps did not arrive within the grace period."""
+        while True:
+            await asyncio.sleep(1.0)
+            now = time.monotonic()
+            for trial_id, trial in list(self.trials.items()):
+                if trial.finished_at is not None and now - trial.finished_at > self.complete_grace_s:
+                    try:
+                        await self._measure(trial_id, trial, forced=True)
+                    except Exception:  # noqa: BLE001 — retried at the next sweep
+                        log.exception("measuring failed", trial_id=trial_id)
+
+    # ---------------------------------------------------------------- events
+
+    async def handle(self, event: ev.Event, out: Outbox) -> None:
+        self._apply(event)
+        trial_id = event.trial_id
+        if trial_id and trial_id in self.trials:
+            await self._maybe_measure(trial_id)
+
+    def _apply(self, event: ev.Event) -> None:
+        """Update the read model (also used by the replay)."""
+        trial_id = event.trial_id or ""
+        match event.payload:
+            case ev.StudyCreated(contract=raw, cluster=cluster):
+                try:
+                    contract = contract_from_dict(raw, check=False)
+                except ContractError as exc:
+                    log.error("unusable contract", study_id=event.study_id, error=str(exc))
+                    return
+                inv = contract.invariants
+                gb = contract.search_space.constraints.global_batch
+                self.studies[event.study_id] = StudyState(
+                    spec=stats.InvariantSpec(
+                        loss_tolerance=inv.loss.tolerance, loss_mode=inv.loss.mode, loss_at=inv.loss.at,
+                        steps=inv.steps, tokens=inv.tokens, eval=inv.eval, timing_tolerance=inv.timing_tolerance,
+                        global_batch=gb.size if gb is not None else None,
+                    ),
+                    steps=contract.workload.steps,
+                    cluster=cluster,
+                    peak_flops=cluster.peak_flops,
+                )  # fmt: skip
+            case ev.DoctorCompleted(peak_flops_measured=peak):
+                study = self.studies.get(event.study_id)
+                if study is not None and peak and not study.cluster.peak_flops:
+                    study.peak_flops = peak
+            case ev.TrialProposed() as proposed:
+                if trial_id not in self.measured:
+                    self._trial(event).proposed = proposed
+            case ev.TrialFinished() as finished:
+                if trial_id not in self.measured:
+                    trial = self._trial(event)
+                    trial.finished = finished
+                    trial.finished_at = time.monotonic()
+            case ev.TrialStep() as step:
+                if trial_id not in self.measured:
+                    self._trial(event).steps.setdefault((step.rank, step.step), step)
+
+    def _trial(self, event: ev.Event) -> TrialState:
+        trial = self.trials.setdefault(event.trial_id or "", TrialState(study_id=event.study_id))
+        trial.cluster_id = event.cluster_id
+        return trial
+
+    async def _maybe_measure(self, trial_id: str) -> None:
+        trial = self.trials[trial_id]
+        if trial.finished is None or trial.proposed is None or not self._complete(trial):
+            return
+        await self._measure(trial_id, trial, forced=False)
+
+    @staticmethod
+    def _complete(trial: TrialState) -> bool:
+        finished = trial.finished
+        assert finished is not None
+        expected = finished.steps_completed
+        by_rank: dict[int, int] = {}
+        world = finished.ranks
+        for rank, _step in trial.steps:
+            by_rank[rank] = by_rank.get(rank, 0) + 1
+        if by_rank.get(0, 0) < expected:
+            return False
+        if finished.status == "ok":
+            return all(by_rank.get(r, 0) >= expected for r in range(world))
+        return True
+
+    async def _measure(self, trial_id: str, trial: TrialState, *, forced: bool) -> None:
+        if trial.measuring or trial_id in self.measured:
+            return
+        study = self.studies.get(trial.study_id)
+        if study is None or trial.finished is None:
+            return
+        trial.measuring = True
+        try:
+            proposed = trial.proposed
+            kind: ev.TrialKind = proposed.kind if proposed else "search"
+            horizon = (proposed.steps if proposed and proposed.steps else None) or study.steps
+            is_baseline = kind in BASELINE_KINDS
+            reference = None if is_baseline else study.baselines.get(horizon, (None, None))[1]
+            measured, series = stats.measure(
+                trial.steps.values(),
+                trial.finished,
+                candidate_key=proposed.candidate_key if proposed else "",
+                kind=kind,
+                horizon=horizon,
+                spec=study.spec,
+                baseline=reference,
+                peak_flops_per_device=study.peak_flops,
+            )
+            event = ev.make_event(
+                measured,
+                study_id=trial.study_id,
+                trial_id=trial_id,
+                source=self.name,
+                cluster_id=trial.cluster_id,
+                event_id=ev.derived_id(trial_id, self.name, "TrialMeasured"),
+            )
+            await self.bus.publish(event)
+        finally:
+            trial.measuring = False
+        self.measured.add(trial_id)
+        self.trials.pop(trial_id, None)
+        if is_baseline and measured.status == "ok" and horizon not in study.baselines:
+            study.baselines[horizon] = (trial_id, series)
+        log.info(
+            "trial measured", trial_id=trial_id, status=measured.status, step_time_s=round(measured.step_time_s, 4),
+            invariants_ok=measured.invariants_ok, forced=forced,
+        )  # fmt: skip

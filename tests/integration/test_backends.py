@@ -1,0 +1,159 @@
+"""One contract test suite for every launcher backend (STYLE.md rule 5).
+
+Each case gives a backend and a job layout; the jobs are a tiny Python script (no torch in the ranks)
+so the suite runs in seconds. A new backend adds itself to ``CASES``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+from infrarsi import procs
+from infrarsi.backends import Backend, JobHandle, JobResult, JobSpec, LocalBackend
+
+JOB = textwrap.dedent(
+    """
+    import os, sys, time
+    mode = sys.argv[1]
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    print(f"rank {rank}/{world} mode {mode}", flush=True)
+    if mode == "ok":
+        sys.exit(0)
+    if mode == "fail":
+        print("Traceback: boom", flush=True)
+        sys.exit(3 if rank == world - 1 else 0)
+    if mode == "sleep":
+        time.sleep(600)
+    if mode == "hog":
+        chunks = []
+        while True:
+            chunks.append(bytearray(os.urandom(1)) * (16 << 20))
+            time.sleep(0.02)
+    if mode == "cuda-oom":
+        print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", flush=True)
+        sys.exit(1)
+    """
+)
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    launcher: str
+    nnodes: int
+    nproc_per_node: int
+
+
+CASES = [Case("python", "python", 1, 1), Case("torchrun-1x2", "torchrun", 1, 2), Case("torchrun-2x1", "torchrun", 2, 1)]
+FAST = [c for c in CASES if c.id != "torchrun-2x1"]
+
+
+@pytest.fixture
+def backend(tmp_path) -> Backend:
+    b = LocalBackend(str(tmp_path / "state"))
+    b.open()
+    yield b
+    b.close()
+
+
+def spec_for(case: Case, tmp_path: Path, mode: str, name: str = "job1", capacity: int | None = None) -> JobSpec:
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    return JobSpec(
+        name=name,
+        argv=[sys.executable, str(script), mode],
+        workdir=tmp_path,
+        env=dict(os.environ),
+        state_dir=tmp_path / "state" / name,
+        launcher=case.launcher,  # type: ignore[arg-type]
+        nnodes=case.nnodes,
+        nproc_per_node=case.nproc_per_node,
+        memory_capacity_bytes=capacity,
+    )
+
+
+def run_to_end(backend: Backend, handle: JobHandle, timeout_s: float = 90.0) -> JobResult:
+    deadline = time.monotonic() + timeout_s
+    while not backend.poll(handle):
+        assert time.monotonic() < deadline, "job did not finish"
+        time.sleep(0.05)
+    return backend.collect(handle)
+
+
+def assert_nothing_left(tmp_path: Path) -> None:
+    assert procs.tagged_processes(f"{tmp_path / 'state'}|") == []
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_ok_job_runs_every_rank(backend, tmp_path, case) -> None:
+    handle = backend.submit(spec_for(case, tmp_path, "ok"))
+    result = run_to_end(backend, handle)
+    assert result.exit_code == 0, result.output_tail
+    assert not result.oom and result.cancelled is None
+    for rank in range(case.nnodes * case.nproc_per_node):
+        assert f"rank {rank}/{case.nnodes * case.nproc_per_node}" in result.output_tail
+    assert result.wall_s > 0
+    assert_nothing_left(tmp_path)
+
+
+@pytest.mark.parametrize("case", FAST, ids=lambda c: c.id)
+def test_failing_rank_fails_the_job(backend, tmp_path, case) -> None:
+    result = run_to_end(backend, backend.submit(spec_for(case, tmp_path, "fail")))
+    assert result.exit_code not in (0, None)
+    assert "boom" in result.output_tail and not result.oom
+    assert_nothing_left(tmp_path)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_cancel_ends_the_job_and_leaves_nothing(backend, tmp_path, case) -> None:
+    handle = backend.submit(spec_for(case, tmp_path, "sleep"))
+    deadline = time.monotonic() + 60
+    ranks = case.nnodes * case.nproc_per_node
+    while procs.tagged_processes(f"{tmp_path / 'state'}|").__len__() < ranks and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not backend.poll(handle)
+    backend.cancel(handle, "timeout after 5s")
+    backend.cancel(handle, "again")  # idempotent; the first reason stands
+    result = run_to_end(backend, handle, timeout_s=20)
+    assert result.cancelled == "timeout after 5s"
+    assert result.exit_code != 0
+    assert_nothing_left(tmp_path)
+
+
+@pytest.mark.parametrize("case", FAST, ids=lambda c: c.id)
+def test_emulated_capacity_kills_like_a_device_oom(backend, tmp_path, case) -> None:
+    capacity = 300 << 20
+    result = run_to_end(backend, backend.submit(spec_for(case, tmp_path, "hog", capacity=capacity)))
+    assert result.oom, result
+    assert "emulated capacity" in result.oom_detail
+    assert result.peak_memory_bytes > capacity
+    assert result.exit_code != 0
+    assert_nothing_left(tmp_path)
+
+
+def test_device_oom_message_is_recognised(backend, tmp_path) -> None:
+    result = run_to_end(backend, backend.submit(spec_for(CASES[0], tmp_path, "cuda-oom")))
+    assert result.oom and "CUDA out of memory" in result.oom_detail
+
+
+def test_reap_kills_what_a_previous_life_left(tmp_path) -> None:
+    first = LocalBackend(str(tmp_path / "state"))
+    first.submit(spec_for(CASES[1], tmp_path, "sleep"))
+    deadline = time.monotonic() + 60
+    while len(procs.tagged_processes(f"{tmp_path / 'state'}|")) < 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = procs.tagged_processes(f"{tmp_path / 'state'}|")
+    assert len(left) >= 3  # agent + two ranks
+    # the launcher dies without cleaning up; a new life reaps
+    second = LocalBackend(str(tmp_path / "state"))
+    assert second.reap() >= 3
+    psutil.wait_procs([p for p in left], timeout=5)
+    assert_nothing_left(tmp_path)
