@@ -1,0 +1,1 @@
+"""The proposer service: chooses what to try next (ARCHITECTURE.md §5)."""

@@ -1,0 +1,1 @@
+"""The verifier service: re-runs top candidates against the baseline and decides (ARCHITECTURE.md §5)."""

@@ -1,0 +1,233 @@
+"""The ``infrarsi`` command: global options, the verb table, and error reporting.
+
+Owns parsing (``--nats-url``, ``--data-dir``, ``-v`` and one sub-parser per verb), importing a verb's
+module only when that verb runs (``--help`` stays fast; a verb whose module is not in this build says so),
+setting up logging and tracing for the CLI process, and turning user errors into one ``error:`` line
+and exit code 2. What each verb does lives in ``infrarsi.commands.<module>`` (see that package's
+docstring for the convention). It must not import services.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import inspect
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+@dataclass(frozen=True)
+class Verb:
+    """One ``infrarsi`` verb: the module that implements it, and the names of its two entry points."""
+
+    name: str
+    module: str
+    help: str
+    add_arguments: str = "add_arguments"
+    run: str = "run"
+
+    @property
+    def module_path(self) -> str:
+        return f"infrarsi.commands.{self.module}"
+
+
+VERBS: tuple[Verb, ...] = (
+    Verb("up", "up", "start NATS and the six services here, in the foreground (Ctrl-C stops all)"),
+    Verb("status", "status", "services alive, stream counts and consumer lag"),
+    Verb("serve", "serve", "run one service in this process (containers, supervisors)"),
+    Verb("events", "events_tail", "read the event log (`events tail`)"),
+    Verb("replay", "replay", "rebuild the analyst DuckDB from the streams"),
+    Verb("sql", "sql", "query the analyst DuckDB"),
+    Verb("init", "init", "lock a contract and create a study"),
+    Verb("doctor", "doctor", "profile the untouched baseline: noise, phases, stragglers"),
+    Verb("trial", "trial", "run one candidate as a trial"),
+    Verb("run", "run", "search: propose, launch, measure, model, repeat"),
+    Verb("verify", "verify", "re-run the best candidates against the baseline"),
+    Verb("model", "model", "show a study's time and memory models"),
+    Verb("report", "report", "write the audit report of a study"),
+    Verb(
+        "approve",
+        "approve_apply",
+        "record a human approval of a verified candidate",
+        add_arguments="add_approve_arguments",
+        run="run_approve",
+    ),
+    Verb(
+        "apply",
+        "approve_apply",
+        "write an approved candidate to a review branch",
+        add_arguments="add_apply_arguments",
+        run="run_apply",
+    ),
+    Verb("demo", "demo", "the five stages end to end on the reference workload"),
+    Verb("bank", "bank", "the experience bank: list, show, export, import"),
+)
+VERBS_BY_NAME = {verb.name: verb for verb in VERBS}
+
+
+class VerbUnavailable(Exception):
+    """The verb's module is not part of this build."""
+
+
+def load_verb(verb: Verb) -> ModuleType:
+    """Import the verb's module; a missing module (and only that one) means the verb is unavailable."""
+    try:
+        return importlib.import_module(verb.module_path)
+    except ModuleNotFoundError as exc:
+        if exc.name == verb.module_path:
+            raise VerbUnavailable(verb.name) from None
+        raise
+
+
+def _add_global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
+    """The options every verb shares; on a verb's parser they default to SUPPRESS so that
+    ``infrarsi --nats-url X status`` and ``infrarsi status --nats-url X`` both work."""
+
+    def default(value: object) -> object:
+        return argparse.SUPPRESS if suppress else value
+
+    parser.add_argument(
+        "--nats-url",
+        default=default(None),
+        metavar="URL",
+        help="NATS server (default: $INFRARSI_NATS_URL, else the one `infrarsi up` runs under --data-dir)",
+    )
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=default(Path(os.environ.get("INFRARSI_DATA_DIR", ".infrarsi"))),
+        metavar="DIR",
+        help="state directory: embedded server, logs, databases (default: $INFRARSI_DATA_DIR or .infrarsi)",
+    )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=default(0),
+        help="log progress (-v) or everything (-vv) to stderr",
+    )
+
+
+def build_parser(load: str | None = None) -> tuple[argparse.ArgumentParser, ModuleType | None]:
+    """The full parser; the verb named ``load`` gets its own arguments (its module is imported)."""
+    parser = argparse.ArgumentParser(
+        prog="infrarsi",
+        description="Verified optimisation of PyTorch training jobs, event-sourced on NATS JetStream.",
+    )
+    _add_global_options(parser, suppress=False)
+    verbs = parser.add_subparsers(dest="verb", metavar="COMMAND", title="commands")
+    loaded = None
+    for verb in VERBS:
+        sub = verbs.add_parser(verb.name, help=verb.help, description=verb.help, conflict_handler="resolve")
+        _add_global_options(sub, suppress=True)
+        if verb.name == load:
+            loaded = load_verb(verb)
+            getattr(loaded, verb.add_arguments)(sub)
+    return parser, loaded
+
+
+def _verb_in(argv: Sequence[str]) -> str | None:
+    """The verb named on the command line, found without importing any command module."""
+    pre = argparse.ArgumentParser(add_help=False)
+    _add_global_options(pre, suppress=True)
+    pre.add_argument("verb", nargs="?")
+    known, _rest = pre.parse_known_args(argv)
+    verb = getattr(known, "verb", None)
+    return verb if verb in VERBS_BY_NAME else None
+
+
+def _setup_observability(verbosity: int) -> None:
+    from infrarsi import tracing
+    from infrarsi.logs import setup_logging
+
+    if verbosity >= 2:
+        level = "debug"
+    elif verbosity == 1:
+        level = "info"
+    else:
+        level = os.environ.get("INFRARSI_LOG_LEVEL", "warning")
+    setup_logging("cli", level=level)
+    tracing.setup_tracing("infrarsi-cli")
+
+
+def _user_error_message(exc: BaseException, args: argparse.Namespace) -> str | None:
+    """The one-line message for an error the user can fix, or ``None`` for a bug (keep the traceback).
+
+    Error classes are looked up only in modules already imported, so that this check imports nothing.
+    """
+    from infrarsi.commands import UserError
+
+    if isinstance(exc, UserError):
+        return str(exc)
+    bus = sys.modules.get("infrarsi.bus")
+    if bus is not None and isinstance(exc, bus.BusError):
+        return str(exc)
+    nats_errors = sys.modules.get("nats.errors")
+    if nats_errors is not None and isinstance(exc, nats_errors.Error):
+        from infrarsi.embedded import resolve_nats_url
+
+        url = resolve_nats_url(args.nats_url, args.data_dir) or "(no server)"
+        if isinstance(exc, nats_errors.NoServersError | nats_errors.ConnectionClosedError):
+            return f"cannot reach NATS at {url}: {exc}"
+        return f"NATS at {url}: {exc or type(exc).__name__}"
+    for module_name, class_name in (
+        ("infrarsi.stack", "StackError"),
+        ("infrarsi.embedded", "EmbeddedServerError"),
+        ("infrarsi.contract", "ContractError"),
+    ):
+        module = sys.modules.get(module_name)
+        if module is not None and isinstance(exc, getattr(module, class_name, ())):
+            return str(exc)
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console script ``infrarsi`` (the generated script exits with the returned code)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    verb_name = _verb_in(argv)
+    try:
+        parser, module = build_parser(load=verb_name)
+    except VerbUnavailable:
+        print(f"error: '{verb_name}' is not available in this build", file=sys.stderr)
+        return EXIT_USAGE
+    args = parser.parse_args(argv)
+    if args.verb is None or module is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    args.data_dir = Path(args.data_dir)
+    _setup_observability(args.verbose)
+    verb = VERBS_BY_NAME[args.verb]
+    run = getattr(module, verb.run)
+
+    from infrarsi import tracing
+
+    try:
+        with tracing.span_from(None, f"infrarsi {verb.name}"):
+            if inspect.iscoroutinefunction(run):
+                code = asyncio.run(run(args))
+            else:
+                code = run(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as exc:
+        message = _user_error_message(exc, args)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        return getattr(exc, "exit_code", EXIT_USAGE)
+    finally:
+        tracing.shutdown_tracing()
+    return 0 if code is None else int(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,369 @@
+"""The local stack: one NATS server and the six services, each in its own process.
+
+Owns starting the stack (the embedded nats-server unless a URL is given, then every service as
+``python -m infrarsi_services.<name>``, each in its own process group with its log under
+``<data_dir>/logs/``), waiting until every service answers a ping, and stopping it all with no
+orphan left behind. ``infrarsi up`` runs it in the foreground; commands such as ``trial`` and ``demo``
+start one for their own duration when none is running (``ensure_stack``). It also owns how a CLI
+command finds the bus (``connect_for_cli``) and the ping that ``infrarsi status`` shows.
+
+It must not import any service (services are addressed by module name only) nor know what they do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Coroutine, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import nats
+import nats.errors
+from nats.aio.client import Client as NATS
+
+from infrarsi.bus import Bus, BusError
+from infrarsi.embedded import SERVER_STATE_FILE, EmbeddedServer, resolve_nats_url, running_server_url
+from infrarsi.logs import get_logger
+from infrarsi.service import PING_SUBJECT
+
+log = get_logger(__name__)
+
+SERVICES: tuple[str, ...] = ("proposer", "launcher", "telemetry", "modeler", "verifier", "reporter")
+STACK_STATE_FILE = "stack.json"
+PING_WINDOW_S = 0.5
+"""How long a ping collects replies: every live service answers within milliseconds on a healthy bus."""
+
+T = TypeVar("T")
+
+
+class StackError(RuntimeError):
+    """The stack could not be started (a service died or never answered), or is already running."""
+
+
+class NoServerError(BusError):
+    """No NATS server was named and no ``infrarsi up`` is running under the data directory."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Ping and CLI connections
+# --------------------------------------------------------------------------------------------------
+
+
+async def ping_services(nc: NATS, timeout_s: float = PING_WINDOW_S) -> list[dict[str, Any]]:
+    """Every reply to one ``irsi-svc.ping`` received within ``timeout_s``, sorted by service name.
+
+    Each reply is a service runner's status: ``service``, ``pid``, ``uptime_s``, ``handled``,
+    ``dead_lettered``, ``failed``, ``in_flight``, ``last_event_at`` and the service's own fields.
+    Several replicas of one service each answer.
+    """
+    replies: list[dict[str, Any]] = []
+    inbox = nc.new_inbox()
+
+    async def on_reply(msg) -> None:
+        with contextlib.suppress(ValueError):
+            replies.append(json.loads(msg.data))
+
+    sub = await nc.subscribe(inbox, cb=on_reply)
+    try:
+        await nc.publish(PING_SUBJECT, b"", reply=inbox)
+        await nc.flush()
+        await asyncio.sleep(timeout_s)
+    finally:
+        with contextlib.suppress(nats.errors.Error):
+            await sub.unsubscribe()
+    return sorted(replies, key=lambda r: (str(r.get("service")), r.get("pid") or 0))
+
+
+async def connect_for_cli(
+    nats_url: str | None,
+    data_dir: Path | str,
+    service: str = "cli",
+    *,
+    ensure: bool = True,
+    connect_timeout_s: float = 2.0,
+) -> Bus:
+    """The bus a CLI command talks to: ``--nats-url``, else ``$INFRARSI_NATS_URL``, else a live ``infrarsi up``.
+
+    ``ensure=False`` leaves the streams as they are (read-only commands such as ``status``; a CLI
+    without ``INFRARSI_REPLICAS`` must not re-create a clustered stream with one replica).
+    Raises ``NoServerError`` when no server is named or running, ``BusError`` when it cannot be reached.
+    """
+    url = resolve_nats_url(nats_url, data_dir)
+    if url is None:
+        raise NoServerError(
+            f"no NATS server: pass --nats-url, set INFRARSI_NATS_URL, or start one with `infrarsi up` "
+            f"(no running stack under {Path(data_dir).absolute()})"
+        )
+    return await Bus.connect(url, service=service, ensure=ensure, connect_timeout_s=connect_timeout_s)
+
+
+# --------------------------------------------------------------------------------------------------
+# The stack
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ServiceProcess:
+    """One service process of the stack."""
+
+    name: str
+    process: subprocess.Popen
+    log_path: Path
+    started_at: float = field(default_factory=time.time)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def log_tail(self, chars: int = 2000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except FileNotFoundError:
+            return ""
+
+
+def _run_blocking(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` to completion from sync code, also when called from inside a running event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+def _owner(data_dir: Path) -> str:
+    """Who runs the stack under ``data_dir``, for error messages: the ``infrarsi up`` pid, else the server's."""
+    for name, what in ((STACK_STATE_FILE, "infrarsi up"), (SERVER_STATE_FILE, "nats-server")):
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            pid = int(json.loads((data_dir / name).read_text())["pid"])
+            os.kill(pid, 0)  # alive? (a killed `up` leaves its state file behind)
+            return f"{what} pid {pid}"
+    return "owner unknown"
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    """Send ``sig`` to the process group led by ``pid`` (each service is a group leader)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+class Stack:
+    """A NATS server (embedded, or the one at ``nats_url``) and service processes, started and stopped together.
+
+    Use as a context manager, or call ``stop()``; both leave no process behind.
+    """
+
+    def __init__(self, data_dir: Path, url: str, server: EmbeddedServer | None, env: Mapping[str, str]) -> None:
+        self.data_dir = data_dir
+        self._url = url
+        self.server = server
+        """The embedded server this stack started, or ``None`` when it was given a URL."""
+        self.env = dict(env)
+        self.processes: dict[str, ServiceProcess] = {}
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    @property
+    def log_dir(self) -> Path:
+        return self.data_dir / "logs"
+
+    # ------------------------------------------------------------------ start
+
+    @classmethod
+    def start(
+        cls,
+        data_dir: Path | str,
+        *,
+        nats_url: str | None = None,
+        services: Iterable[str] = SERVICES,
+        env: Mapping[str, str] | None = None,
+        ready_timeout_s: float = 60.0,
+    ) -> Stack:
+        """Start the server (unless ``nats_url``) and ``services``; return once every one answers a ping.
+
+        ``env`` is added to this process's environment for the services. On any failure everything
+        started so far is stopped and ``StackError`` (or ``EmbeddedServerError``) is raised with the
+        failing service's log tail. It blocks for a few seconds: from async code call it as
+        ``await asyncio.to_thread(Stack.start, ...)`` (it also works on the loop's thread, blocking it).
+        """
+        data_dir = Path(data_dir).absolute()
+        names = tuple(services)
+        unknown = sorted(set(names) - set(SERVICES))
+        if unknown:
+            raise StackError(f"unknown service(s) {unknown}; known: {', '.join(SERVICES)}")
+        if nats_url is None and (running := running_server_url(data_dir)):
+            raise StackError(
+                f"a stack is already running under {data_dir} (NATS at {running}, {_owner(data_dir)}); "
+                "use it (commands find it by themselves), or stop it first"
+            )
+        data_dir.mkdir(parents=True, exist_ok=True)
+        server = EmbeddedServer.start(data_dir) if nats_url is None else None
+        stack = cls(data_dir, nats_url or server.url, server, env or {})  # type: ignore[union-attr]
+        try:
+            for name in names:
+                stack._spawn(name)
+            stack._write_state()
+            _run_blocking(stack.wait_ready(names, ready_timeout_s))
+        except BaseException:
+            stack.stop()
+            raise
+        log.info("stack started", url=stack.url, services={n: p.pid for n, p in stack.processes.items()})
+        return stack
+
+    def _spawn(self, name: str) -> ServiceProcess:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.log_dir / f"{name}.log"
+        env = {
+            **os.environ,
+            **self.env,
+            "INFRARSI_DATA_DIR": str(self.data_dir),
+            "PYTHONUNBUFFERED": "1",
+        }
+        command = [
+            sys.executable,
+            "-m",
+            f"infrarsi_services.{name}",
+            "--nats-url",
+            self.url,
+            "--data-dir",
+            str(self.data_dir),
+        ]
+        with open(log_path, "ab") as log_file:
+            process = subprocess.Popen(
+                command,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,  # its own process group: a terminal's Ctrl-C reaches only us
+            )
+        self.processes[name] = ServiceProcess(name, process, log_path)
+        return self.processes[name]
+
+    def restart(self, name: str) -> ServiceProcess:
+        """Start service ``name`` again after it died (its durable consumer resumes where it left off)."""
+        old = self.processes.get(name)
+        if old is not None and old.alive():
+            raise StackError(f"{name} is still running (pid {old.pid})")
+        if old is not None:
+            _signal_group(old.pid, signal.SIGKILL)  # whatever it left behind in its group
+        proc = self._spawn(name)
+        self._write_state()
+        return proc
+
+    async def wait_ready(self, names: Iterable[str], timeout_s: float) -> list[dict[str, Any]]:
+        """Ping until every service in ``names`` answered; raise ``StackError`` if one dies or time runs out."""
+        wanted = set(names)
+        deadline = time.monotonic() + timeout_s
+        nc = await nats.connect(self.url, name="infrarsi-stack", connect_timeout=5, allow_reconnect=False)
+        try:
+            while True:
+                self._raise_if_dead(wanted)
+                replies = await ping_services(nc, timeout_s=0.25)
+                by_pid = {r.get("pid") for r in replies}
+                ready = {n for n in wanted if self.processes[n].pid in by_pid}
+                if ready == wanted:
+                    return replies
+                if time.monotonic() > deadline:
+                    missing = sorted(wanted - ready)
+                    tails = "\n".join(f"--- {n} ---\n{self.processes[n].log_tail(800)}" for n in missing)
+                    raise StackError(f"service(s) {missing} did not answer within {timeout_s:.0f}s\n{tails}")
+        finally:
+            await nc.close()
+
+    def _raise_if_dead(self, names: Iterable[str]) -> None:
+        for name in sorted(names):
+            proc = self.processes[name]
+            if not proc.alive():
+                raise StackError(
+                    f"service {name} exited with code {proc.process.returncode} during start-up; "
+                    f"log {proc.log_path}:\n{proc.log_tail()}"
+                )
+
+    # ------------------------------------------------------------------ state
+
+    def alive(self) -> dict[str, bool]:
+        """Whether each service process (and ``nats``, when this stack started it) is still running."""
+        status = {name: proc.alive() for name, proc in self.processes.items()}
+        if self.server is not None:
+            status["nats"] = self.server.process is not None and self.server.process.poll() is None
+        return status
+
+    def pids(self) -> dict[str, int]:
+        out = {name: proc.pid for name, proc in self.processes.items()}
+        if self.server is not None and self.server.process is not None:
+            out["nats"] = self.server.process.pid
+        return out
+
+    def _write_state(self) -> None:
+        state = {"url": self.url, "pid": os.getpid(), "services": {n: p.pid for n, p in self.processes.items()}}
+        (self.data_dir / STACK_STATE_FILE).write_text(json.dumps(state, indent=2))
+
+    # ------------------------------------------------------------------ stop
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """SIGTERM every service, wait up to ``timeout_s``, SIGKILL the groups of stragglers, stop the server.
+
+        Services stop before the server so they can drain and ack what they finished.
+        Idempotent; safe on a half-started stack.
+        """
+        for proc in self.processes.values():
+            if proc.alive():
+                with contextlib.suppress(ProcessLookupError):
+                    proc.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for proc in self.processes.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.process.wait(max(0.0, deadline - time.monotonic()))
+        for proc in self.processes.values():
+            if proc.alive():
+                log.warning("service did not stop in time; killing its process group", service=proc.name)
+            # Also after a clean exit: anything the service left running in its group is an orphan.
+            _signal_group(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.process.wait(5.0)
+        if self.server is not None:
+            self.server.stop()
+        with contextlib.suppress(FileNotFoundError):
+            (self.data_dir / STACK_STATE_FILE).unlink()
+
+    def __enter__(self) -> Stack:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def ensure_stack(
+    nats_url: str | None,
+    data_dir: Path | str,
+    *,
+    services: Iterable[str] = SERVICES,
+    env: Mapping[str, str] | None = None,
+) -> tuple[str, Stack | None]:
+    """The URL of the bus to use, starting an embedded stack when no server is named or running.
+
+    Returns ``(url, stack)``: ``stack`` is ``None`` when an existing server was found (``--nats-url``,
+    ``$INFRARSI_NATS_URL`` or a live ``infrarsi up``), else a stack the caller must ``stop()``
+    (use it as a context manager).
+    """
+    url = resolve_nats_url(nats_url, data_dir)
+    if url is not None:
+        return url, None
+    stack = Stack.start(data_dir, services=services, env=env)
+    return stack.url, stack

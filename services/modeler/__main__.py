@@ -1,0 +1,7 @@
+"""`python -m infrarsi_services.modeler` (also `infrarsi serve modeler`)."""
+
+from infrarsi.service import main
+
+from .service import ModelerService
+
+main(ModelerService)

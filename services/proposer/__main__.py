@@ -1,0 +1,7 @@
+"""`python -m infrarsi_services.proposer` (also `infrarsi serve proposer`)."""
+
+from infrarsi.service import main
+
+from .service import ProposerService
+
+main(ProposerService)
