@@ -232,6 +232,8 @@ class BackendSpec(_Model):
     """Trials in flight at once."""
     timeout_s: float = Field(default=600.0, gt=0)
     """A trial running longer is killed and reported ``timeout``."""
+    scenario: str | None = None
+    """For ``kind: sim``: the simulator scenario (see ``infrarsi.sim.scenarios``); ignored otherwise."""
 
 
 class ScopeSpec(_Model):

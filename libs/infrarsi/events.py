@@ -204,6 +204,20 @@ class DoctorCompleted(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     baseline_loss_curve: list[LossPoint] = []
 
 
+class RunRequested(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """``infrarsi run``: search this study up to ``trials`` search trials in total, ``parallel`` in flight.
+
+    Absolute, not incremental: a later request with a larger ``trials`` extends a finished search. Both are
+    capped by the contract's locked budget. (Not in the original ARCHITECTURE.md catalog: the search needs a
+    trigger that is an event, so that the proposer's state stays a pure fold over the log.)
+    """
+
+    trials: int | None = None
+    """Search trials for the whole study; ``None`` = the contract's ``budget.trials``."""
+    parallel: int | None = None
+    """Trials in flight at once; ``None`` = the contract's ``backend.parallel``."""
+
+
 class TrialProposed(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     candidate: Candidate
     candidate_key: str
@@ -405,6 +419,7 @@ Payload = (
     StudyCreated
     | DoctorRequested
     | DoctorCompleted
+    | RunRequested
     | TrialProposed
     | TrialLaunched
     | TrialStep

@@ -31,7 +31,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 import msgspec
 import structlog
@@ -51,6 +51,28 @@ PING_SUBJECT = "irsi-svc.ping"
 
 def heartbeat_subject(name: str) -> str:
     return f"irsi-svc.heartbeat.{name}"
+
+
+@dataclass(frozen=True)
+class Emission:
+    """One event a state machine wants published: payload, its envelope's study/trial, and the emit key."""
+
+    payload: ev.Payload
+    study_id: str
+    trial_id: str | None
+    key: str
+
+
+class StateMachine(Protocol):
+    """A service's behaviour as a pure fold over events (no I/O), so it can be rebuilt by replay.
+
+    ``apply`` must be deterministic, and applying an event id a second time must return the emissions of
+    the first time and change nothing (replay on start overlaps with live redelivery).
+    """
+
+    def apply(self, event: ev.Event) -> list[Emission]: ...
+
+    def status(self) -> dict[str, object]: ...
 
 
 @dataclass
@@ -129,6 +151,38 @@ class Service(ABC):
                         continue
                     if event.type in names:
                         yield event
+
+
+class ReactiveService(Service):
+    """A service whose reactions are a ``StateMachine``: proposer, modeler and verifier.
+
+    ``start`` folds the stream into a fresh state with outputs discarded (they were published by an earlier
+    life, or will be re-published, with the same derived ids, when the durable consumer redelivers an event
+    it never acked); ``handle`` applies one live event and publishes what the state returns.
+    """
+
+    state: StateMachine
+
+    @abstractmethod
+    def make_state(self) -> StateMachine:
+        """A fresh, empty state."""
+
+    async def start(self) -> None:
+        self.state = self.make_state()
+        replayed = 0
+        async for event in self.replay():
+            self.state.apply(event)
+            replayed += 1
+        log.info("state rebuilt by replay", events=replayed)
+
+    async def handle(self, event: ev.Event, out: Outbox) -> None:
+        for emission in self.state.apply(event):
+            await out.emit(
+                emission.payload, study_id=emission.study_id, trial_id=emission.trial_id, key=emission.key
+            )
+
+    def status(self) -> dict[str, object]:
+        return self.state.status()
 
 
 @dataclass

@@ -1,16 +1,16 @@
 """The verifier's state machine: events in, events to publish out. No I/O.
 
-``VerifierLogic.on_event(event)`` takes every event the verifier consumes and returns the ``Emission`` s
+``VerifierLogic.apply(event)`` takes every event the verifier consumes and returns the ``Emission`` s
 the service publishes for it, so ``services/verifier/service.py`` is a thin wrapper:
 
     consumes = (StudyCreated, VerifyRequested, TrialMeasured, TrialFinished)
 
     async def start(self):                       # rebuild the read model
         async for event in self.replay():
-            self.logic.on_event(event)           # outputs discarded: they were published in a past life
+            self.logic.apply(event)           # outputs discarded: they were published in a past life
 
     async def handle(self, event, out):
-        for e in self.logic.on_event(event):
+        for e in self.logic.apply(event):
             await out.emit(e.payload, study_id=e.study_id, trial_id=e.trial_id, key=e.key)
 
 Determinism is what makes that safe: the same events in the same order give the same state and the same
@@ -31,19 +31,10 @@ from typing import Any
 
 from infrarsi import events as ev
 from infrarsi import verification as vf
+from infrarsi.service import Emission
 
 DEFAULT_PASSES_REQUIRED = 2
 DEFAULT_REPEATS = 3
-
-
-@dataclass(frozen=True)
-class Emission:
-    """One event to publish: payload, its envelope's study/trial, and the ``Outbox.emit`` key."""
-
-    payload: ev.Payload
-    study_id: str
-    trial_id: str | None
-    key: str
 
 
 @dataclass(frozen=True)
@@ -99,7 +90,7 @@ class VerifierLogic:
 
     # ---------------------------------------------------------------- entry point
 
-    def on_event(self, event: ev.Event) -> list[Emission]:
+    def apply(self, event: ev.Event) -> list[Emission]:
         if event.event_id in self._outputs:
             return self._outputs[event.event_id]
         match event.payload:

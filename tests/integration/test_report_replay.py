@@ -15,7 +15,7 @@ from infrarsi.commands.doctor import read_study
 from infrarsi.embedded import EmbeddedServer
 from infrarsi.report import build_report
 from infrarsi.report.source import VIEW, ensure_view
-from infrarsi.report.synthetic import synthetic_study, write_workload
+from support.synthetic_study import synthetic_study, write_workload
 
 pytestmark = pytest.mark.integration
 

@@ -52,8 +52,9 @@ async def test_malformed_message_is_dead_lettered_and_next_is_handled(
 
         status = await wait_for(status_after_both)
         assert status["failed"] == 0
-        assert status["recent_studies"][study]["name"] == "fan-out"
-        assert status["recent_studies"][study]["budget_trials"] == 12
+        view = status["studies"][study]
+        assert view["name"] == "fan-out" and view["phase"] == "idle"
+        assert "cannot" not in view["stop_reason"]
 
         stored = await bus.js.get_last_msg(LIFECYCLE_STREAM, ev.deadletter_subject("proposer"))
         letter = msgspec.json.decode(stored.data, type=ev.DeadLetter)
@@ -62,7 +63,7 @@ async def test_malformed_message_is_dead_lettered_and_next_is_handled(
         assert letter.raw == raw
         assert "DecodeError" in letter.error
         assert proposer.process.poll() is None, "the service must keep running after a bad message"
-        assert "study registered" in proposer.log()
+        assert "dead-lettered message" in proposer.log()
         assert proposer.terminate() == 0
     finally:
         await bus.close()
@@ -88,28 +89,31 @@ async def test_every_event_reaches_every_subscriber_and_read_models_replay(
         try:
             await bus.publish_many(events)
             expected = {name: sum(e.type in {t.__name__ for t in svc.consumes} for e in events) for name, svc in services.items()}
-            assert expected == {"proposer": 4, "modeler": 3, "verifier": 2}
+            assert expected == {"proposer": 7, "modeler": 5, "verifier": 4}
 
             async def handled_counts():
                 doc = await collect(bus, 0.2)
-                counts = {n: doc["services"][n].get("handled") for n in services}
-                return doc if counts == expected else None
+                # Reactions cascade (the verifier's TrialProposed reaches proposer and modeler), so each
+                # service handled at least what we published, and every consumer has caught up.
+                counts = {n: doc["services"][n].get("handled") or 0 for n in services}
+                caught_up = all(
+                    c["lag"] == 0 and c["num_ack_pending"] == 0 for c in doc["consumers"][LIFECYCLE_STREAM].values()
+                )
+                return doc if caught_up and all(counts[n] >= expected[n] for n in services) else None
 
             doc = await wait_for(handled_counts)
             for name in services:
                 assert doc["services"][name]["dead_lettered"] == 0
                 assert doc["consumers"][LIFECYCLE_STREAM][name]["lag"] == 0
-            assert doc["consumers"]["IRSI_BANK"]["modeler-irsi_bank"]["lag"] == 0
             assert not doc["services"]["launcher"]["alive"]  # not started here
 
-            proposer_view = doc["services"]["proposer"]["recent_studies"][study]
-            assert proposer_view["doctor_done"] and proposer_view["model_fits"] == 1
-            assert proposer_view["statuses"] == {"oom": 1}
-            modeler_view = doc["services"]["modeler"]["recent_studies"][study]
-            assert modeler_view == {"measured": 1, "censored_oom": 1, "finished": {"oom": 1}}
-            assert doc["services"]["modeler"]["bank_entries"] == 1
-            verifier_view = doc["services"]["verifier"]["recent_studies"][study]
-            assert verifier_view["verify_requests"] == 1 and verifier_view["verify_measured"] == 1
+            # Each service folded the study into its own read model (the sample contract is not searchable,
+            # so the proposer ends the study when asked to run it, and says why).
+            proposer_view = doc["services"]["proposer"]["studies"][study]
+            assert proposer_view["name"] == "fan-out" and proposer_view["phase"] == "finished"
+            assert proposer_view["load_error"]
+            assert study in doc["services"]["modeler"]["studies"]
+            assert doc["services"]["verifier"]["verifications"] >= 1
             pids = list(stack.pids().values())
         finally:
             await bus.close()
@@ -122,7 +126,7 @@ async def test_every_event_reaches_every_subscriber_and_read_models_replay(
         replies = await wait_answering(bus, proposer)
         status = replies[proposer.pid]
         assert status["handled"] == 0
-        assert status["recent_studies"][study]["model_fits"] == 1
+        assert status["studies"][study]["phase"] == "finished"
         assert proposer.terminate() == 0
     finally:
         await bus.close()

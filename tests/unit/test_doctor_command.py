@@ -13,7 +13,7 @@ from infrarsi.bus import Bus
 from infrarsi.commands import doctor as doctor_cmd
 from infrarsi.commands.doctor import read_study
 from infrarsi.embedded import EmbeddedServer
-from infrarsi.report.synthetic import synthetic_study, write_workload
+from support.synthetic_study import synthetic_study, write_workload
 
 pytestmark = pytest.mark.integration
 

@@ -6,7 +6,7 @@ import duckdb
 import pytest
 from infrarsi.report import build_report, outline, render_html, render_markdown
 from infrarsi.report.source import load_events
-from infrarsi.report.synthetic import synthetic_study, write_workload
+from support.synthetic_study import synthetic_study, write_workload
 
 
 @pytest.fixture(scope="module")

@@ -203,20 +203,20 @@ def _drive(logic, proposals, speed, loss=None):
     out = []
     for e in proposals:
         t = 1.0 if e.payload.candidate_key == ev.Candidate().key() else 1.0 / speed
-        out += logic.on_event(_env(_measured(e.payload, t, loss=loss if e.payload.origin == "verify" else None), trial_id=e.trial_id))
+        out += logic.apply(_env(_measured(e.payload, t, loss=loss if e.payload.origin == "verify" else None), trial_id=e.trial_id))
     return out
 
 
 def test_state_machine_two_rounds_to_promotable_and_replay_is_idempotent():
     logic = VerifierLogic()
     events_seen = [_env(_study_created())]
-    logic.on_event(events_seen[0])
+    logic.apply(events_seen[0])
     request = _env(ev.VerifyRequested(candidates=[CAND], repeats=3), event_id="req1")
-    round1 = logic.on_event(request)
+    round1 = logic.apply(request)
     assert len(round1) == 6 and all(isinstance(e.payload, ev.TrialProposed) for e in round1)
     assert round1[0].payload.steps == 400 and round1[0].key == round1[0].trial_id
     # Redelivery of the request: same emissions, no new state.
-    assert logic.on_event(request) == round1
+    assert logic.apply(request) == round1
     out = _drive(logic, round1, speed=1.2)
     first = out[0].payload
     assert isinstance(first, ev.VerifyCompleted) and first.passes == 1 and not first.promotable
@@ -234,8 +234,8 @@ def test_state_machine_two_rounds_to_promotable_and_replay_is_idempotent():
 
 def test_state_machine_stops_after_a_failing_round_and_names_the_invariant():
     logic = VerifierLogic()
-    logic.on_event(_env(_study_created()))
-    round1 = logic.on_event(_env(ev.VerifyRequested(candidates=[CAND], repeats=3)))
+    logic.apply(_env(_study_created()))
+    round1 = logic.apply(_env(ev.VerifyRequested(candidates=[CAND], repeats=3)))
     out = _drive(logic, round1, speed=1.3, loss=_curve(bump_at=70, bump=0.5))
     assert len(out) == 1
     done = out[0].payload
@@ -246,12 +246,12 @@ def test_state_machine_stops_after_a_failing_round_and_names_the_invariant():
 
 def test_state_machine_counts_a_crashed_run_from_trial_finished():
     logic = VerifierLogic()
-    logic.on_event(_env(_study_created()))
-    round1 = logic.on_event(_env(ev.VerifyRequested(candidates=[CAND], repeats=1)))
+    logic.apply(_env(_study_created()))
+    round1 = logic.apply(_env(ev.VerifyRequested(candidates=[CAND], repeats=1)))
     base, cand = round1
-    assert logic.on_event(_env(_measured(base.payload, 1.0), trial_id=base.trial_id)) == []
-    assert logic.on_event(_env(ev.TrialFinished(status="ok"), trial_id=cand.trial_id)) == []
-    out = logic.on_event(_env(ev.TrialFinished(status="oom", reason="rss over capacity"), trial_id=cand.trial_id))
+    assert logic.apply(_env(_measured(base.payload, 1.0), trial_id=base.trial_id)) == []
+    assert logic.apply(_env(ev.TrialFinished(status="ok"), trial_id=cand.trial_id)) == []
+    out = logic.apply(_env(ev.TrialFinished(status="oom", reason="rss over capacity"), trial_id=cand.trial_id))
     assert out[0].payload.failed_invariants == ["run.oom"]
     # Unrelated trials are ignored.
-    assert logic.on_event(_env(_measured(base.payload, 1.0), trial_id="someone-else")) == []
+    assert logic.apply(_env(_measured(base.payload, 1.0), trial_id="someone-else")) == []

@@ -13,7 +13,7 @@ from infrarsi.bus import Bus
 from infrarsi.commands import verify as verify_cmd
 from infrarsi.commands.doctor import read_study
 from infrarsi.embedded import EmbeddedServer
-from infrarsi.report.synthetic import _measured, synthetic_study, write_workload
+from support.synthetic_study import _measured, synthetic_study, write_workload
 from infrarsi_services.verifier.logic import VerifierLogic
 
 pytestmark = pytest.mark.integration
@@ -25,7 +25,7 @@ async def stand_ins(bus: Bus, study: str, stop: asyncio.Event, fast_key: str) ->
     while not stop.is_set():
         new, seq = await read_study(bus, study, seq)
         for e in new:
-            for out in logic.on_event(e):  # the verifier service, minus the runner
+            for out in logic.apply(e):  # the verifier service, minus the runner
                 await bus.publish(ev.make_event(out.payload, study_id=out.study_id, source="verifier",
                                                 trial_id=out.trial_id or e.trial_id, event_id=ev.derived_id(e.event_id, out.key)))
             if isinstance(e.payload, ev.TrialProposed) and e.payload.kind == "verify":  # launcher + telemetry

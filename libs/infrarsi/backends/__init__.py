@@ -1,8 +1,8 @@
 """Launcher backends: one small interface (``Backend``) and its implementations.
 
 ``make_backend`` picks one by the contract's ``backend.kind``; the verifier and doctor reuse the same
-backends through this package. Only ``local`` exists so far (the ``sim`` backend builds on
-``infrarsi.sim``; Slurm and Kubernetes will implement the same five calls).
+backends through this package. ``local`` runs real processes; ``sim`` plays trials out on the analytic cluster simulator
+(``infrarsi.sim``, labelled as such). Slurm and Kubernetes will implement the same calls.
 """
 
 from __future__ import annotations
@@ -20,5 +20,9 @@ def make_backend(kind: str, state_root: Path) -> Backend:
     match kind:
         case "local":
             return LocalBackend(str(Path(state_root).absolute()))
+        case "sim":
+            from infrarsi.backends.sim import SimBackend  # imports the simulator only when asked for
+
+            return SimBackend(str(Path(state_root).absolute()))
         case _:
             raise ValueError(f"backend {kind!r} is not available in this launcher")

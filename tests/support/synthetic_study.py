@@ -91,7 +91,7 @@ def synthetic_study(study_id: str, workload_dir: Path, *, seed: int = 0) -> list
         cluster=ev.ClusterInfo(cluster_id="local", accelerator="cpu", memory_capacity_bytes=capacity),
     ), source="cli.init")
     verifier = VerifierLogic()
-    verifier.on_event(created)
+    verifier.apply(created)
 
     base = ev.Candidate()
     base_t = 0.200
@@ -150,7 +150,7 @@ def synthetic_study(study_id: str, workload_dir: Path, *, seed: int = 0) -> list
     winner = ev.Candidate(knobs={"micro_batch_size": 8}, patches=["fused-qkv"])
     loser = ev.Candidate(knobs={"micro_batch_size": 4})
     request = add(ev.VerifyRequested(candidates=[winner, loser], repeats=3, steps=120), source="cli.verify")
-    pending = list(verifier.on_event(request))
+    pending = list(verifier.apply(request))
     while pending:
         emission = pending.pop(0)
         events.append(ev.make_event(emission.payload, study_id=study_id, source="verifier", cluster_id="local",
@@ -164,8 +164,8 @@ def synthetic_study(study_id: str, workload_dir: Path, *, seed: int = 0) -> list
         fin = add(ev.TrialFinished(status="ok", ranks=2, accelerator_s=72.0 * factor, wall_s=36.0 * factor,
                                    peak_memory_bytes=(5 if not is_base else 3) * GIB, memory_capacity_bytes=capacity,
                                    steps_completed=120), emission.trial_id, source="launcher")
-        pending += verifier.on_event(fin)
+        pending += verifier.apply(fin)
         m = add(_measured(p.candidate_key, "verify", t, rng, steps=120, peak=(5 if not is_base else 3) * GIB,
                           bump_at=60 if (p.candidate == loser) else None), emission.trial_id, source="telemetry")
-        pending += verifier.on_event(m)
+        pending += verifier.apply(m)
     return events

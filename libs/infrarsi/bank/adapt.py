@@ -1,0 +1,118 @@
+"""Glue between the bank and the modeling package: the knowledge-base prior of each encoded feature, and
+mapping a bank winner into a new study's search space.
+
+Owns: ``knowledge_base_priors(space)`` (what ``bank_priors`` shrinks toward) and ``adapter_for_space(space)``
+(what ``bank_seeds`` uses). Must not: do I/O or change the modeling package's objects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+
+import numpy as np
+
+from infrarsi import events as ev
+from infrarsi.bank.transfer import BankPriors
+from infrarsi.modeling.priors import KnowledgeBase, default_knowledge_base
+from infrarsi.modeling.space import Candidate, FeatureEncoder, SearchSpace
+
+MeanStd = tuple[float, float]
+
+
+def knowledge_base_priors(
+    space: SearchSpace, kb: KnowledgeBase | None = None, *, interactions: bool = True
+) -> tuple[dict[str, MeanStd], dict[str, MeanStd]]:
+    """(time, memory) built-in prior of every encoded feature of ``space`` but the intercept."""
+    kb = (kb or default_knowledge_base()).for_space(FeatureEncoder(space, interactions=False))
+    encoder = FeatureEncoder(space, interactions=interactions)
+    time: dict[str, MeanStd] = {}
+    memory: dict[str, MeanStd] = {}
+    for spec in encoder.specs:
+        if spec.kind == "intercept":
+            continue
+        if spec.kind == "interaction":
+            time[spec.name] = (0.0, kb.default_interaction)
+            memory[spec.name] = (0.0, 0.05)
+        else:
+            time[spec.name] = kb.time_prior(spec)
+            memory[spec.name] = kb.memory_prior(spec)
+    return time, memory
+
+
+def to_space_candidate(c: ev.Candidate) -> Candidate:
+    return Candidate.of(c.knobs, c.patches)
+
+
+def to_event_candidate(c: Candidate) -> ev.Candidate:
+    return ev.Candidate(knobs=dict(c.knobs), patches=sorted(c.patches))
+
+
+def adapter_for_space(space: SearchSpace, baseline: Candidate | None = None
+                      ) -> Callable[[ev.Candidate], ev.Candidate | None]:
+    """A winner → the same settings in ``space``: knobs it lacks take the baseline's values, knobs and patches
+    ``space`` does not have are dropped, a value outside a knob's domain makes it unusable; None if infeasible."""
+    base = (baseline or space.default_candidate()).knobs
+    knob_names = {k.name for k in space.knobs}
+    patch_ids = {p.id for p in space.patches}
+
+    def adapt(winner: ev.Candidate) -> ev.Candidate | None:
+        knobs = dict(base)
+        knobs.update({k: v for k, v in winner.knobs.items() if k in knob_names})
+        cand = Candidate.of(knobs, [p for p in winner.patches if p in patch_ids])
+        if not space.is_feasible(cand):
+            return None
+        return to_event_candidate(cand)
+
+    return adapt
+
+
+# ------------------------------------------------------------------------------------- Searcher glue
+# The Searcher takes its priors through a KnowledgeBase. Two gaps (asked of the modeling owner): patch
+# metadata beats KnowledgeBase overrides, and interaction priors are not overridable. Until a hook exists,
+# bank priors for patches are written into the space's patch metadata (``space_with_patch_priors``) and
+# interaction priors are left to the Searcher's default.
+
+
+def searcher_effects(searcher: object) -> tuple[list[ev.Effect], list[ev.Effect]]:
+    """(time, memory) effects of a fitted ``infrarsi.modeling.search.Searcher``, as ``ModelUpdated`` carries them.
+
+    Time: every feature of the Bayesian linear model (prior and marginal posterior). Memory: the generic
+    model's per-feature coefficients; the structured model's corrections are named ``static:<f>`` /
+    ``activation:<f>`` (multiplicative corrections to the textbook formula's two terms).
+    """
+    searcher.refit()  # type: ignore[attr-defined]
+    tm = searcher.time_model  # type: ignore[attr-defined]
+    time = [ev.Effect(feature=e.name, prior_mean=e.prior_mean, prior_std=e.prior_std, post_mean=e.posterior_mean,
+                      post_std=e.posterior_std, source="knowledge_base") for e in tm.effects()]
+    mm = searcher.memory_model  # type: ignore[attr-defined]
+    names = list(mm.encoder.names)
+    sd = np.sqrt(np.maximum(np.diag(mm._cov), 0.0))
+    if mm.structured:
+        labels = [f"static:{n}" for n in names] + [f"activation:{n}" for n in names] + ["workspace"]
+    else:
+        labels = names
+    memory = [ev.Effect(feature=label, prior_mean=float(mm.prior_mean[i]), prior_std=float(mm.prior_std[i]),
+                        post_mean=float(mm.theta[i]), post_std=float(sd[i]), source="knowledge_base")
+              for i, label in enumerate(labels[: len(mm.theta)])]
+    return time, memory
+
+
+def space_with_patch_priors(space: SearchSpace, time: Mapping[str, MeanStd], memory: Mapping[str, MeanStd]
+                            ) -> SearchSpace:
+    """``space`` with the patches' metadata priors replaced by ``patch:<id>`` entries of the given tables."""
+    patches = []
+    for p in space.patches:
+        key = f"patch:{p.id}"
+        patches.append(replace(p, time_prior=tuple(time[key]) if key in time else p.time_prior,
+                               memory_prior=tuple(memory[key]) if key in memory else p.memory_prior))
+    return replace(space, patches=tuple(patches))
+
+
+def searcher_priors(space: SearchSpace, priors: BankPriors, kb: KnowledgeBase | None = None
+                    ) -> tuple[SearchSpace, KnowledgeBase]:
+    """(space, knowledge base) to construct a Searcher with: the built-in table overridden by the bank."""
+    kb = kb or default_knowledge_base()
+    time, memory = priors.overrides("time"), priors.overrides("memory")
+    main = lambda table: {k: v for k, v in table.items() if not k.startswith("patch:") and "*" not in k}  # noqa: E731
+    return space_with_patch_priors(space, time, memory), kb.with_overrides(time=main(time), memory=main(memory))

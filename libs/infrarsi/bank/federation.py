@@ -1,0 +1,236 @@
+"""Sharing the bank across clusters with JetStream's own sourcing over leaf nodes (no home-made sync).
+
+Owns: the federation topology's stream definitions and ``ensure_bank_federation`` that creates them; the
+server-config fragments that put a server in a JetStream domain and wire it as hub or leaf
+(``server_config_fragment``, the same blocks as ``deploy/nats/bank/*.conf``); reading the bank a process sees
+(``read_bank_entries``: the union of the local and shared streams, one entry per ``entry_id``).
+Must not: copy messages itself, or touch the lifecycle streams.
+
+Topology (docs/bank.md)::
+
+      cluster-a (domain cluster-a)          hub (domain hub)              cluster-b (domain cluster-b)
+      IRSI_BANK  bank.>  ──── sourced ──▶  IRSI_BANK_HUB  ◀── sourced ──── IRSI_BANK  bank.>
+      IRSI_BANK_SHARED   ◀── sourced, filter bank.cluster-b.> ─┘└─ filter bank.cluster-a.> ──▶ IRSI_BANK_SHARED
+
+- Each cluster publishes only to its own ``IRSI_BANK`` (subject ``bank.<cluster>.<entry>``); publishing never
+  depends on the hub, so a cut-off cluster keeps working.
+- The hub's ``IRSI_BANK_HUB`` has no subjects of its own: it *sources* every cluster's ``IRSI_BANK`` through
+  ``$JS.<cluster domain>.API``. Each cluster's ``IRSI_BANK_SHARED`` sources the hub's aggregate back through
+  ``$JS.hub.API``, filtered to the *other* clusters' subjects, so a cluster never stores its own entries twice.
+  JetStream resumes a source from its last sequence after a disconnection: that is the catch-up.
+- The leaf connection denies ``bank.>`` and ``irsi.>`` both ways: without it, core-NATS interest propagation
+  would deliver a publish on cluster A straight into cluster B's ``IRSI_BANK`` (and lifecycle events into B's
+  ``IRSI``), bypassing the domains — duplicates and cross-talk. Only the JetStream API and the sourcing
+  consumers' traffic cross.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+import nats.js.errors
+from nats.js import api
+
+from infrarsi import events as ev
+from infrarsi.bus import BANK_STREAM, Bus
+
+HUB_STREAM = "IRSI_BANK_HUB"
+SHARED_STREAM = "IRSI_BANK_SHARED"
+HUB_DOMAIN = "hub"
+LEAF_DENY = ("bank.>", "irsi.>")
+"""Application subjects that must not cross a leaf connection (see the module docstring)."""
+
+Role = Literal["hub", "leaf"]
+
+
+def api_prefix(domain: str) -> str:
+    """The JetStream API prefix of a domain, as sourcing's ``external.api`` wants it."""
+    return f"$JS.{domain}.API"
+
+
+def cluster_subject(cluster_id: str) -> str:
+    if not cluster_id or any(ch in cluster_id for ch in ".*> \t"):
+        raise ValueError(f"cluster id {cluster_id!r} is not a single subject token")
+    return f"bank.{cluster_id}.>"
+
+
+def hub_stream_config(leaf_domains: Sequence[str], replicas: int = 1) -> api.StreamConfig:
+    """The hub's aggregate: one source per cluster's ``IRSI_BANK``, reached through that cluster's domain."""
+    if not leaf_domains:
+        raise ValueError("the hub needs at least one leaf domain to source from")
+    return api.StreamConfig(
+        name=HUB_STREAM,
+        description="InfraRSI bank: every cluster's entries (sourced from each cluster's IRSI_BANK)",
+        retention=api.RetentionPolicy.LIMITS,
+        storage=api.StorageType.FILE,
+        num_replicas=replicas,
+        sources=[api.StreamSource(name=BANK_STREAM, external=api.ExternalStream(api=api_prefix(d)))
+                 for d in sorted(set(leaf_domains))],
+    )
+
+
+def shared_stream_config(hub_domain: str = HUB_DOMAIN, peer_clusters: Sequence[str] | None = None,
+                         replicas: int = 1) -> api.StreamConfig:
+    """A cluster's copy of the other clusters' entries, sourced from the hub's aggregate.
+
+    ``peer_clusters`` (cluster ids = subject tokens) filters the source to ``bank.<peer>.>`` — the recommended
+    form, no copy of the cluster's own entries. ``None`` sources everything (adding a cluster then needs no
+    change here); readers deduplicate by ``entry_id`` either way.
+    """
+    source = api.StreamSource(name=HUB_STREAM, external=api.ExternalStream(api=api_prefix(hub_domain)))
+    if peer_clusters is not None:
+        peers = sorted(set(peer_clusters))
+        if not peers:
+            raise ValueError("peer_clusters is empty: there is nothing to share")
+        if len(peers) == 1:
+            source.filter_subject = cluster_subject(peers[0])
+        else:  # several filters on one source: subject transforms that map each filter onto itself
+            source.subject_transforms = [api.SubjectTransform(src=cluster_subject(p), dest=cluster_subject(p))
+                                         for p in peers]
+    return api.StreamConfig(
+        name=SHARED_STREAM,
+        description="InfraRSI bank: other clusters' entries (sourced from the hub's IRSI_BANK_HUB)",
+        retention=api.RetentionPolicy.LIMITS,
+        storage=api.StorageType.FILE,
+        num_replicas=replicas,
+        sources=[source],
+    )
+
+
+async def _put_stream(bus: Bus, config: api.StreamConfig) -> api.StreamInfo:
+    try:
+        return await bus.js.add_stream(config)
+    except nats.js.errors.BadRequestError as exc:
+        if exc.err_code != 10058:  # "stream name already in use with a different configuration"
+            raise
+        return await bus.js.update_stream(config)
+
+
+async def ensure_bank_federation(
+    bus: Bus,
+    role: Role,
+    *domains: str,
+    hub_domain: str = HUB_DOMAIN,
+    peer_clusters: Sequence[str] | None = None,
+) -> api.StreamInfo:
+    """Create (or update to this definition) the sourcing stream of one server of the federation; idempotent.
+
+    - ``role="hub"``: ``domains`` are the clusters' JetStream domains; creates ``IRSI_BANK_HUB``. Adding a
+      cluster later = calling again with the longer list (existing sources keep their position).
+    - ``role="leaf"``: ``domains`` is ignored (or the hub's domain, overriding ``hub_domain``); makes sure the
+      local ``IRSI_BANK`` exists and creates ``IRSI_BANK_SHARED`` sourcing the hub, filtered to
+      ``peer_clusters`` when given.
+
+    ``bus`` must be connected to the server of that role (its own domain).
+    """
+    match role:
+        case "hub":
+            return await _put_stream(bus, hub_stream_config(domains, bus.replicas))
+        case "leaf":
+            if domains:
+                hub_domain = domains[0]
+            await bus.ensure_streams()
+            return await _put_stream(bus, shared_stream_config(hub_domain, peer_clusters, bus.replicas))
+        case _:
+            raise ValueError(f"role must be 'hub' or 'leaf', not {role!r}")
+
+
+# ------------------------------------------------------------------------------------------ server configs
+
+
+def server_config_fragment(
+    role: Role,
+    *,
+    domain: str,
+    store_dir: Path | str,
+    leaf_listen: str | None = None,
+    hub_leaf_urls: Iterable[str] = (),
+) -> str:
+    """The config blocks that make a server a federation member (appended to ``EmbeddedServer``'s config, whose
+    own ``jetstream`` block it replaces — the later block wins). The files in ``deploy/nats/bank/`` hold the same.
+
+    - hub: ``jetstream { domain: hub }`` and ``leafnodes { listen: <leaf_listen> }``.
+    - leaf: ``jetstream { domain: <cluster> }`` and one remote to the hub, denying ``bank.>``/``irsi.>`` both ways.
+    """
+    deny = ", ".join(f'"{s}"' for s in LEAF_DENY)
+    lines = [
+        "jetstream {",
+        f'  store_dir: "{store_dir}"',
+        f"  domain: {domain}",
+        "  max_memory_store: 256MB",
+        "  max_file_store: 8GB",
+        "}",
+    ]
+    if role == "hub":
+        if not leaf_listen:
+            raise ValueError("a hub needs leaf_listen (host:port for the clusters' leaf connections)")
+        lines += ["leafnodes {", f"  listen: {leaf_listen}", "}"]
+    else:
+        urls = ", ".join(f'"{u}"' for u in hub_leaf_urls)
+        if not urls:
+            raise ValueError("a leaf needs the hub's leaf-node URL(s)")
+        lines += [
+            "leafnodes {",
+            '  reconnect: "1s"',  # between attempts: a cluster cut off from the hub rejoins promptly
+            "  remotes: [",
+            f"    {{ urls: [{urls}], deny_imports: [{deny}], deny_exports: [{deny}] }}",
+            "  ]",
+            "}",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------------------------ reading
+
+
+async def bank_streams(bus: Bus) -> list[str]:
+    """The bank streams present on the connected server: local, shared, hub aggregate (in that order)."""
+    present = []
+    for name in (BANK_STREAM, SHARED_STREAM, HUB_STREAM):
+        try:
+            await bus.js.stream_info(name)
+        except nats.js.errors.NotFoundError:
+            continue
+        present.append(name)
+    return present
+
+
+def _newer(a: ev.Event, b: ev.Event) -> bool:
+    """Revision order of two events of the same entry: later ``ts``, then larger event id (deterministic)."""
+    return (a.ts, a.event_id) > (b.ts, b.event_id)
+
+
+def latest_by_entry(events: Iterable[ev.Event]) -> dict[str, ev.Event]:
+    """One event per entry id: the latest revision, whatever order (or copies) the streams held them in."""
+    out: dict[str, ev.Event] = {}
+    for event in events:
+        entry = event.payload
+        if not isinstance(entry, ev.BankEntry):
+            continue
+        old = out.get(entry.entry_id)
+        if old is None or _newer(event, old):
+            out[entry.entry_id] = event
+    return out
+
+
+async def read_bank_events(bus: Bus, streams: Sequence[str] | None = None) -> list[ev.Event]:
+    """Every bank event visible here, decoded (undecodable messages are skipped: they are dead letters)."""
+    names = list(streams) if streams is not None else await bank_streams(bus)
+    out: list[ev.Event] = []
+    for name in names:
+        async for batch in bus.iter_stream(name):
+            for msg in batch:
+                try:
+                    out.append(ev.decode(msg.data))
+                except (msgspec.DecodeError, msgspec.ValidationError):
+                    continue
+    return out
+
+
+async def read_bank_entries(bus: Bus, streams: Sequence[str] | None = None) -> list[ev.BankEntry]:
+    """The bank as this cluster sees it: local ∪ shared, one (latest) entry per ``entry_id``, sorted by id."""
+    latest = latest_by_entry(await read_bank_events(bus, streams))
+    return [latest[k].payload for k in sorted(latest)]  # type: ignore[misc]

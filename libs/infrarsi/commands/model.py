@@ -1,0 +1,95 @@
+"""``infrarsi model STUDY [--json] [--replay]``: what the models have learnt, per knob setting and patch.
+
+Shows, for every knob setting other than the golden one and every patch, the effect on step time and on
+peak memory against the baseline — the prior (knowledge base, patch metadata, textbook memory formula) next
+to the posterior — from the study's latest ``ModelUpdated``. ``--replay`` (or a study with no
+``ModelUpdated`` yet) refits by replaying the study's events through ``study_space.StudyModel`` (the fold the
+modeler service runs),
+which needs the workload's launch file and patch library on this machine. Effects are log-ratios, shown as
+percentages: −20% time is a step 20% shorter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+import msgspec
+
+from infrarsi import events as ev
+from infrarsi.commands.doctor import add_bus_arguments, cli_bus, read_study, study_created
+
+SOURCE = "cli.model"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("study", help="study id")
+    parser.add_argument("--replay", action="store_true", help="refit from the study's events instead of reading ModelUpdated")
+    parser.add_argument("--json", action="store_true", help="print the ModelUpdated as JSON")
+    add_bus_arguments(parser)
+
+
+async def run(args: argparse.Namespace) -> int:
+    from infrarsi.bus import BusError
+
+    try:
+        async with cli_bus(args, SOURCE) as bus:
+            events, _ = await read_study(bus, args.study)
+    except BusError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if study_created(events) is None:
+        print(f"error: no study {args.study!r} (no StudyCreated on the bus)", file=sys.stderr)
+        return 2
+    update = None if args.replay else latest_update(events)
+    how = "latest ModelUpdated"
+    if update is None:
+        update = replay_update(events, args.study)
+        how = "replayed through the modeler"
+    if update is None:
+        print("no trial of this study has finished yet: nothing to model", file=sys.stderr)
+        return 1
+    if args.json:
+        print(msgspec.json.encode(update).decode())
+    else:
+        print("\n".join(render(update, how)))
+    return 0
+
+
+def latest_update(events: list[ev.Event]) -> ev.ModelUpdated | None:
+    return next((e.payload for e in reversed(events) if isinstance(e.payload, ev.ModelUpdated)), None)
+
+
+def replay_update(events: list[ev.Event], study_id: str) -> ev.ModelUpdated | None:
+    from infrarsi.study_space import replay_model  # the modeler service's own fold
+
+    return replay_model(events, study_id)
+
+
+def _pct(log_ratio: float) -> str:
+    return f"{math.expm1(log_ratio) * 100:+6.1f}%"
+
+
+def _band(mean: float, std: float) -> str:
+    return f"{_pct(mean)} [{_pct(mean - 2 * std).strip()}, {_pct(mean + 2 * std).strip()}]"
+
+
+def render(update: ev.ModelUpdated, how: str) -> list[str]:
+    lines = [
+        f"model of {update.n_trials} trials ({update.n_oom} OOM), {how}; noise σ(log step) = {update.noise_std_log:.4f}",
+    ]
+    if update.best_candidate_key:
+        lines.append(f"best measured candidate {update.best_candidate_key}: predicted step {update.best_predicted_step_s:.4g}s")
+    memory = {e.feature: e for e in update.memory_effects}
+    header = f"{'setting':28s} {'time prior':>26s} {'time posterior':>26s} {'memory prior':>26s} {'memory posterior':>26s}  source"
+    lines += ["", header, "-" * len(header)]
+    for t in update.time_effects:
+        m = memory.get(t.feature)
+        mem = (f"{_band(m.prior_mean, m.prior_std):>26s} {_band(m.post_mean, m.post_std):>26s}" if m is not None
+               else f"{'':>26s} {'':>26s}")
+        lines.append(f"{t.feature:28s} {_band(t.prior_mean, t.prior_std):>26s} {_band(t.post_mean, t.post_std):>26s} "
+                     f"{mem}  {t.source}")
+    lines.append("")
+    lines.append("effects vs the golden baseline when only that setting changes; [·,·] = ±2σ")
+    return lines

@@ -1,0 +1,783 @@
+"""A study's contract as the modeling package sees it: search space, baseline, priors, capacity, and the
+two-way mapping between modeling candidates and the event catalog's candidates.
+
+Owns:
+
+- ``StudySpace.from_contract``: contract knobs (``IntKnob``/``FloatKnob``/``ChoiceKnob``/``BoolKnob``, keyed by
+  dotted launch keys) → ``modeling.space`` knobs named by the launch key's last component
+  (``knobs.micro_batch_size`` → ``micro_batch_size``, so the knowledge base's aliases apply); the global-batch
+  constraint; the patch library's metadata (time/memory log-ratio priors, ``conflicts_with``, risk, kind →
+  a prior on breaking an invariant); for ``backend.kind: sim`` the scenario's constraints, memory orders and
+  the workload shape (``TransformerMeta``) the structured memory model needs;
+- the golden baseline as a modeling candidate (every knob at its launch-file value);
+- ``to_event`` / ``from_event``: a modeling candidate ↔ ``events.Candidate`` (launch keys that differ from the
+  golden launch file + patch ids). The mapping is a bijection on the space, so ``events.Candidate.key()`` is a
+  valid dedup key and the empty candidate is the baseline;
+- ``prediction``: what a ``Searcher`` expects of a candidate, as ``events.Prediction``;
+- ``prior_source``: where a feature's prior comes from (``knowledge_base``, ``patch_metadata``, ``flat``).
+
+Reads the disk only in ``load_study_space`` (the golden launch file and the patch library, both locked by
+``init``); everything else is pure. Must not: publish, or change the modeling package's objects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+import zlib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from infrarsi import events as ev
+from infrarsi.contract import (
+    BoolKnob as ContractBool,
+)
+from infrarsi.contract import (
+    ChoiceKnob,
+    Contract,
+    ContractError,
+    FloatKnob,
+    IntKnob,
+    PatchInfo,
+    contract_from_dict,
+    get_dotted,
+)
+from infrarsi.modeling.acquisition import expected_improvement
+from infrarsi.modeling.memory_model import TransformerMeta, structural_components
+from infrarsi.modeling.priors import KnowledgeBase, default_knowledge_base
+from infrarsi.modeling.space import (
+    BoolKnob,
+    Candidate,
+    Categorical,
+    Constraint,
+    FeatureSpec,
+    FloatRange,
+    IntChoice,
+    IntRange,
+    Knob,
+    MemoryDirection,
+    Patch,
+    SearchSpace,
+)
+
+SIM_SCENARIO_ENV = "INFRARSI_SIM_SCENARIO"
+"""Workload env var naming the simulator scenario, until ``BackendSpec`` has a ``scenario`` field."""
+
+_MEMORY_DIRECTION: dict[str, MemoryDirection] = {
+    # canonical knowledge-base names (priors.ALIASES); +1: larger value never lowers peak memory
+    "micro_batch": 1, "tp": -1, "pp": -1, "dp": -1, "ep": -1, "zero_stage": -1, "sequence_parallel": -1,
+    "flash_attention": -1, "offload_optimizer": -1, "bucket_mb": 1, "capacity_factor": 1,
+}
+_MEMORY_ORDER: dict[str, tuple[str, ...]] = {
+    # least to most peak memory, whatever else is set
+    "recompute": ("full", "selective", "none"),
+}
+_INVARIANT_PRIOR: dict[str, tuple[float, float]] = {
+    # Beta pseudo-counts (violations, passes) on P(a patch breaks an invariant), by patch kind / risk
+    "reward_hack": (8.0, 2.0),
+    "math_change": (3.0, 3.0),
+    "high": (1.0, 3.0),
+    "medium": (0.7, 9.3),
+    "low": (0.5, 9.5),
+}
+
+
+class CandidateOutsideSpace(ValueError):
+    """An ``events.Candidate`` that names a launch key, value or patch the study's space does not have."""
+
+
+@dataclass(frozen=True)
+class KnobBinding:
+    """One contract knob: its launch key, its modeling name, and how values map between the two."""
+
+    launch_key: str
+    name: str
+    to_model: Mapping[Any, Any] = field(default_factory=dict)
+    """Launch value → modeling value, for knobs encoded as categoricals of strings (float or mixed choices)."""
+
+    def model_value(self, value: Any) -> Any:
+        if self.to_model:
+            for launch_value, model_value in self.to_model.items():
+                if type(launch_value) is type(value) and launch_value == value:
+                    return model_value
+            raise CandidateOutsideSpace(f"{self.launch_key}: {value!r} is not one of {list(self.to_model)}")
+        return value
+
+    def launch_value(self, value: Any) -> Any:
+        if self.to_model:
+            for launch_value, model_value in self.to_model.items():
+                if model_value == value:
+                    return launch_value
+            raise CandidateOutsideSpace(f"{self.name}: {value!r} has no launch value")
+        return value
+
+
+@dataclass(frozen=True, eq=False)
+class StudySpace:
+    """Everything the proposer and the modeler need to build a ``Searcher`` for one study."""
+
+    contract: Contract
+    space: SearchSpace
+    baseline: Candidate
+    """The golden launch file as a modeling candidate (no patches)."""
+    bindings: tuple[KnobBinding, ...]
+    capacity_bytes: float
+    kb: KnowledgeBase
+    meta: TransformerMeta | None = None
+    """Workload shape for the structured memory model (known for simulator scenarios)."""
+    scenario: str | None = None
+    """The simulator scenario, when ``backend.kind`` is ``sim``."""
+    notes: tuple[str, ...] = ()
+    """What the conversion had to assume (a launch file that could not be read, a patch without metadata)."""
+
+    # ---------------------------------------------------------------------------------------- building
+
+    @classmethod
+    def from_contract(
+        cls,
+        contract: Contract,
+        *,
+        baseline_launch: Mapping[str, Any] | None = None,
+        library: Mapping[str, PatchInfo] | None = None,
+        capacity_bytes: float | None = None,
+    ) -> StudySpace:
+        """Pure conversion. ``baseline_launch`` is the golden launch file (``None``: each knob's first value);
+        ``library`` the patch library (``None`` or a missing id: a patch with flat priors)."""
+        notes: list[str] = []
+        scenario_name = sim_scenario_name(contract)
+        scenario = _scenario(scenario_name) if scenario_name else None
+        names = _model_names(list(contract.search_space.knobs))
+        if baseline_launch is None:
+            notes.append("golden launch file not read: knobs without a launch value start at their first value")
+        knobs: list[Knob] = []
+        bindings: list[KnobBinding] = []
+        base_values: dict[str, Any] = {}
+        for key, spec in contract.search_space.knobs.items():
+            name = names[key]
+            found, launch_value = get_dotted(baseline_launch or {}, key)
+            knob, binding = _convert_knob(key, name, spec, launch_value if found else None,
+                                          scenario.space if scenario is not None else None)
+            knobs.append(knob)
+            bindings.append(binding)
+            first = knob.values()[0] if knob.values() is not None else (knob.low + knob.high) / 2  # type: ignore[union-attr]
+            try:
+                base_values[name] = binding.model_value(launch_value) if found else first
+            except CandidateOutsideSpace:
+                notes.append(f"{key}: golden value {launch_value!r} is outside the knob's choices")
+                base_values[name] = first
+
+        patches = _convert_patches(contract.search_space.patches, library, notes)
+        constraints = list(_global_batch_constraints(contract, names))
+        memory_direction = {k.name: d for k in knobs
+                            if (d := _MEMORY_DIRECTION.get(KnowledgeBase.canonical(k.name), 0)) != 0}
+        meta = None
+        if scenario is not None:
+            constraints += _scenario_constraints(scenario.space, base_values, scenario_defaults(scenario.space))
+            memory_direction |= {k: d for k, d in scenario.space.memory_direction.items() if k in base_values}
+            meta = scenario.memory_meta()
+        space = SearchSpace(knobs=tuple(knobs), patches=tuple(patches), constraints=tuple(constraints),
+                            memory_direction=memory_direction)
+        device_kind = "cpu" if contract.cluster.accelerator.lower() == "cpu" else "gpu"
+        capacity = float(capacity_bytes or contract.cluster.memory_capacity_bytes)
+        return cls(contract=contract, space=space, baseline=Candidate.of(base_values), bindings=tuple(bindings),
+                   capacity_bytes=capacity, kb=default_knowledge_base(device_kind), meta=meta,
+                   scenario=scenario_name, notes=tuple(notes))
+
+    # ---------------------------------------------------------------------------------------- candidates
+
+    def binding(self, name_or_key: str) -> KnobBinding:
+        for b in self.bindings:
+            if name_or_key in (b.launch_key, b.name):
+                return b
+        raise CandidateOutsideSpace(f"{name_or_key!r} is not a knob of this study")
+
+    def to_event(self, c: Candidate) -> ev.Candidate:
+        """Launch keys whose value differs from the golden launch file, and the patch ids (sorted)."""
+        base = self.baseline.knobs
+        knobs = {}
+        for b in self.bindings:
+            value = c[b.name]
+            if value != base.get(b.name) or type(value) is not type(base.get(b.name)):
+                knobs[b.launch_key] = b.launch_value(value)
+        return ev.Candidate(knobs=dict(sorted(knobs.items())), patches=sorted(c.patches))
+
+    def from_event(self, c: ev.Candidate) -> Candidate:
+        """The modeling candidate of an event candidate (launch keys or modeling names both accepted);
+        raises ``CandidateOutsideSpace`` for an unknown key, value or patch."""
+        values = self.baseline.knobs
+        for key, value in c.knobs.items():
+            b = self.binding(key)
+            model_value = b.model_value(value)
+            knob = self.space.knob(b.name)
+            if knob.values() is not None and model_value not in knob.values():
+                raise CandidateOutsideSpace(f"{key}: {value!r} is not one of {list(knob.values())}")
+            values[b.name] = model_value
+        patch_ids = {p.id for p in self.space.patches}
+        unknown = [p for p in c.patches if p not in patch_ids]
+        if unknown:
+            raise CandidateOutsideSpace(f"patches {unknown} are not in search_space.patches")
+        return Candidate.of(values, c.patches)
+
+    def event_key(self, c: Candidate) -> str:
+        return self.to_event(c).key()
+
+    def contract_problems(self, c: Candidate) -> list[str]:
+        """The contract's own verdict on a candidate (the last guard before a proposal is published)."""
+        e = self.to_event(c)
+        return self.contract.candidate_problems(e.knobs, e.patches)
+
+    # ---------------------------------------------------------------------------------------- priors
+
+    def prior_source(self, spec: FeatureSpec) -> str:
+        """Where the prior of one encoded feature comes from."""
+        if spec.kind == "patch":
+            patch = self.space.patch(spec.name.removeprefix("patch:"))
+            return "patch_metadata" if patch.time_prior is not None else (
+                "knowledge_base" if spec.name.removeprefix("patch:") in self.kb.patch_time else "flat")
+        if spec.kind in ("intercept", "interaction"):
+            return "flat"
+        for key in (spec.name, KnowledgeBase.canonical(spec.name)):
+            if key in self.kb.time or key in self.kb.memory:
+                return "knowledge_base"
+        return "flat"
+
+
+# --------------------------------------------------------------------------------------------------
+# Predictions (an adapter over Searcher internals until modeling has a public predict)
+# --------------------------------------------------------------------------------------------------
+
+
+def prediction(searcher: Any, c: Candidate) -> ev.Prediction:
+    """What ``searcher``'s current models expect of ``c``: step time (latent median), its log std, peak
+    memory, P(OOM), P(invariants hold) and expected improvement over the incumbent (log units)."""
+    searcher.refit()
+    i = searcher.pool.extend([c])[0]
+    idx = np.array([i])
+    mu, sd = searcher.time_model.predict_encoded(searcher.pool.x_time[idx])
+    mem_mu, _ = searcher._memory_arrays(idx)
+    p_oom = float(searcher._p_oom(idx)[0])
+    p_hold = float(searcher._p_hold(idx)[0])
+    best = searcher._incumbent()
+    ei = float(expected_improvement(mu, sd, best)[0]) if best is not None else 0.0
+    return ev.Prediction(
+        step_time_s=float(math.exp(mu[0])),
+        step_time_std_log=float(sd[0]),
+        peak_memory_bytes=float(math.exp(mem_mu[0])),
+        p_oom=p_oom,
+        p_invariants=p_hold,
+        expected_improvement=ei,
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Loading from a StudyCreated (the one place that reads the disk)
+# --------------------------------------------------------------------------------------------------
+
+
+def load_study_space(created: ev.StudyCreated) -> StudySpace:
+    """``StudySpace`` of a study: the locked contract, its golden launch file and patch library from the
+    workload repo. A launch file or library that cannot be read is noted, not fatal (flat priors)."""
+    contract = contract_from_dict(created.contract, check=False)
+    notes = []
+    launch: dict[str, Any] | None = None
+    try:
+        launch = contract.baseline_launch()
+    except (OSError, ValueError) as exc:
+        notes.append(f"launch file: {exc}")
+    library: dict[str, PatchInfo] | None = None
+    if contract.search_space.patches:
+        try:
+            library = contract.patch_library()
+        except (OSError, ContractError) as exc:
+            notes.append(f"patch library: {exc}")
+    study = StudySpace.from_contract(contract, baseline_launch=launch, library=library,
+                                     capacity_bytes=created.cluster.memory_capacity_bytes or None)
+    if notes:
+        study = dataclasses.replace(study, notes=study.notes + tuple(notes))
+    return study
+
+
+StudyLoader = Callable[[ev.StudyCreated], StudySpace]
+
+
+def sim_scenario_name(contract: Contract) -> str | None:
+    """The simulator scenario of a ``backend.kind: sim`` contract (``backend.scenario`` once the contract has
+    it, else the workload env ``INFRARSI_SIM_SCENARIO``); ``None`` for real backends."""
+    if contract.backend.kind != "sim":
+        return None
+    return getattr(contract.backend, "scenario", None) or contract.workload.env.get(SIM_SCENARIO_ENV)
+
+
+def scenario_defaults(space: SearchSpace) -> dict[str, Any]:
+    return space.default_candidate().knobs
+
+
+# --------------------------------------------------------------------------------------------------
+# Conversions
+# --------------------------------------------------------------------------------------------------
+
+
+def _scenario(name: str):  # -> infrarsi.sim.scenarios.Scenario
+    from infrarsi.sim.scenarios import get_scenario
+
+    return get_scenario(name)
+
+
+def _model_names(keys: list[str]) -> dict[str, str]:
+    """Launch key → modeling name: the last dotted component, the whole key (dots → ``_``) where two clash."""
+    short = {k: k.rsplit(".", 1)[-1] for k in keys}
+    counts: dict[str, int] = {}
+    for s in short.values():
+        counts[s] = counts.get(s, 0) + 1
+    return {k: (s if counts[s] == 1 else k.replace(".", "_")) for k, s in short.items()}
+
+
+def _convert_knob(key: str, name: str, spec: Any, golden: Any, scenario_space: SearchSpace | None
+                  ) -> tuple[Knob, KnobBinding]:
+    template = None
+    if scenario_space is not None:
+        try:
+            template = scenario_space.knob(name)
+        except KeyError:
+            template = None
+    match spec:
+        case IntKnob(choices=choices) if choices is not None:
+            default = golden if isinstance(golden, int) and golden in choices else None
+            return IntChoice(name, tuple(sorted(choices)), default=default), KnobBinding(key, name)
+        case IntKnob(low=low, high=high):
+            default = golden if isinstance(golden, int) and low <= golden <= high else None
+            return IntRange(name, int(low), int(high), default=default), KnobBinding(key, name)
+        case FloatKnob(choices=choices) if choices is not None:
+            return _categorical(key, name, list(choices), golden, template)
+        case FloatKnob(low=low, high=high, log=log):
+            default = float(golden) if isinstance(golden, int | float) and low <= golden <= high else None
+            return FloatRange(name, float(low), float(high), log=log, default=default), KnobBinding(key, name)
+        case ContractBool():
+            return BoolKnob(name, default=bool(golden) if isinstance(golden, bool) else False), KnobBinding(key, name)
+        case ChoiceKnob(choices=choices):
+            kinds = {type(c) for c in choices}
+            if kinds == {bool}:
+                return BoolKnob(name, default=bool(golden) if isinstance(golden, bool) else False), KnobBinding(key, name)
+            if kinds == {int}:
+                default = golden if isinstance(golden, int) and golden in choices else None
+                return IntChoice(name, tuple(sorted(choices)), default=default), KnobBinding(key, name)
+            return _categorical(key, name, list(choices), golden, template)
+    raise TypeError(f"unsupported knob {key}: {spec!r}")
+
+
+def _categorical(key: str, name: str, choices: list[Any], golden: Any, template: Knob | None
+                 ) -> tuple[Knob, KnobBinding]:
+    """Strings stay as they are; other choices become their ``str`` (mapped back on the way out)."""
+    mapping = {} if all(isinstance(c, str) for c in choices) else {c: str(c) for c in choices}
+    levels = tuple(mapping.get(c, c) if mapping else c for c in choices)
+    default = None
+    if golden is not None:
+        default = next((m for c, m in zip(choices, levels, strict=True) if type(c) is type(golden) and c == golden), None)
+    order = None
+    if isinstance(template, Categorical) and template.memory_order and set(levels) <= set(template.memory_order):
+        order = tuple(v for v in template.memory_order if v in levels)
+    elif KnowledgeBase.canonical(name) in _MEMORY_ORDER:
+        known = _MEMORY_ORDER[KnowledgeBase.canonical(name)]
+        if set(levels) <= set(known):
+            order = tuple(v for v in known if v in levels)
+    return Categorical(name, levels, default=default, memory_order=order), KnobBinding(key, name, mapping)
+
+
+def _convert_patches(ids: list[str], library: Mapping[str, PatchInfo] | None, notes: list[str]) -> list[Patch]:
+    infos = {pid: (library or {}).get(pid) for pid in ids}
+    conflicts: dict[str, set[str]] = {pid: set() for pid in ids}
+    for pid, info in infos.items():
+        for other in (info.conflicts_with if info is not None else []):
+            if other in conflicts:
+                conflicts[pid].add(other)
+                conflicts[other].add(pid)
+    out = []
+    for pid in ids:
+        info = infos[pid]
+        if info is None:
+            notes.append(f"patch {pid}: no metadata in the library; flat priors")
+            out.append(Patch(pid, conflicts=frozenset(conflicts[pid])))
+            continue
+        invariant = _INVARIANT_PRIOR.get(info.kind) or _INVARIANT_PRIOR[info.risk]
+        out.append(Patch(
+            pid,
+            description=info.description,
+            conflicts=frozenset(conflicts[pid]),
+            time_prior=(info.time_log_ratio.mean, info.time_log_ratio.std),
+            memory_prior=(info.memory_log_ratio.mean, info.memory_log_ratio.std),
+            invariant_prior=invariant,
+            risk=info.risk,
+        ))
+    return out
+
+
+def _global_batch_constraints(contract: Contract, names: Mapping[str, str]) -> list[Constraint]:
+    gb = contract.search_space.constraints.global_batch
+    if gb is None or gb.micro_batch_key not in names:
+        return []
+    name = names[gb.micro_batch_key]
+    per_replica = gb.size // gb.data_parallel
+
+    def divides(kv: Mapping[str, Any], _patches: frozenset[str]) -> bool:
+        mb = kv[name]
+        return isinstance(mb, int) and mb > 0 and per_replica % mb == 0
+
+    return [Constraint(f"{name} divides global batch {gb.size}/{gb.data_parallel}", divides)]
+
+
+def _scenario_constraints(space: SearchSpace, study_values: Mapping[str, Any], defaults: Mapping[str, Any]
+                          ) -> list[Constraint]:
+    """The scenario's constraints over the study's knobs; knobs the contract leaves out keep the scenario's
+    default (the simulator runs them at that value)."""
+
+    def wrap(con: Constraint) -> Constraint:
+        def predicate(kv: Mapping[str, Any], patches: frozenset[str]) -> bool:
+            return con.predicate({**defaults, **kv}, patches)
+
+        return Constraint(con.name, predicate)
+
+    return [wrap(c) for c in space.constraints]
+
+
+# --------------------------------------------------------------------------------------------------
+# Trials: pairing TrialFinished with TrialMeasured into one outcome per trial
+# --------------------------------------------------------------------------------------------------
+
+_FAILED_STATUS: dict[str, str] = {
+    # events.TrialStatus (not ok) → modeling.search.Status
+    "oom": "oom",
+    "crash": "crash",
+    "cancelled": "crash",
+    "timeout": "timeout",
+    "scope_violation": "scope_violation",
+    "patch_conflict": "scope_violation",
+    "invariant_violation": "invariant_violation",
+}
+
+
+@dataclass(frozen=True)
+class TrialOutcome:
+    """One trial as the models see it, once its facts are complete."""
+
+    trial_id: str
+    candidate: ev.Candidate | None
+    """``None`` when no ``TrialProposed`` or known candidate key names it."""
+    kind: str
+    status: str
+    """A ``modeling.search.Status``: ok | oom | crash | timeout | scope_violation | invariant_violation."""
+    step_time_s: float | None
+    peak_bytes: float | None
+    """Max over ranks; for an OOM the censoring bound (the peak seen before the kill)."""
+    accelerator_s: float
+    detail: str = ""
+
+
+@dataclass
+class _Trial:
+    proposed: ev.TrialProposed | None = None
+    finished: ev.TrialFinished | None = None
+    measured: ev.TrialMeasured | None = None
+    outcome: TrialOutcome | None = None
+
+
+class TrialLedger:
+    """Per study: every trial's facts, and its outcome once complete — a failed ``TrialFinished`` alone, or an
+    ok ``TrialFinished`` together with its ``TrialMeasured`` (in either order). Idempotent per trial: a repeated
+    fact changes nothing. Accelerator-seconds are summed over every finished trial (failed ones included)."""
+
+    def __init__(self) -> None:
+        self.trials: dict[str, _Trial] = {}
+        self.by_key: dict[str, ev.Candidate] = {ev.Candidate().key(): ev.Candidate()}
+        self.accelerator_s = 0.0
+
+    def _trial(self, trial_id: str) -> _Trial:
+        return self.trials.setdefault(trial_id, _Trial())
+
+    def proposed(self, trial_id: str, p: ev.TrialProposed) -> None:
+        t = self._trial(trial_id)
+        if t.proposed is None:
+            t.proposed = p
+            self.by_key.setdefault(p.candidate.key(), p.candidate)
+
+    def finished(self, trial_id: str, f: ev.TrialFinished) -> TrialOutcome | None:
+        t = self._trial(trial_id)
+        if t.finished is not None:
+            return None
+        t.finished = f
+        self.accelerator_s += f.accelerator_s
+        return self._resolve(trial_id, t)
+
+    def measured(self, trial_id: str, m: ev.TrialMeasured) -> TrialOutcome | None:
+        t = self._trial(trial_id)
+        if t.measured is not None:
+            return None
+        t.measured = m
+        return self._resolve(trial_id, t)
+
+    def outcome(self, trial_id: str) -> TrialOutcome | None:
+        t = self.trials.get(trial_id)
+        return t.outcome if t is not None else None
+
+    def _resolve(self, trial_id: str, t: _Trial) -> TrialOutcome | None:
+        if t.outcome is not None or t.finished is None:
+            return None
+        f, m = t.finished, t.measured
+        candidate = t.proposed.candidate if t.proposed is not None else (
+            self.by_key.get(m.candidate_key) if m is not None else None)
+        kind = t.proposed.kind if t.proposed is not None else (m.kind if m is not None else "search")
+        if f.status != "ok":
+            peak = f.censored_peak_bytes if f.status == "oom" else None
+            if f.status == "oom" and not peak:
+                peak = f.peak_memory_bytes or None
+            t.outcome = TrialOutcome(trial_id, candidate, kind, _FAILED_STATUS[f.status], None,
+                                     float(peak) if peak else None, f.accelerator_s, f.reason)
+        elif m is None:
+            return None
+        else:
+            if m.status == "ok":
+                status = "ok" if m.invariants_ok else "invariant_violation"
+            else:
+                status = _FAILED_STATUS[m.status]
+            failed = ", ".join(i.name for i in m.invariants if not i.ok)
+            peak = max(m.peak_memory_bytes) if m.peak_memory_bytes else (f.peak_memory_bytes or None)
+            t.outcome = TrialOutcome(trial_id, candidate, kind, status,
+                                     m.step_time_s if m.step_time_s > 0 else None,
+                                     float(peak) if peak else None, f.accelerator_s,
+                                     f"failed invariants: {failed}" if failed else "")
+        return t.outcome
+
+
+def observation(study: StudySpace, outcome: TrialOutcome):  # -> modeling.search.Observation | None
+    """The modeling observation of a trial outcome; ``None`` when its candidate is unknown or outside the
+    study's space (a manual candidate, say)."""
+    from infrarsi.modeling.search import Observation
+
+    if outcome.candidate is None:
+        return None
+    try:
+        c = study.from_event(outcome.candidate)
+    except CandidateOutsideSpace:
+        return None
+    return Observation(c, outcome.status, outcome.step_time_s, outcome.peak_bytes,  # type: ignore[arg-type]
+                       outcome.accelerator_s or None)
+
+
+def noise_floor(doctor: ev.DoctorCompleted | None, default: float = 0.03) -> float:
+    """The time model's noise floor (σ of log step time) from the doctor's run-to-run CV."""
+    if doctor is None or not doctor.run_to_run_cv > 0:
+        return default
+    return max(math.log1p(doctor.run_to_run_cv), 0.005)
+
+
+# --------------------------------------------------------------------------------------------------
+# One study's models, folded from its events (the modeler service keeps one per study)
+# --------------------------------------------------------------------------------------------------
+
+MAX_LEVELS = 16
+"""Settings reported per integer-range knob (evenly spaced) — a readable table, not every value."""
+
+
+class StudyModel:
+    """The time and censored memory models of one study, refitted on every trial outcome.
+
+    ``apply(event)`` takes the study's ``DoctorCompleted``, ``TrialProposed``, ``TrialFinished`` and
+    ``TrialMeasured`` and returns a ``ModelUpdated`` when a trial's outcome completed (else ``None``). Pure
+    given its ``StudySpace``: the same events in the same order give the same models.
+    """
+
+    def __init__(self, space: StudySpace, study_id: str, *, config: Any = None) -> None:
+        self.space = space
+        self.study_id = study_id
+        self.config = config
+        self.ledger = TrialLedger()
+        self.outcomes: list[TrialOutcome] = []
+        self.doctor: ev.DoctorCompleted | None = None
+        self.searcher: Any = None
+        self.last: ev.ModelUpdated | None = None
+
+    def apply(self, event: ev.Event) -> ev.ModelUpdated | None:
+        tid = event.trial_id
+        match event.payload:
+            case ev.DoctorCompleted() as done:
+                self.doctor = done
+                if self.searcher is not None:
+                    self.searcher = self._build(pool_from=self.searcher)  # the doctor's noise floor
+                return None
+            case ev.TrialProposed() as proposed if tid:
+                self.ledger.proposed(tid, proposed)
+                return None
+            case ev.TrialFinished() as finished if tid:
+                return self._on_outcome(self.ledger.finished(tid, finished))
+            case ev.TrialMeasured() as measured if tid:
+                return self._on_outcome(self.ledger.measured(tid, measured))
+            case _:
+                return None
+
+    def _build(self, pool_from: Any = None) -> Any:
+        from infrarsi.modeling.search import Searcher
+
+        s = self.space
+        searcher = Searcher(s.space, s.capacity_bytes, meta=s.meta, kb=s.kb, baseline=s.baseline,
+                            seed=zlib.crc32(self.study_id.encode()), noise_floor=noise_floor(self.doctor),
+                            config=self.config, pool=pool_from.pool if pool_from is not None else None)
+        for outcome in self.outcomes:
+            obs = observation(s, outcome)
+            if obs is not None:
+                searcher.observe(obs)
+        return searcher
+
+    def _on_outcome(self, outcome: TrialOutcome | None) -> ev.ModelUpdated | None:
+        if outcome is None:
+            return None
+        self.outcomes.append(outcome)
+        obs = observation(self.space, outcome)
+        if self.searcher is None:
+            self.searcher = self._build()  # observes every outcome so far, this one included
+        elif obs is not None:
+            self.searcher.observe(obs)
+        unmodelled = sum(1 for o in self.outcomes if observation(self.space, o) is None)
+        self.last = model_update(self.space, self.searcher, unmodelled=unmodelled)
+        return self.last
+
+
+def replay_model(events: Iterable[ev.Event], study_id: str, loader: StudyLoader | None = None
+                 ) -> ev.ModelUpdated | None:
+    """The latest ``ModelUpdated`` a modeler would have published for ``study_id``, refitted from its events."""
+    model: StudyModel | None = None
+    for event in events:
+        if event.study_id != study_id:
+            continue
+        if isinstance(event.payload, ev.StudyCreated):
+            if model is None:
+                model = StudyModel((loader or load_study_space)(event.payload), study_id)
+        elif model is not None:
+            model.apply(event)
+    return model.last if model is not None else None
+
+
+# --------------------------------------------------------------------------------------------------
+# The update: per-setting effects, prior vs posterior
+# --------------------------------------------------------------------------------------------------
+
+
+def model_update(study: StudySpace, searcher: Any, *, unmodelled: int = 0) -> ev.ModelUpdated:
+    """Refit and summarise ``searcher``'s models as a ``ModelUpdated``."""
+    t0 = time.perf_counter()
+    searcher.refit()
+    time_effects, memory_effects = setting_effects(study, searcher)
+    observations = searcher.observations
+    top = searcher.top_candidates(1)
+    baseline = prediction(searcher, study.baseline)
+    diagnostics: dict[str, float] = {
+        "n_ok": float(sum(o.status == "ok" for o in observations)),
+        "n_invariant_violations": float(sum(o.status == "invariant_violation" for o in observations)),
+        "n_failed": float(sum(o.status in ("crash", "timeout", "scope_violation") for o in observations)),
+        "n_unmodelled": float(unmodelled),
+        "baseline_predicted_step_s": baseline.step_time_s,
+        "baseline_p_oom": baseline.p_oom,
+    }
+    fit = searcher.memory_model.fit_result
+    if fit is not None:
+        diagnostics |= {"memory_sigma_log": float(math.exp(fit.log_sigma)), "memory_converged": float(fit.converged),
+                        "memory_censored": float(fit.n_censored)}
+    best_key = best_step = None
+    if top:
+        best, best_step, _sd = top[0]
+        best_key = study.to_event(best).key()
+        diagnostics["best_predicted_speedup"] = baseline.step_time_s / best_step
+    return ev.ModelUpdated(
+        n_trials=len(observations),
+        n_oom=sum(o.status == "oom" for o in observations),
+        fit_seconds=time.perf_counter() - t0,
+        noise_std_log=float(searcher.time_model.noise_std),
+        time_effects=time_effects,
+        memory_effects=memory_effects,
+        best_candidate_key=best_key,
+        best_predicted_step_s=best_step,
+        diagnostics=diagnostics,
+    )
+
+
+def single_changes(study: StudySpace) -> list[tuple[str, Candidate, str | None, object]]:
+    """(feature name, the baseline with only that changed, knob name or None for a patch, value)."""
+    base = study.baseline
+    out: list[tuple[str, Candidate, str | None, object]] = []
+    for k in study.space.knobs:
+        if isinstance(k, FloatRange):
+            values: list[object] = [k.low, k.high]
+        else:
+            values = list(k.values())
+            if len(values) > MAX_LEVELS:
+                idx = np.unique(np.linspace(0, len(values) - 1, MAX_LEVELS).round().astype(int))
+                values = [values[i] for i in idx]
+        for v in values:
+            if v == base[k.name]:
+                continue
+            out.append((f"{k.name}={v}", base.replace(**{k.name: v}), k.name, v))
+    for p in study.space.patches:
+        out.append((f"patch:{p.id}", Candidate.of(base.knobs, base.patches | {p.id}), None, p.id))
+    return out
+
+
+def setting_effects(study: StudySpace, searcher: Any) -> tuple[list[ev.Effect], list[ev.Effect]]:
+    """Per knob setting and patch: Δ log step time and Δ log peak memory vs the baseline, prior vs posterior."""
+    changes = single_changes(study)
+    if not changes:
+        return [], []
+    cands = [c for _, c, _, _ in changes]
+
+    # time: Δx·w with w ~ N(m0, diag(s0²)) a priori, N(m, Σ) a posteriori
+    tm = searcher.time_model
+    enc = tm.encoder
+    dx = enc.encode_many(cands) - enc.encode(study.baseline)  # (n, p)
+    prior_t = dx @ tm.prior_mean
+    prior_t_sd = np.sqrt((dx**2) @ (tm.prior_std**2))
+    cov = tm.covariance()
+    post_t = dx @ tm.mean
+    post_t_sd = np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", dx, cov, dx), 0.0))
+
+    # memory: Δμ(θ) with the delta-method std, at the prior (θ0, diag(s0²)) and at the MAP (θ, Laplace Σ)
+    mm = searcher.memory_model
+    rows = np.array([mm.encoder.encode_main(c) for c in [study.baseline, *cands]])  # (n+1, p_main)
+    if study.meta is not None:
+        sa = np.array([structural_components(study.meta, c.knobs) for c in [study.baseline, *cands]])  # (n+1, 2)
+    else:
+        sa = np.zeros((rows.shape[0], 2))
+
+    def delta(theta: np.ndarray, cov_theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        mu, g = mm._mu_grad(theta, rows, sa)
+        dmu = mu[1:] - mu[0]
+        dg = g[1:] - g[0]  # (n, k)
+        return dmu, np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", dg, cov_theta, dg), 0.0))
+
+    prior_m, prior_m_sd = delta(mm.prior_mean, np.diag(mm.prior_std**2))
+    post_m, post_m_sd = delta(mm.theta, mm._cov)
+
+    time_effects, memory_effects = [], []
+    for i, (name, _c, knob, value) in enumerate(changes):
+        source = _source(study, searcher, knob, value)
+        time_effects.append(ev.Effect(feature=name, prior_mean=float(prior_t[i]), prior_std=float(prior_t_sd[i]),
+                                      post_mean=float(post_t[i]), post_std=float(post_t_sd[i]), source=source))
+        memory_effects.append(ev.Effect(
+            feature=name, prior_mean=float(prior_m[i]), prior_std=float(prior_m_sd[i]), post_mean=float(post_m[i]),
+            post_std=float(post_m_sd[i]), source="formula" if mm.structured else source))
+    return time_effects, memory_effects
+
+
+def _source(study: StudySpace, searcher: Any, knob: str | None, value: object) -> str:
+    specs = searcher.time_model.encoder.specs
+    if knob is None:
+        spec = next(s for s in specs if s.name == f"patch:{value}")
+        return study.prior_source(spec)
+    for spec in specs:
+        if spec.knob == knob and spec.kind in ("level", "bool", "numeric") and spec.kind != "interaction":
+            if spec.kind == "level" and spec.value != value:
+                continue
+            source = study.prior_source(spec)
+            if source != "flat":
+                return source
+    return "flat"

@@ -1,0 +1,113 @@
+"""The modeler's state machine: trial facts in, ``ModelUpdated`` out. No I/O beyond loading a study's locked
+contract files once (``load_study``, injectable).
+
+``ModelerState.apply(event)`` returns the ``Emission`` s to publish, so ``services/modeler/service.py`` is a
+thin wrapper (same shape as the proposer's)::
+
+    consumes = (StudyCreated, DoctorCompleted, TrialProposed, TrialFinished, TrialMeasured)
+
+    async def start(self):
+        async for event in self.replay():
+            self.state.apply(event)
+
+    async def handle(self, event, out):
+        for e in self.state.apply(event):
+            await out.emit(e.payload, study_id=e.study_id, trial_id=e.trial_id, key=e.key)
+
+Per study it keeps a ``study_space.StudyModel`` (the same fold ``infrarsi model --replay`` runs): the
+contract's ``StudySpace``, a ``TrialLedger`` (trial → candidate from ``TrialProposed``;
+an outcome once a failed ``TrialFinished``, or an ok one and its ``TrialMeasured``, have arrived) and one
+``Searcher`` whose time and censored memory models are refitted on every outcome — search, doctor and verify
+trials alike (an OOM enters as ``peak > censored_peak_bytes``; crashes, timeouts and scope/patch failures
+carry no time or memory information). Each outcome yields one ``ModelUpdated`` (key ``model:<n>``):
+
+- ``time_effects`` / ``memory_effects``: for every knob setting other than the golden one (``name=value``) and
+  every patch (``patch:<id>``), the log-ratio against the golden baseline when only that changes — prior
+  (the knowledge base, patch metadata, or for memory the textbook formula) vs posterior, with stds from the
+  Gaussian (time) and Laplace (memory) posteriors. ``source`` says where the prior came from;
+- ``noise_std_log``, ``n_trials`` (outcomes in the models), ``n_oom``, ``fit_seconds`` (wall time of the
+  refit and the effects — the one clock read; it is reported, never decided on);
+- the best measured candidate by posterior mean and its predicted step, and diagnostics.
+
+The proposer fits its own ``Searcher`` from the same events (see its docstring): one model code path, two
+consumers. ``ModelUpdated`` is for humans (``infrarsi model``), the report and the bank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from infrarsi import events as ev
+from infrarsi.modeling.search import SearchConfig, Searcher
+from infrarsi.service import Emission
+from infrarsi.study_space import StudyLoader, StudyModel, load_study_space
+
+
+@dataclass
+class _Study:
+    study_id: str
+    model: StudyModel | None
+    load_error: str | None
+
+
+class ModelerState:
+    """The modeler's read model and reactions, for every study on the bus."""
+
+    def __init__(self, *, load_study: StudyLoader = load_study_space, config: SearchConfig | None = None) -> None:
+        self.load_study = load_study
+        self.config = config
+        self.studies: dict[str, _Study] = {}
+        self._seen: set[str] = set()
+        self._emitted: dict[str, list[Emission]] = {}
+
+    def apply(self, event: ev.Event) -> list[Emission]:
+        if event.event_id in self._seen:
+            return list(self._emitted.get(event.event_id, []))
+        self._seen.add(event.event_id)
+        out = self._apply(event)
+        if out:
+            self._emitted[event.event_id] = out
+        return list(out)
+
+    def _apply(self, event: ev.Event) -> list[Emission]:
+        study = self.studies.get(event.study_id)
+        match event.payload:
+            case ev.StudyCreated() as created:
+                if study is None:
+                    try:
+                        model = StudyModel(self.load_study(created), event.study_id, config=self.config)
+                        error = None
+                    except Exception as exc:  # noqa: BLE001 — reported in status, the service keeps going
+                        model, error = None, f"{type(exc).__name__}: {exc}"
+                    self.studies[event.study_id] = _Study(event.study_id, model, error)
+                return []
+            case _ if study is None or study.model is None:
+                return []
+            case _:
+                update = study.model.apply(event)
+                if update is None:
+                    return []
+                n = len(study.model.outcomes)
+                return [Emission(update, study.study_id, event.trial_id, f"model:{n}")]
+
+    # ------------------------------------------------------------------------------------------- queries
+
+    def model(self, study_id: str) -> StudyModel | None:
+        study = self.studies.get(study_id)
+        return study.model if study is not None else None
+
+    def searcher(self, study_id: str) -> Searcher | None:
+        model = self.model(study_id)
+        return model.searcher if model is not None else None
+
+    def last_update(self, study_id: str) -> ev.ModelUpdated | None:
+        model = self.model(study_id)
+        return model.last if model is not None else None
+
+    def status(self) -> dict[str, object]:
+        studies: dict[str, object] = {}
+        for sid, s in self.studies.items():
+            m = s.model
+            studies[sid] = {"outcomes": len(m.outcomes) if m else 0, "load_error": s.load_error,
+                            "noise_std_log": m.last.noise_std_log if m and m.last else None}
+        return {"studies": studies}

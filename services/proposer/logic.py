@@ -1,0 +1,336 @@
+"""The proposer's state machine: events in, events to publish out. No I/O beyond loading a study's locked
+contract files once (``load_study``, injectable).
+
+``ProposerState.apply(event)`` takes every event the proposer consumes and returns the ``Emission`` s to
+publish, so ``services/proposer/service.py`` stays a thin wrapper::
+
+    consumes = (StudyCreated, DoctorCompleted, RunRequested, TrialProposed, TrialFinished, TrialMeasured,
+                VerifyCompleted)
+
+    async def start(self):                       # rebuild the read model
+        async for event in self.replay():
+            self.state.apply(event)              # outputs discarded: they were published in a past life
+
+    async def handle(self, event, out):
+        for e in self.state.apply(event):
+            await out.emit(e.payload, study_id=e.study_id, trial_id=e.trial_id, key=e.key)
+
+Determinism makes that safe: the same events in the same order give the same state and the same emissions
+with the same keys and trial ids (the ``Searcher`` is a pure function of its seed — the study id — and its
+ordered observations), and ``Outbox`` derives event ids from (cause, type, key). An event applied twice
+returns its first emissions again without changing the state (a redelivery re-publishes; JetStream drops
+the duplicates).
+
+**When the search starts.** On ``RunRequested`` — what ``infrarsi run STUDY --trials N [--parallel K]``
+publishes (added to the catalog in ``events.py`` for this). Doctor
+is a separate stage: its ``DoctorCompleted`` sets the time model's noise floor and its baseline runs are
+observations, but it does not start anything. ``trials`` is the study's *total* of search trials, capped by
+the contract's locked ``budget.trials``; a later, larger request extends a finished search.
+
+**The search.** An initial design of ``parallel`` candidates (the prior's best guess, then space-filling
+seeds: origins ``prior``/``seed``), then one suggestion per freed slot (origins ``ei``/``pairing``), each
+with the model's ``Prediction`` and the searcher's reason. A trial is done when its failed ``TrialFinished``
+arrives, or its ok ``TrialFinished`` *and* its ``TrialMeasured`` (``TrialLedger``). Never proposes a
+candidate twice (the searcher excludes observed and pending candidates; ``events.Candidate.key()`` is
+checked again here), never a candidate the contract rejects. Stops when the trial budget is proposed, when
+the next trial would overrun the accelerator-hours (spent = every ``TrialFinished.accelerator_s`` of the
+study, doctor and failed trials included; the next trial's cost is estimated from the search trials so far),
+when ``Searcher.should_stop()`` says no more gain is expected, or when the space is exhausted. Once nothing
+is in flight it emits ``VerifyRequested`` (the best measured candidates predicted faster than the baseline,
+``verify.top_k`` of them) and, when every verification has its final ``VerifyCompleted``, ``StudyFinished``
+(best promotable candidate and its speed-up); with nothing to verify, ``StudyFinished`` at once.
+
+**One model code path, two consumers.** The proposer refits its own ``Searcher`` from the same events the
+modeler sees instead of waiting for ``ModelUpdated``: proposals never lag a model update, and there is no
+second wire format for a posterior. The modeler's ``ModelUpdated`` is for humans, the report and the bank.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+from typing import Literal
+
+import msgspec
+from infrarsi import events as ev
+from infrarsi.events import RunRequested
+from infrarsi import verification as vf
+from infrarsi.service import Emission
+from infrarsi.modeling.search import SearchConfig, Searcher
+from infrarsi.modeling.space import Candidate
+from infrarsi.study_space import (
+    StudyLoader,
+    StudySpace,
+    TrialLedger,
+    TrialOutcome,
+    load_study_space,
+    noise_floor,
+    observation,
+    prediction,
+)
+
+Phase = Literal["idle", "searching", "verifying", "finished"]
+
+
+@dataclass(frozen=True)
+class Proposal:
+    trial_id: str
+    candidate: Candidate
+    key: str
+    """``events.Candidate.key()`` of the proposed candidate."""
+
+
+@dataclass
+class _Study:
+    study_id: str
+    created: ev.StudyCreated
+    space: StudySpace | None
+    load_error: str | None
+    ledger: TrialLedger = field(default_factory=TrialLedger)
+    outcomes: list[TrialOutcome] = field(default_factory=list)
+    """Every trial outcome of the study, in the order they completed (the searcher's observation order)."""
+    doctor: ev.DoctorCompleted | None = None
+    searcher: Searcher | None = None
+    phase: Phase = "idle"
+    requests: int = 0
+    target_trials: int = 0
+    parallel: int = 1
+    proposals: list[Proposal] = field(default_factory=list)
+    proposed_keys: set[str] = field(default_factory=set)
+    rejected: list[Candidate] = field(default_factory=list)
+    stop_reason: str = ""
+    verify_keys: list[str] = field(default_factory=list)
+    verdicts: dict[str, ev.VerifyCompleted] = field(default_factory=dict)
+
+
+class ProposerState:
+    """The proposer's read model and reactions, for every study on the bus."""
+
+    def __init__(self, *, load_study: StudyLoader = load_study_space, config: SearchConfig | None = None) -> None:
+        self.load_study = load_study
+        self.config = config
+        self.studies: dict[str, _Study] = {}
+        self._seen: set[str] = set()
+        self._emitted: dict[str, list[Emission]] = {}
+
+    # ------------------------------------------------------------------------------------------- events
+
+    def apply(self, event: ev.Event) -> list[Emission]:
+        if event.event_id in self._seen:
+            return list(self._emitted.get(event.event_id, []))
+        self._seen.add(event.event_id)
+        out = self._apply(event)
+        if out:
+            self._emitted[event.event_id] = out
+        return list(out)
+
+    def _apply(self, event: ev.Event) -> list[Emission]:
+        study = self.studies.get(event.study_id)
+        match event.payload:
+            case ev.StudyCreated() as created:
+                if study is None:
+                    self.studies[event.study_id] = self._new_study(event.study_id, created)
+                return []
+            case _ if study is None:
+                return []  # a study this proposer never saw created: nothing to do
+            case ev.DoctorCompleted() as done:
+                study.doctor = done
+                return []
+            case RunRequested() as request:
+                return self._on_run(study, request)
+            case ev.TrialProposed() as proposed if event.trial_id:
+                study.ledger.proposed(event.trial_id, proposed)
+                return []
+            case ev.TrialFinished() as finished if event.trial_id:
+                return self._on_outcome(study, study.ledger.finished(event.trial_id, finished))
+            case ev.TrialMeasured() as measured if event.trial_id:
+                return self._on_outcome(study, study.ledger.measured(event.trial_id, measured))
+            case ev.VerifyCompleted() as done:
+                return self._on_verified(study, done)
+            case _:
+                return []
+
+    def _new_study(self, study_id: str, created: ev.StudyCreated) -> _Study:
+        try:
+            space, error = self.load_study(created), None
+        except Exception as exc:  # noqa: BLE001 — a contract this build cannot search is reported, not raised
+            space, error = None, f"{type(exc).__name__}: {exc}"
+        return _Study(study_id=study_id, created=created, space=space, load_error=error)
+
+    def _on_run(self, study: _Study, request: RunRequested) -> list[Emission]:
+        study.requests += 1
+        if study.space is None:
+            study.phase = "finished"
+            return [self._finished(study, f"cannot search this study: {study.load_error}")]
+        budget = study.space.contract.budget
+        study.target_trials = min(request.trials or budget.trials, budget.trials)
+        study.parallel = max(1, request.parallel or study.space.contract.backend.parallel)
+        if study.phase in ("idle", "finished"):
+            if study.target_trials <= len(study.proposals):
+                study.phase = "finished"
+                return [self._finished(study, f"trial budget already spent ({len(study.proposals)} search trials)")]
+            study.phase = "searching"
+            study.stop_reason = ""
+            study.verify_keys, study.verdicts = [], {}
+        return self._fill(study)
+
+    def _on_outcome(self, study: _Study, outcome: TrialOutcome | None) -> list[Emission]:
+        if outcome is None:
+            return []
+        study.outcomes.append(outcome)
+        if study.searcher is not None and study.space is not None:
+            obs = observation(study.space, outcome)
+            if obs is not None:
+                study.searcher.observe(obs)
+        return self._fill(study)
+
+    def _on_verified(self, study: _Study, done: ev.VerifyCompleted) -> list[Emission]:
+        if study.phase != "verifying" or done.candidate_key not in study.verify_keys:
+            return []
+        if not vf.is_final(done):
+            return []
+        study.verdicts[done.candidate_key] = done
+        if len(study.verdicts) < len(study.verify_keys):
+            return []
+        study.phase = "finished"
+        promotable = [d for d in study.verdicts.values() if d.promotable]
+        best = max(promotable, key=lambda d: d.speedup, default=None)
+        summary = f"{len(promotable)} of {len(study.verify_keys)} verified candidates promotable"
+        return [self._finished(study, f"{study.stop_reason}; {summary}", best)]
+
+    # ------------------------------------------------------------------------------------------- search
+
+    def _searcher(self, study: _Study) -> Searcher:
+        if study.searcher is None:
+            assert study.space is not None
+            s = study.space
+            searcher = Searcher(s.space, s.capacity_bytes, meta=s.meta, kb=s.kb, baseline=s.baseline,
+                                seed=zlib.crc32(study.study_id.encode()), noise_floor=noise_floor(study.doctor),
+                                config=self.config)
+            for outcome in study.outcomes:
+                obs = observation(s, outcome)
+                if obs is not None:
+                    searcher.observe(obs)
+            study.searcher = searcher
+        return study.searcher
+
+    def _fill(self, study: _Study) -> list[Emission]:
+        """Propose until ``parallel`` trials are in flight, or end the search when it must end."""
+        if study.phase != "searching" or study.space is None:
+            return []
+        contract = study.space.contract
+        repeats = contract.budget.repeats_per_trial
+        budget_s = contract.budget.accelerator_hours * 3600.0
+        out: list[Emission] = []
+        while True:
+            in_flight = [p for p in study.proposals if study.ledger.outcome(p.trial_id) is None]
+            left = study.target_trials - len(study.proposals)
+            spent = study.ledger.accelerator_s
+            next_cost = self._cost_estimate(study) * (len(in_flight) + repeats)
+            if not study.stop_reason:
+                if left <= 0:
+                    study.stop_reason = f"trial budget spent ({len(study.proposals)} search trials)"
+                elif spent >= budget_s or (next_cost > 0 and spent + next_cost > budget_s):
+                    study.stop_reason = (f"accelerator budget: {spent / 3600:.3g} of {budget_s / 3600:.3g} h spent, "
+                                         f"the next trial would overrun it")
+            if study.stop_reason:
+                if not in_flight:
+                    out += self._end_search(study)
+                return out
+            slots = study.parallel - len(in_flight)
+            n = min(slots, left) // repeats
+            if n <= 0:
+                return out
+            searcher = self._searcher(study)
+            if self._design_done(study, searcher):
+                stop, why = searcher.should_stop()
+                if stop:
+                    study.stop_reason = f"no more expected gain: {why}"
+                    continue
+            pending = [p.candidate for p in in_flight] + study.rejected
+            suggestions = searcher.suggest(n, pending=pending)
+            if not suggestions:
+                study.stop_reason = "search space exhausted"
+                continue
+            for s in suggestions:
+                problems = study.space.contract_problems(s.candidate)
+                event_candidate = study.space.to_event(s.candidate)
+                key = event_candidate.key()
+                if problems or key in study.proposed_keys:
+                    study.rejected.append(s.candidate)
+                    continue
+                predicted = prediction(searcher, s.candidate)
+                study.proposed_keys.add(key)
+                for r in range(repeats):
+                    index = len(study.proposals)
+                    trial_id = ev.derived_id(study.study_id, "search", str(index))
+                    payload = ev.TrialProposed(candidate=event_candidate, candidate_key=key, kind="search",
+                                               origin=s.origin, reason=s.reason, repeat=r, prediction=predicted)
+                    study.proposals.append(Proposal(trial_id, s.candidate, key))
+                    study.ledger.proposed(trial_id, payload)
+                    out.append(Emission(payload, study.study_id, trial_id, f"proposal:{index}"))
+
+    def _design_done(self, study: _Study, searcher: Searcher) -> bool:
+        """``should_stop`` is asked only once the initial design has been measured."""
+        config = searcher.config
+        done = sum(1 for p in study.proposals if study.ledger.outcome(p.trial_id) is not None)
+        return done >= 1 + config.n_seeds and any(o.status == "ok" for o in searcher.observations)
+
+    def _cost_estimate(self, study: _Study) -> float:
+        own = {p.trial_id for p in study.proposals}
+        costs = [o.accelerator_s for o in study.outcomes if o.trial_id in own and o.accelerator_s > 0]
+        if not costs:
+            costs = [o.accelerator_s for o in study.outcomes if o.accelerator_s > 0]
+        return sum(costs) / len(costs) if costs else 0.0
+
+    def _end_search(self, study: _Study) -> list[Emission]:
+        assert study.space is not None
+        contract = study.space.contract
+        if not any(o.status == "ok" for o in study.outcomes):
+            study.phase = "finished"
+            return [self._finished(study, f"{study.stop_reason}; no trial kept every invariant")]
+        searcher = self._searcher(study)
+        baseline_s = prediction(searcher, study.space.baseline).step_time_s
+        chosen = []
+        for c, predicted_s, _sd in searcher.top_candidates(contract.verify.top_k + 1):
+            if c != study.space.baseline and predicted_s < baseline_s:
+                chosen.append((c, predicted_s))
+        chosen = chosen[: contract.verify.top_k]
+        if not chosen:
+            study.phase = "finished"
+            return [self._finished(study, f"{study.stop_reason}; no candidate predicted faster than the baseline")]
+        study.phase = "verifying"
+        candidates = [study.space.to_event(c) for c, _ in chosen]
+        study.verify_keys = [c.key() for c in candidates]
+        study.verdicts = {}
+        speedups = ", ".join(f"×{baseline_s / t:.3f}" for _, t in chosen)
+        payload = ev.VerifyRequested(
+            candidates=candidates,
+            repeats=contract.verify.repeats,
+            steps=contract.workload.verify_steps,
+            reason=f"search ended ({study.stop_reason}); predicted speed-ups {speedups} over the baseline",
+        )
+        return [Emission(payload, study.study_id, None, f"verify:{study.requests}")]
+
+    def _finished(self, study: _Study, reason: str, best: ev.VerifyCompleted | None = None) -> Emission:
+        payload = ev.StudyFinished(
+            reason=reason,
+            trials=len(study.proposals),
+            accelerator_s=study.ledger.accelerator_s,
+            best_candidate_key=best.candidate_key if best is not None else None,
+            best_speedup=best.speedup if best is not None else None,
+        )
+        return Emission(payload, study.study_id, None, f"finished:{study.requests}")
+
+    # ------------------------------------------------------------------------------------------- status
+
+    def status(self) -> dict[str, object]:
+        """Per study: phase, trials proposed / target, in flight, accelerator-seconds (for ``infrarsi status``)."""
+        studies: dict[str, object] = {}
+        for sid, s in self.studies.items():
+            in_flight = sum(1 for p in s.proposals if s.ledger.outcome(p.trial_id) is None)
+            studies[sid] = {"name": s.created.name, "phase": s.phase, "proposed": len(s.proposals),
+                            "target": s.target_trials, "in_flight": in_flight,
+                            "accelerator_s": round(s.ledger.accelerator_s, 3), "stop_reason": s.stop_reason,
+                            "load_error": s.load_error}
+        return {"studies": studies}

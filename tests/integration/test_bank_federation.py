@@ -1,0 +1,157 @@
+"""The bank shared across two clusters through a hub, with JetStream sourcing over leaf nodes.
+
+Three real nats-server processes on loopback: a hub (domain ``hub``) and two clusters (domains ``cluster-a``,
+``cluster-b``), each cluster a leaf node of the hub, configured with the same fragments as deploy/nats/bank/.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import duckdb
+import pytest
+from infrarsi import events as ev
+from infrarsi.bank import (
+    HUB_STREAM,
+    SHARED_STREAM,
+    bank_event,
+    ensure_bank_federation,
+    read_bank_entries,
+    server_config_fragment,
+)
+from infrarsi.bank.federation import read_bank_events
+from infrarsi.bank.store import replay_bank
+from infrarsi.bus import BANK_STREAM, Bus
+from infrarsi.embedded import EmbeddedServer, free_port
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
+
+
+def entry(study: str, accelerator: str = "H100-80G") -> ev.BankEntry:
+    meta = ev.BankMeta(accelerator=accelerator, generation="", device_memory_bytes=80 * 2**30, interconnect="ib",
+                       nodes=8, devices_per_node=8, parallelism={"dp": 64}, model_family="dense",
+                       model_params=6.7e9, seq_len=4096, global_batch=512, micro_batch=1, precision="bf16")
+    effect = ev.Effect(feature="flash_attention", prior_mean=-0.15, prior_std=0.1, post_mean=-0.2, post_std=0.03)
+    return ev.BankEntry(entry_id=ev.derived_id(study, "BankEntry"), origin_study=study, meta=meta,
+                        time_effects=[effect], memory_effects=[],
+                        winners=[ev.Candidate(knobs={"micro_batch": 2}, patches=["fused_kernels"])])
+
+
+async def wait_for(predicate: Callable[[], Awaitable[bool]], timeout_s: float = 30.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if await predicate():
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+async def ids(bus: Bus) -> list[str]:
+    return [e.origin_study for e in await read_bank_entries(bus)]
+
+
+async def count(bus: Bus, stream: str) -> int:
+    return (await bus.js.stream_info(stream)).state.messages
+
+
+class Federation:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.leaf_port = free_port()
+        self.hub_port = free_port()
+        self.hub: EmbeddedServer | None = None
+        self.clusters: dict[str, EmbeddedServer] = {}
+
+    def start_hub(self) -> EmbeddedServer:
+        d = self.root / "hub"
+        self.hub = EmbeddedServer.start(d, port=self.hub_port, server_name="bank-hub", extra_config=server_config_fragment(
+            "hub", domain="hub", store_dir=d / "jetstream", leaf_listen=f"127.0.0.1:{self.leaf_port}"))
+        return self.hub
+
+    def start_cluster(self, name: str) -> EmbeddedServer:
+        d = self.root / name
+        server = EmbeddedServer.start(d, server_name=f"bank-{name}", extra_config=server_config_fragment(
+            "leaf", domain=name, store_dir=d / "jetstream", hub_leaf_urls=[f"nats-leaf://127.0.0.1:{self.leaf_port}"]))
+        self.clusters[name] = server
+        return server
+
+    def stop(self) -> None:
+        for s in [*self.clusters.values(), self.hub]:
+            if s is not None:
+                s.stop()
+
+
+async def test_entries_cross_clusters_survive_a_cut_and_converge_without_duplicates(tmp_path: Path) -> None:
+    fed = Federation(tmp_path)
+    try:
+        hub = fed.start_hub()
+        a_srv, b_srv = fed.start_cluster("cluster-a"), fed.start_cluster("cluster-b")
+        a = await Bus.connect(a_srv.url, service="test-bank-a", replicas=1)
+        b = await Bus.connect(b_srv.url, service="test-bank-b", replicas=1)
+        h = await Bus.connect(hub.url, service="test-bank-hub", ensure=False, replicas=1)
+        await ensure_bank_federation(h, "hub", "cluster-a", "cluster-b")
+        await ensure_bank_federation(a, "leaf", peer_clusters=["cluster-b"])
+        await ensure_bank_federation(b, "leaf", peer_clusters=["cluster-a"])
+        # idempotent: a second call changes nothing and does not fail
+        await ensure_bank_federation(b, "leaf", peer_clusters=["cluster-a"])
+
+        # 1. published on A, readable on B (and A reads its own at once)
+        e1 = bank_event(entry("study-1"), cluster_id="cluster-a")
+        await a.publish(e1)
+        assert await ids(a) == ["study-1"]
+        await wait_for(lambda: _has(b, {"study-1"}), what="study-1 on B")
+        assert await count(b, BANK_STREAM) == 0, "B's local stream must not capture A's publish over the leaf link"
+
+        # 2. cut the link: stop the hub. Both clusters keep publishing and reading locally.
+        await h.close()
+        hub.stop()
+        await a.publish(bank_event(entry("study-2"), cluster_id="cluster-a"))
+        await b.publish(bank_event(entry("study-3", "A100-80G"), cluster_id="cluster-b"))
+        assert set(await ids(a)) == {"study-1", "study-2"}
+        assert set(await ids(b)) == {"study-1", "study-3"}
+
+        # 3. the hub comes back with its store: the sources resume and both sides converge
+        hub = fed.start_hub()
+        everything = {"study-1", "study-2", "study-3"}
+        # (JetStream retries a failed source with a 10 s × failures back-off: catching up takes tens of seconds)
+        await wait_for(lambda: _has(a, everything), timeout_s=75, what="A to converge")
+        await wait_for(lambda: _has(b, everything), timeout_s=75, what="B to converge")
+
+        # a re-publication of the same event is deduplicated by JetStream (Nats-Msg-Id = event id)
+        ack = await a.publish(e1)
+        assert ack.duplicate
+
+        # 4. no duplicates anywhere: each cluster holds its own entries once and the others' once
+        h = await Bus.connect(hub.url, service="test-bank-hub", ensure=False, replicas=1)
+        await wait_for(lambda: _count_is(h, HUB_STREAM, 3), what="hub aggregate of 3")
+        assert (await count(a, BANK_STREAM), await count(a, SHARED_STREAM)) == (2, 1)
+        assert (await count(b, BANK_STREAM), await count(b, SHARED_STREAM)) == (1, 2)
+        for bus in (a, b):
+            events = await read_bank_events(bus)
+            assert len(events) == len({e.event_id for e in events}) == 3
+
+        # 5. the DuckDB replay is the same table from either side
+        tables = []
+        for bus in (a, b):
+            con = duckdb.connect()
+            await replay_bank(bus, con)
+            assert await replay_bank(bus, con) == 0, "a second replay from the recorded positions writes nothing"
+            tables.append(con.execute("SELECT * FROM bank ORDER BY entry_id").fetchall())
+        assert tables[0] == tables[1]
+        assert [row[2] for row in tables[0]] == sorted(["study-1", "study-2", "study-3"], key=lambda s:
+                                                        ev.derived_id(s, "BankEntry"))
+        for bus in (a, b, h):
+            await bus.close()
+    finally:
+        fed.stop()
+
+
+async def _has(bus: Bus, studies: set[str]) -> bool:
+    return set(await ids(bus)) == studies
+
+
+async def _count_is(bus: Bus, stream: str, n: int) -> bool:
+    return await count(bus, stream) == n

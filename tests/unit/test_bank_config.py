@@ -1,0 +1,58 @@
+"""The federation's stream definitions and server configs (deploy/nats/bank/ must say what the code does)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from infrarsi.bank.federation import (
+    HUB_STREAM,
+    LEAF_DENY,
+    SHARED_STREAM,
+    hub_stream_config,
+    server_config_fragment,
+    shared_stream_config,
+)
+from infrarsi.bus import BANK_STREAM
+from infrarsi.embedded import nats_server_binary
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "nats" / "bank"
+
+
+def test_hub_sources_each_cluster_through_its_domain() -> None:
+    cfg = hub_stream_config(["cluster-b", "cluster-a"])
+    assert cfg.name == HUB_STREAM and not cfg.subjects
+    assert [(s.name, s.external.api) for s in cfg.sources] == [  # type: ignore[union-attr]
+        (BANK_STREAM, "$JS.cluster-a.API"), (BANK_STREAM, "$JS.cluster-b.API")]
+
+
+def test_shared_stream_filters_out_the_clusters_own_entries() -> None:
+    one = shared_stream_config("hub", ["cluster-b"])
+    assert one.name == SHARED_STREAM and not one.subjects
+    [src] = one.sources  # type: ignore[misc]
+    assert (src.name, src.external.api, src.filter_subject) == (HUB_STREAM, "$JS.hub.API", "bank.cluster-b.>")
+    [multi] = shared_stream_config("hub", ["c", "b"]).sources  # type: ignore[misc]
+    assert [t.src for t in multi.subject_transforms] == ["bank.b.>", "bank.c.>"]
+    [everything] = shared_stream_config("hub", None).sources  # type: ignore[misc]
+    assert everything.filter_subject is None and everything.subject_transforms is None
+    with pytest.raises(ValueError):
+        shared_stream_config("hub", ["bad.id"])
+
+
+@pytest.mark.parametrize(("name", "domain"), [("hub.conf", "hub"), ("cluster-a.conf", "cluster-a"),
+                                               ("cluster-b.conf", "cluster-b")])
+def test_deploy_configs_are_valid_and_match_the_code(tmp_path: Path, name: str, domain: str) -> None:
+    text = (DEPLOY / name).read_text()
+    assert f"domain: {domain}" in text
+    if domain == "hub":
+        assert "leafnodes {\n  listen: 0.0.0.0:7422" in text
+    else:
+        for subject in LEAF_DENY:
+            assert text.count(f'"{subject}"') == 2  # denied on import and on export
+        fragment = server_config_fragment("leaf", domain=domain, store_dir="/x", hub_leaf_urls=["nats-leaf://h:7422"])
+        assert 'deny_imports: ["bank.>", "irsi.>"]' in fragment
+    local = tmp_path / name
+    local.write_text(text.replace("/data/nats", str(tmp_path)))
+    check = subprocess.run([str(nats_server_binary()), "-c", str(local), "-t"], capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
