@@ -360,9 +360,12 @@ def test_knob_range_and_choices_rules(root: Path) -> None:
     ]
 
 
-def test_verify_passes_exceed_repeats(root: Path) -> None:
-    problems = problems_of(root, mutated(lambda d: d["verify"].update(passes_required=4)))
-    assert problems == ["verify: passes_required (4) exceeds repeats (3)"]
+def test_verify_passes_are_rounds_not_bounded_by_pairs(root: Path) -> None:
+    # passes_required counts verification rounds; each round has `repeats` interleaved pairs.
+    assert load_contract(write(root, mutated(lambda d: d["verify"].update(passes_required=4)))).verify.passes_required == 4
+    assert problems_of(root, mutated(lambda d: d["verify"].update(passes_required=0))) == [
+        "verify.passes_required: Input should be greater than or equal to 1"
+    ]
 
 
 def test_invalid_yaml_names_file(root: Path) -> None:

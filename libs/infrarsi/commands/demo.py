@@ -1,0 +1,158 @@
+"""``infrarsi demo``: the five stages end to end on a reference workload, on the embedded default.
+
+What a new user runs first (``make demo``). It starts the embedded stack (nats-server with JetStream and the
+six services, under ``--data-dir``) unless one is already running, then runs the stages exactly as a user
+would type them — ``init`` → ``doctor`` → ``run`` (search, then the proposer's VerifyRequested and the
+verifier's interleaved rounds) → ``report`` — each through its own command module, and prints the verified
+speed-up, MFU before/after and where the report is. It owns no logic of its own beyond that sequence.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+from infrarsi import events as ev
+from infrarsi.commands import doctor as doctor_cmd
+from infrarsi.commands import report as report_cmd
+from infrarsi.commands import run as run_cmd
+from infrarsi.commands.doctor import data_dir_of, read_study
+from infrarsi.commands.init import prepare_study, study_created_event
+
+DEFAULT_CONTRACT = Path("workloads/gpt/contracts/dense-1node.yaml")
+SOURCE = "cli.demo"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--contract", type=Path, default=DEFAULT_CONTRACT, help=f"contract (default {DEFAULT_CONTRACT})")
+    parser.add_argument("--trials", type=int, default=10, help="search trials (default 10; capped by the contract)")
+    parser.add_argument("--out", type=Path, default=None, help="report directory (default <data-dir>/reports/<study>)")
+    parser.add_argument("--json", action="store_true", help="print a JSON summary at the end")
+    parser.add_argument("--keep-running", action="store_true", help="leave the embedded stack running afterwards")
+
+
+def _stage(name: str, started: float) -> None:
+    print(f"\n== {name}  (t+{time.monotonic() - started:.0f}s)", flush=True)
+
+
+def _stage_args(module, argv: list[str], url: str, data_dir: Path) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=f"infrarsi {module.__name__.rsplit('.', 1)[-1]}")
+    module.add_arguments(parser)
+    args = parser.parse_args(argv)
+    args.nats_url = url
+    args.data_dir = data_dir
+    return args
+
+
+def summarise(events: list[ev.Event], report_dir: Path) -> dict[str, object]:
+    """The demo's closing facts, all read from the study's log."""
+    verdicts = [e.payload for e in events if isinstance(e.payload, ev.VerifyCompleted)]
+    promotable = [v for v in verdicts if v.promotable]
+    best = max(promotable or verdicts, key=lambda v: v.ci_low, default=None)
+    doctor = next((e.payload for e in events if isinstance(e.payload, ev.DoctorCompleted)), None)
+    finished = next((e.payload for e in reversed(events) if isinstance(e.payload, ev.StudyFinished)), None)
+    failures: dict[str, int] = {}
+    spent = 0.0
+    for e in events:
+        if isinstance(e.payload, ev.TrialFinished):
+            spent += e.payload.accelerator_s
+            if e.payload.status != "ok":
+                failures[e.payload.status] = failures.get(e.payload.status, 0) + 1
+    return {
+        "baseline_step_s": doctor.step_time_s if doctor else None,
+        "min_detectable_speedup": doctor.min_detectable_speedup if doctor else None,
+        "verified": bool(promotable),
+        "speedup": best.speedup if best else None,
+        "speedup_ci": [best.ci_low, best.ci_high] if best else None,
+        "mfu_before": best.mfu_before if best else None,
+        "mfu_after": best.mfu_after if best else None,
+        "winner": {"knobs": best.candidate.knobs, "patches": best.candidate.patches} if best else None,
+        "failed_invariants": sorted({i for v in verdicts for i in v.failed_invariants}),
+        "failed_trials": failures,
+        "accelerator_s": round(spent, 1),
+        "finished": finished.reason if finished else None,
+        "report": str(report_dir / "report.html"),
+    }
+
+
+def _print_summary(summary: dict[str, object]) -> None:
+    def pct(x: object) -> str:
+        return f"{100 * x:.2f}%" if isinstance(x, float) else "n/a"
+
+    print("\n== result")
+    if summary["speedup"] is None:
+        print("no candidate reached verification")
+    else:
+        lo, hi = summary["speedup_ci"]  # type: ignore[misc]
+        state = "verified (promotable)" if summary["verified"] else "NOT verified"
+        print(f"speed-up over the golden baseline: {summary['speedup']:.2f}x  95% CI [{lo:.2f}, {hi:.2f}]  {state}")
+        print(f"winner: {json.dumps(summary['winner'])}")
+        print(f"MFU: {pct(summary['mfu_before'])} -> {pct(summary['mfu_after'])}")
+    print(f"trials that failed (kept as data): {summary['failed_trials'] or 'none'}; "
+          f"accelerator-seconds spent: {summary['accelerator_s']}")
+    print(f"report: {summary['report']}")
+
+
+async def run(args: argparse.Namespace) -> int:
+    from infrarsi.bus import Bus
+    from infrarsi.stack import ensure_stack
+
+    data_dir = data_dir_of(args)
+    if not args.contract.exists():
+        print(f"error: {args.contract}: no such contract (run from the repository root, or pass --contract)",
+              file=sys.stderr)
+        return 2
+    started = time.monotonic()
+    print(f"InfraRSI demo on {args.contract} (data under {data_dir})", flush=True)
+    url, stack = await asyncio.to_thread(ensure_stack, getattr(args, "nats_url", None), data_dir)
+    print(f"bus: {url} ({'embedded stack started' if stack else 'existing server'})", flush=True)
+    try:
+        _stage("init: lock the contract", started)
+        prepared = prepare_study(args.contract, data_dir)
+        study = prepared.study_id
+        bus = await Bus.connect(url, service=SOURCE)
+        try:
+            await bus.publish(study_created_event(prepared))
+        finally:
+            await bus.close()
+        print(f"study {study}: {len(prepared.created.locked_files)} locked files hashed, "
+              f"golden baseline tagged {prepared.workspace.tag}")
+
+        _stage("doctor: baseline phases and noise floor", started)
+        rc = await doctor_cmd.run(_stage_args(doctor_cmd, [study], url, data_dir))
+        if rc:
+            return rc
+
+        _stage(f"run: search {args.trials} trials, then verify the best against the baseline", started)
+        rc = await run_cmd.run(_stage_args(run_cmd, [study, "--trials", str(args.trials), "--until", "finished"],
+                                           url, data_dir))
+        if rc:
+            return rc
+
+        _stage("report", started)
+        out = args.out or data_dir / "reports" / study
+        rc = await report_cmd.run(_stage_args(report_cmd, [study, "--out", str(out)], url, data_dir))
+        if rc:
+            return rc
+
+        bus = await Bus.connect(url, service=SOURCE, ensure=False)
+        try:
+            events, _ = await read_study(bus, study)
+        finally:
+            await bus.close()
+        summary = summarise(events, out.resolve())
+        summary["study_id"] = study
+        summary["wall_s"] = round(time.monotonic() - started, 1)
+        if args.json:
+            print(json.dumps(summary, indent=2))
+        else:
+            _print_summary(summary)
+            print(f"demo took {summary['wall_s']:.0f}s")
+        return 0 if summary["verified"] else 3
+    finally:
+        if stack is not None and not args.keep_running:
+            await asyncio.to_thread(stack.stop)
