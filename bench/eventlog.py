@@ -1,0 +1,287 @@
+"""Benchmark: how fast ``infrarsi replay`` rebuilds the analyst DuckDB compared with raw consumption.
+
+Starts a fresh embedded nats-server in a temporary directory, publishes ``--events`` realistic events
+(~90 % ``TrialStep`` telemetry spread over many trials, the rest the lifecycle around them), then, in one
+run, measures
+
+- raw consumption with nats-py, every message of the three streams, counting only, three ways: nats-py's own
+  ordered push consumer (``js.subscribe(ordered_consumer=True)``), ``Bus.iter_stream`` (nats-py pull
+  ``fetch``), and ``eventlog.read_stream`` (the reader replay uses). ``raw_consume_events_per_s`` is the
+  fastest of the three, so ``replay_over_raw`` is the strictest ratio;
+- ``replay_events_per_s``: ``eventlog.replay`` into a new DuckDB file (decode, validate, project, commit,
+  final checkpoint).
+
+Each measurement is repeated (``--repeat``) and the best kept: the figures are throughput on an idle
+moment of the machine; CPU seconds and the load average are recorded beside them.
+
+    .venv/bin/python bench/eventlog.py --events 100000 --json OUT.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from infrarsi import eventlog
+from infrarsi import events as ev
+from infrarsi.bus import STREAMS, Bus
+from infrarsi.embedded import EmbeddedServer
+
+PHASES = ("data", "forward", "backward", "optimizer", "comm")
+KNOBS = {
+    "micro_batch": [1, 2, 4, 8],
+    "activation_checkpointing": [True, False],
+    "autocast_dtype": ["bfloat16", "float32"],
+    "zero_stage": [0, 1, 2, 3],
+    "compile": [True, False],
+}
+PATCHES = ["fused-qkv", "flash-attn", "fused-adamw", "overlap-grad-reduce"]
+
+
+class _Clock:
+    """Deterministic timestamps: a synthetic log must not depend on the wall clock."""
+
+    def __init__(self) -> None:
+        self.now = datetime(2026, 3, 1, 9, 0, tzinfo=UTC)
+
+    def tick(self, seconds: float) -> datetime:
+        self.now += timedelta(seconds=seconds)
+        return self.now
+
+
+def _event(payload: ev.Payload, clock: _Clock, rng: random.Random, *, study_id: str, source: str,
+           trial_id: str | None = None, dt: float = 0.01) -> ev.Event:
+    return ev.Event(
+        event_id=f"{rng.getrandbits(128):032x}"[:26],
+        type=type(payload).__name__,
+        study_id=study_id,
+        trial_id=trial_id,
+        cluster_id="bench-h100",
+        source=source,
+        ts=clock.tick(dt),
+        payload=payload,
+    )
+
+
+def synthetic_log(n_events: int, seed: int = 7, steps_per_trial: int = 12, ranks: int = 4) -> list[ev.Event]:
+    """``n_events`` events of studies with baseline/search trials, their step telemetry and outcomes."""
+    rng = random.Random(seed)
+    clock = _Clock()
+    out: list[ev.Event] = []
+    study_no = 0
+    while len(out) < n_events:
+        study_no += 1
+        study_id = f"study{study_no:04d}"
+        cluster = ev.ClusterInfo(cluster_id="bench-h100", accelerator="H100-80G", nodes=1, devices_per_node=ranks,
+                                 memory_capacity_bytes=80 * 2**30, peak_flops=989e12, interconnect="nvlink")
+        out.append(_event(ev.StudyCreated(
+            name=f"llama-{study_no}", goal="minimise step time", contract={"objective": "step_time", "budget": 40},
+            contract_sha256=f"{rng.getrandbits(256):064x}", workload_dir="/work/workloads/llama",
+            baseline_ref=f"{rng.getrandbits(160):040x}", locked_files={"train.py": f"{rng.getrandbits(256):064x}"},
+            cluster=cluster), clock, rng, study_id=study_id, source="cli"))
+        base_step = rng.uniform(0.3, 1.2)
+        for trial_no in range(12):
+            if len(out) >= n_events:
+                break
+            trial_id = f"{study_id}t{trial_no:03d}"
+            knobs = {k: rng.choice(v) for k, v in KNOBS.items() if rng.random() < 0.6}
+            patches = sorted(rng.sample(PATCHES, rng.randint(0, 2)))
+            candidate = ev.Candidate(knobs=knobs, patches=patches)
+            kind = "baseline" if trial_no == 0 else "search"
+            out.append(_event(ev.TrialProposed(
+                candidate=candidate, candidate_key=candidate.key(), kind=kind,
+                origin="baseline" if trial_no == 0 else rng.choice(["seed", "prior", "ei"]),
+                reason="expected improvement", prediction=ev.Prediction(step_time_s=base_step * 0.9,
+                                                                         step_time_std_log=0.1)),
+                clock, rng, study_id=study_id, trial_id=trial_id, source="proposer"))
+            out.append(_event(ev.TrialLaunched(
+                backend="local", workdir=f"/tmp/trials/{trial_id}", command=["torchrun", "train.py"], nodes=1,
+                ranks=ranks, host="node-0", job_id=f"job-{trial_no}"),
+                clock, rng, study_id=study_id, trial_id=trial_id, source="launcher"))
+            speed = base_step * rng.uniform(0.7, 1.1)
+            status = "oom" if rng.random() < 0.1 else "ok"
+            steps = steps_per_trial if status == "ok" else steps_per_trial // 4
+            loss_curve = []
+            for step in range(1, steps + 1):
+                loss = 2.0 + 8.5 * math.exp(-step / 60) + rng.gauss(0, 0.03)
+                if step % 10 == 0:
+                    loss_curve.append(ev.LossPoint(step, loss))
+                for rank in range(ranks):
+                    if len(out) >= n_events:
+                        break
+                    step_time = speed * (1.8 if step <= 3 else 1.0) * rng.lognormvariate(0, 0.03)
+                    phases = {p: step_time * f for p, f in zip(PHASES, (0.05, 0.3, 0.5, 0.1, 0.05), strict=True)}
+                    out.append(_event(ev.TrialStep(
+                        rank=rank, world_size=ranks, step=step, loss=loss, step_time_s=step_time, phases=phases,
+                        tokens=8 * 4096 * ranks, optimizer_steps=step, loss_tokens=8 * 4096 * ranks,
+                        peak_memory_bytes=int(41e9 + rng.uniform(0, 1e9)), flops=3.2e14, mfu=0.41,
+                        eval_loss=loss + 0.05 if step % 50 == 0 else None,
+                        eval_tokens=65536 if step % 50 == 0 else None, wall_time=clock.now.timestamp()),
+                        clock, rng, study_id=study_id, trial_id=trial_id, source="probe", dt=step_time / ranks))
+            if len(out) >= n_events:
+                break
+            out.append(_event(ev.TrialFinished(
+                status=status, reason="CUDA out of memory" if status == "oom" else "", exit_code=0 if status == "ok" else 1,
+                wall_s=steps * speed + 20, ranks=ranks, accelerator_s=ranks * (steps * speed + 20),
+                peak_memory_bytes=int(60e9), censored_peak_bytes=int(79e9) if status == "oom" else None,
+                memory_capacity_bytes=80 * 2**30, steps_completed=steps,
+                step_seen_s=[10 + i * speed for i in range(min(steps, 20))]),
+                clock, rng, study_id=study_id, trial_id=trial_id, source="launcher"))
+            if status == "ok":
+                invariants = [ev.InvariantResult(name="loss", ok=True, detail="within band", observed=2.1,
+                                                 expected=2.1, tolerance=0.05),
+                              ev.InvariantResult(name="work.tokens", ok=True, detail="equal")]
+                out.append(_event(ev.TrialMeasured(
+                    candidate_key=candidate.key(), kind=kind, status="ok", steps=steps, warmup_steps=3,
+                    step_time_s=speed, step_time_mad_s=speed * 0.02, step_time_with_warmup_s=speed * 1.01,
+                    tokens_per_s=8 * 4096 * ranks / speed, mfu=0.41, flops_per_step=3.2e14,
+                    phases={p: speed * f for p, f in zip(PHASES, (0.05, 0.3, 0.5, 0.1, 0.05), strict=True)},
+                    peak_memory_bytes=[int(41e9)] * ranks, per_rank_step_s=[speed] * ranks, stragglers=[],
+                    loss_curve=loss_curve, eval_curve=loss_curve[::5], optimizer_steps=steps,
+                    tokens=steps * 8 * 4096 * ranks, invariants=invariants, invariants_ok=True,
+                    accelerator_s=ranks * steps * speed),
+                    clock, rng, study_id=study_id, trial_id=trial_id, source="telemetry"))
+                effects = [ev.Effect(feature=f"patch:{p}", prior_mean=-0.05, prior_std=0.1,
+                                     post_mean=rng.gauss(-0.05, 0.02), post_std=0.03) for p in PATCHES]
+                out.append(_event(ev.ModelUpdated(
+                    n_trials=trial_no + 1, n_oom=0, fit_seconds=0.2, noise_std_log=0.03, time_effects=effects,
+                    memory_effects=effects[:2], best_candidate_key=candidate.key(), best_predicted_step_s=speed,
+                    diagnostics={"r2": 0.8}), clock, rng, study_id=study_id, source="modeler"))
+        if len(out) < n_events:
+            out.append(_event(ev.StudyFinished(reason="budget", trials=12, accelerator_s=1e4),
+                              clock, rng, study_id=study_id, source="proposer"))
+    return out[:n_events]
+
+
+# --------------------------------------------------------------------------------------------------
+# Measurements
+# --------------------------------------------------------------------------------------------------
+
+
+async def _stream_totals(bus: Bus) -> dict[str, int]:
+    counts = await bus.stream_counts()
+    return {name: c["messages"] for name, c in counts.items() if c["messages"]}
+
+
+async def raw_read_stream(bus: Bus) -> int:
+    n = 0
+    for stream in (await _stream_totals(bus)):
+        async for chunk in eventlog.read_stream(bus, stream):
+            n += len(chunk)
+    return n
+
+
+async def raw_iter_stream(bus: Bus) -> int:
+    n = 0
+    for stream in (await _stream_totals(bus)):
+        async for msgs in bus.iter_stream(stream, batch=4096):
+            n += len(msgs)
+    return n
+
+
+async def raw_ordered_consumer(bus: Bus) -> int:
+    n = 0
+    for stream, total in (await _stream_totals(bus)).items():
+        done = asyncio.Event()
+        count = 0
+
+        async def on_message(msg, total=total, done=done) -> None:
+            nonlocal count
+            count += 1
+            if count >= total:
+                done.set()
+
+        spec = next(s for s in STREAMS if s.name == stream)
+        subject = spec.subjects[0]
+        count = 0
+        sub = await bus.js.subscribe(subject, stream=stream, ordered_consumer=True, cb=on_message,
+                                     pending_msgs_limit=-1, pending_bytes_limit=-1)
+        await done.wait()
+        await sub.unsubscribe()
+        n += count
+    return n
+
+
+async def _timed(fn, *args) -> dict[str, float]:
+    cpu, wall = time.process_time(), time.perf_counter()
+    n = await fn(*args)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return {"events": n, "seconds": round(wall, 4), "cpu_seconds": round(cpu, 4), "events_per_s": round(n / wall, 1)}
+
+
+async def run_bench(n_events: int, repeat: int, workdir: Path) -> dict:
+    log = synthetic_log(n_events)
+    steps = sum(1 for e in log if e.type == "TrialStep")
+    with EmbeddedServer.start(workdir / "nats") as server:
+        bus = await Bus.connect(server.url, service="bench")
+        try:
+            started = time.perf_counter()
+            for i in range(0, len(log), 5000):
+                await bus.publish_many(log[i:i + 5000], timeout_s=120.0)
+            publish_s = time.perf_counter() - started
+            print(f"published {len(log):,} events ({steps / len(log):.0%} TrialStep) in {publish_s:.1f}s", file=sys.stderr)
+            raw: dict[str, list[dict]] = {"read_stream": [], "iter_stream": [], "ordered_consumer": []}
+            replays: list[dict] = []
+            for attempt in range(repeat):
+                raw["read_stream"].append(await _timed(raw_read_stream, bus))
+                raw["iter_stream"].append(await _timed(raw_iter_stream, bus))
+                raw["ordered_consumer"].append(await _timed(raw_ordered_consumer, bus))
+                db_path = workdir / f"replay-{attempt}.duckdb"
+                cpu = time.process_time()
+                stats = await eventlog.replay(bus, db_path, from_scratch=True)
+                replays.append({"events": stats.events, "seconds": round(stats.seconds, 4),
+                                "cpu_seconds": round(time.process_time() - cpu, 4),
+                                "events_per_s": round(stats.events_per_s, 1)})
+                print(f"  round {attempt + 1}: replay {stats.events_per_s:,.0f}/s; raw "
+                      + ", ".join(f"{k} {v[-1]['events_per_s']:,.0f}/s" for k, v in raw.items()), file=sys.stderr)
+        finally:
+            await bus.close()
+    best_raw = {k: max(v, key=lambda r: r["events_per_s"]) for k, v in raw.items()}
+    raw_method, raw_best = max(best_raw.items(), key=lambda kv: kv[1]["events_per_s"])
+    replay_best = max(replays, key=lambda r: r["events_per_s"])
+    assert replay_best["events"] == n_events, replay_best
+    return {
+        "events": n_events,
+        "trial_step_fraction": round(steps / n_events, 4),
+        "raw_consume_events_per_s": raw_best["events_per_s"],
+        "raw_consume_method": raw_method,
+        "replay_events_per_s": replay_best["events_per_s"],
+        "replay_over_raw": round(replay_best["events_per_s"] / raw_best["events_per_s"], 3),
+        "replay_cpu_seconds": replay_best["cpu_seconds"],
+        "raw_best_by_method": best_raw,
+        "replay_rounds": replays,
+        "raw_rounds": raw,
+        "publish_seconds": round(publish_s, 2),
+        "load_average_after": list(__import__("os").getloadavg()),
+        "cpu_count": __import__("os").cpu_count(),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=100_000)
+    parser.add_argument("--repeat", type=int, default=2, help="rounds of every measurement; the best is kept")
+    parser.add_argument("--json", type=Path, default=None, help="write the figures here")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="infrarsi-bench-") as tmp:
+        result = asyncio.run(run_bench(args.events, args.repeat, Path(tmp)))
+    text = json.dumps(result, indent=2)
+    if args.json:
+        args.json.write_text(text + "\n")
+    print(
+        f"events={result['events']:,}  raw={result['raw_consume_events_per_s']:,.0f}/s ({result['raw_consume_method']})"
+        f"  replay={result['replay_events_per_s']:,.0f}/s  replay/raw={result['replay_over_raw']:.2f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1070 @@
+"""The analyst database: a DuckDB projection of the three streams, rebuilt deterministically by replay.
+
+Owns the analyst schema (``events``, ``studies``, ``trials``, ``steps``, ``failures``, ``models``,
+``verifications``, ``bank``, ``dead_letters``, ``undecodable``; see ``SCHEMA``), decoding stream messages into
+columnar batches, applying a batch idempotently, the fast in-order stream reader, ``replay``, and publishing
+a read-only snapshot of the file for analysts (docs/analytics.md).
+
+Rules it keeps (STYLE.md rule 3, the eventsourcing projection example):
+
+- **Idempotent by stream sequence.** ``_positions(stream, last_seq)`` is updated in the same transaction as
+  the rows of a batch; every insert takes only messages with ``seq > last_seq`` as read inside that
+  transaction, so re-applying an old batch (or a half-old one) changes nothing.
+- **Deterministic.** Every column comes from the log (no wall clock, no row ids); ``trials``/``studies``
+  take, per column, the value of the event with the highest sequence that set it, whatever the batch
+  boundaries were, so two replays of one log give identical tables.
+- **Never crashes on bad input.** A message that fails the typed decoders is recorded in ``undecodable``
+  (stream, seq, subject, error, raw bytes) and skipped; dead letters (``irsi.deadletter.*``, not events)
+  are decoded with ``events.DeadLetter`` into ``dead_letters``.
+- **Batched and set-based.** A batch (thousands of messages) is one transaction; rows are staged as numpy
+  columns and inserted with one ``INSERT … SELECT`` per table; the per-trial upsert aggregates a batch
+  per trial in SQL, then merges with ``ON CONFLICT``.
+
+DuckDB allows one writing process per file: this module never opens a file for writing behind its
+caller's back; the reporter service is the one writer of ``<data_dir>/analyst.duckdb`` and analysts read
+``analyst.snapshot.duckdb`` (``publish_snapshot``). It must not publish to, or ack on, the bus.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import os
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import msgspec
+import nats.js.errors
+import numpy as np
+from nats.aio.msg import Msg
+from nats.js import api
+
+from infrarsi import events as ev
+from infrarsi.bus import BANK_STREAM, LIFECYCLE_STREAM, TELEMETRY_STREAM, Bus
+from infrarsi.logs import get_logger
+
+log = get_logger(__name__)
+
+REPLAYED_STREAMS: tuple[str, ...] = (LIFECYCLE_STREAM, TELEMETRY_STREAM, BANK_STREAM)
+ANALYST_DB_NAME = "analyst.duckdb"
+SNAPSHOT_NAME = "analyst.snapshot.duckdb"
+DB_SCHEMA_VERSION = "1"
+"""Bumped when a table changes; a DB of another version must be rebuilt (``infrarsi replay --from-scratch``)."""
+DEFAULT_BATCH = 10_000
+"""Messages per transaction: large enough that per-statement overhead vanishes, small enough to pipeline."""
+
+StreamMessage = tuple[int, str, bytes]
+"""(stream sequence, subject, data): what the projection needs of one stored message."""
+
+
+def analyst_db_path(data_dir: Path | str) -> Path:
+    """The reporter's writable analyst DB."""
+    return Path(data_dir) / ANALYST_DB_NAME
+
+
+def snapshot_path(data_dir: Path | str) -> Path:
+    """The newest read-only copy the reporter publishes for analysts (``infrarsi sql`` reads it)."""
+    return Path(data_dir) / SNAPSHOT_NAME
+
+
+class AnalystDBError(RuntimeError):
+    """The analyst DB cannot be opened (locked by another writer, not a DuckDB file, other schema)."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Schema
+# --------------------------------------------------------------------------------------------------
+
+_STUDY_COLUMNS: dict[str, str] = {
+    "cluster_id": "VARCHAR",
+    "name": "VARCHAR",
+    "goal": "VARCHAR",
+    "contract": "JSON",
+    "contract_sha256": "VARCHAR",
+    "workload_dir": "VARCHAR",
+    "baseline_ref": "VARCHAR",
+    "accelerator": "VARCHAR",
+    "cluster": "JSON",
+    "bank_seeds": "JSON",
+    "created_at": "TIMESTAMPTZ",
+    "doctor_repeats": "INTEGER",
+    "baseline_trial_ids": "JSON",
+    "baseline_step_time_s": "DOUBLE",
+    "run_to_run_cv": "DOUBLE",
+    "step_to_step_cv": "DOUBLE",
+    "warmup_steps": "INTEGER",
+    "phase_fractions": "JSON",
+    "stragglers": "JSON",
+    "min_detectable_speedup": "DOUBLE",
+    "repeats_per_trial": "INTEGER",
+    "peak_flops_measured": "DOUBLE",
+    "baseline_mfu": "DOUBLE",
+    "doctor_completed_at": "TIMESTAMPTZ",
+    "finish_reason": "VARCHAR",
+    "trials": "INTEGER",
+    "accelerator_s": "DOUBLE",
+    "best_candidate_key": "VARCHAR",
+    "best_speedup": "DOUBLE",
+    "finished_at": "TIMESTAMPTZ",
+}
+
+_TRIAL_COLUMNS: dict[str, str] = {
+    "cluster_id": "VARCHAR",
+    # TrialProposed
+    "candidate_key": "VARCHAR",
+    "knobs": "JSON",
+    "patches": "JSON",
+    "kind": "VARCHAR",
+    "origin": "VARCHAR",
+    "reason": "VARCHAR",
+    "repeat": "INTEGER",
+    "horizon_steps": "INTEGER",
+    "verify_id": "VARCHAR",
+    "predicted_step_time_s": "DOUBLE",
+    "prediction": "JSON",
+    "proposed_at": "TIMESTAMPTZ",
+    # TrialLaunched
+    "backend": "VARCHAR",
+    "host": "VARCHAR",
+    "job_id": "VARCHAR",
+    "nodes": "INTEGER",
+    "ranks": "INTEGER",
+    "launched_at": "TIMESTAMPTZ",
+    # TrialFinished (the launcher's account) and TrialMeasured: ``status`` is the later of the two
+    "status": "VARCHAR",
+    "finish_status": "VARCHAR",
+    "finish_reason": "VARCHAR",
+    "exit_code": "INTEGER",
+    "wall_s": "DOUBLE",
+    "accelerator_s": "DOUBLE",
+    "warmup_accelerator_s": "DOUBLE",
+    "steady_accelerator_s": "DOUBLE",
+    "launcher_peak_memory_bytes": "BIGINT",
+    "censored_peak_bytes": "BIGINT",
+    "memory_capacity_bytes": "BIGINT",
+    "steps_completed": "INTEGER",
+    "finished_at": "TIMESTAMPTZ",
+    # TrialMeasured
+    "step_time_s": "DOUBLE",
+    "step_time_mad_s": "DOUBLE",
+    "step_time_with_warmup_s": "DOUBLE",
+    "tokens_per_s": "DOUBLE",
+    "mfu": "DOUBLE",
+    "flops_per_step": "DOUBLE",
+    "phases": "JSON",
+    "peak_memory_bytes": "BIGINT",
+    "peak_memory_per_rank": "JSON",
+    "per_rank_step_s": "JSON",
+    "stragglers": "JSON",
+    "measured_steps": "INTEGER",
+    "warmup_steps": "INTEGER",
+    "optimizer_steps": "BIGINT",
+    "tokens": "BIGINT",
+    "final_loss": "DOUBLE",
+    "invariants_ok": "BOOLEAN",
+    "invariants": "JSON",
+    "failed_invariants": "JSON",
+    "measured_accelerator_s": "DOUBLE",
+    "measured_at": "TIMESTAMPTZ",
+}
+
+
+def _columns_ddl(columns: dict[str, str]) -> str:
+    return ",\n    ".join(f'"{name}" {type_}' for name, type_ in columns.items())
+
+
+SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS _meta (key VARCHAR PRIMARY KEY, value VARCHAR);
+CREATE TABLE IF NOT EXISTS _positions (stream VARCHAR PRIMARY KEY, last_seq UBIGINT NOT NULL);
+CREATE TABLE IF NOT EXISTS events (
+    stream VARCHAR NOT NULL, seq UBIGINT NOT NULL, subject VARCHAR, event_id VARCHAR, type VARCHAR,
+    study_id VARCHAR, trial_id VARCHAR, cluster_id VARCHAR, source VARCHAR, ts TIMESTAMPTZ,
+    schema_version INTEGER, payload JSON
+);
+CREATE TABLE IF NOT EXISTS steps (
+    seq UBIGINT NOT NULL, study_id VARCHAR, trial_id VARCHAR, rank INTEGER, world_size INTEGER,
+    step BIGINT, loss DOUBLE, step_time_s DOUBLE, phases JSON, tokens BIGINT, optimizer_steps BIGINT,
+    loss_tokens BIGINT, peak_memory_bytes BIGINT, flops DOUBLE, mfu DOUBLE, eval_loss DOUBLE,
+    eval_tokens BIGINT, wall_time DOUBLE, ts TIMESTAMPTZ
+);
+CREATE TABLE IF NOT EXISTS studies (
+    study_id VARCHAR PRIMARY KEY,
+    {_columns_ddl(_STUDY_COLUMNS)},
+    last_seq UBIGINT
+);
+CREATE TABLE IF NOT EXISTS trials (
+    study_id VARCHAR NOT NULL, trial_id VARCHAR NOT NULL,
+    {_columns_ddl(_TRIAL_COLUMNS)},
+    last_seq UBIGINT,
+    PRIMARY KEY (study_id, trial_id)
+);
+CREATE TABLE IF NOT EXISTS models (
+    seq UBIGINT NOT NULL, event_id VARCHAR, study_id VARCHAR, ts TIMESTAMPTZ, n_trials INTEGER,
+    n_oom INTEGER, fit_seconds DOUBLE, noise_std_log DOUBLE, best_candidate_key VARCHAR,
+    best_predicted_step_s DOUBLE, time_effects JSON, memory_effects JSON, diagnostics JSON
+);
+CREATE TABLE IF NOT EXISTS verifications (
+    seq UBIGINT NOT NULL, event_id VARCHAR, study_id VARCHAR, ts TIMESTAMPTZ, verify_id VARCHAR,
+    candidate_key VARCHAR, knobs JSON, patches JSON, passes INTEGER, promotable BOOLEAN, speedup DOUBLE,
+    ci_low DOUBLE, ci_high DOUBLE, baseline_step_s DOUBLE, candidate_step_s DOUBLE, mfu_before DOUBLE,
+    mfu_after DOUBLE, invariants JSON, failed_invariants JSON, trial_ids JSON
+);
+CREATE TABLE IF NOT EXISTS bank (
+    seq UBIGINT NOT NULL, event_id VARCHAR, entry_id VARCHAR, origin_study VARCHAR, cluster_id VARCHAR,
+    ts TIMESTAMPTZ, accelerator VARCHAR, generation VARCHAR, device_memory_bytes BIGINT,
+    interconnect VARCHAR, nodes INTEGER, devices_per_node INTEGER, model_family VARCHAR,
+    model_params DOUBLE, seq_len INTEGER, global_batch INTEGER, micro_batch INTEGER, precision VARCHAR,
+    meta JSON, time_effects JSON, memory_effects JSON, winners JSON, failures JSON
+);
+CREATE TABLE IF NOT EXISTS dead_letters (
+    stream VARCHAR NOT NULL, seq UBIGINT NOT NULL, subject VARCHAR, service VARCHAR,
+    original_subject VARCHAR, original_stream_seq UBIGINT, error VARCHAR, raw BLOB, ts TIMESTAMPTZ
+);
+CREATE TABLE IF NOT EXISTS undecodable (
+    stream VARCHAR NOT NULL, seq UBIGINT NOT NULL, subject VARCHAR, error VARCHAR, raw BLOB
+);
+CREATE OR REPLACE VIEW failures AS
+    SELECT study_id, trial_id, candidate_key, kind, origin, status, finish_status,
+           coalesce(finish_reason, '') AS reason, exit_code,
+           CASE WHEN status = 'invariant_violation' THEN failed_invariants END AS failed_invariants,
+           censored_peak_bytes, memory_capacity_bytes, steps_completed,
+           wall_s, coalesce(accelerator_s, measured_accelerator_s, 0.0) AS accelerator_s, finished_at
+    FROM trials WHERE status IS NOT NULL AND status <> 'ok';
+"""
+
+PROJECTION_TABLES: tuple[str, ...] = (
+    "events", "studies", "trials", "steps", "failures", "models", "verifications", "bank",
+    "dead_letters", "undecodable", "_positions",
+)
+"""Every table (and view) a replay fills, for comparisons of whole databases."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Decoding
+# --------------------------------------------------------------------------------------------------
+
+
+class _Envelope(msgspec.Struct):
+    """``events.Event`` with the payload left undecoded: envelope columns and the payload's JSON text."""
+
+    event_id: str
+    type: str
+    study_id: str
+    cluster_id: str
+    source: str
+    ts: datetime
+    payload: msgspec.Raw
+    trial_id: str | None = None
+    schema_version: int = ev.SCHEMA_VERSION
+
+
+class _NotAStep(msgspec.Struct, tag="_NotAStep"):
+    """Second member of the step decoder's union: makes the payload's ``type`` tag required, as in ``Event``."""
+
+
+_envelope_decoder = msgspec.json.Decoder(_Envelope)
+# The fast path for 9 of 10 messages: the payload decoded straight into ``TrialStep``, so it is validated
+# exactly as ``events.decode`` would, without building an ``Event`` or dispatching over the whole union.
+_step_decoder = msgspec.json.Decoder(ev.TrialStep | _NotAStep)
+_dead_letter_decoder = msgspec.json.Decoder(ev.DeadLetter)
+_json = msgspec.json.Encoder()
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+_DEADLETTER_PREFIX = "irsi.deadletter."
+
+
+def _micros(ts: datetime) -> int:
+    """Microseconds since the epoch; a naive time (allowed by the envelope) is read as UTC."""
+    if ts.tzinfo is None:
+        ts = ts.replace(tzinfo=UTC)
+    return (ts - _EPOCH) // _MICROSECOND
+
+
+def _js(value: Any) -> str:
+    return _json.encode(value).decode()
+
+
+def decode_step(data: bytes) -> tuple[_Envelope, ev.TrialStep]:
+    """Decode a ``TrialStep`` message with the same validation as ``events.decode``, only faster."""
+    envelope = _envelope_decoder.decode(data)
+    payload = _step_decoder.decode(envelope.payload)
+    if envelope.type != "TrialStep" or not isinstance(payload, ev.TrialStep):
+        raise msgspec.ValidationError(
+            f"envelope type {envelope.type!r} does not match payload type {type(payload).__name__!r}"
+        )
+    return envelope, payload
+
+
+class _Stage:
+    """Rows of one table, column by column, for one ``INSERT … SELECT``."""
+
+    def __init__(self, *columns: str) -> None:
+        self.columns: dict[str, list[Any]] = {c: [] for c in columns}
+
+    def add(self, **values: Any) -> None:
+        for name, column in self.columns.items():
+            column.append(values.get(name))
+
+    def __len__(self) -> int:
+        return len(next(iter(self.columns.values())))
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {name: _array(values) for name, values in self.columns.items()}
+
+
+def _array(values: list[Any]) -> np.ndarray:
+    """A numpy column DuckDB can scan: object dtype keeps ``None`` as NULL (a float array would make it NaN)."""
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
+
+
+@dataclass
+class Batch:
+    """One stream's messages decoded into staged columns; ``last_seq`` is the highest sequence it covers."""
+
+    stream: str
+    first_seq: int = 0
+    last_seq: int = 0
+    # events (every envelope); hot path, so plain lists rather than a _Stage
+    seq: list[int] = field(default_factory=list)
+    subject: list[str] = field(default_factory=list)
+    event_id: list[str] = field(default_factory=list)
+    type: list[str] = field(default_factory=list)
+    study_id: list[str] = field(default_factory=list)
+    trial_id: list[str | None] = field(default_factory=list)
+    cluster_id: list[str] = field(default_factory=list)
+    source: list[str] = field(default_factory=list)
+    ts_us: list[int] = field(default_factory=list)
+    schema_version: list[int] = field(default_factory=list)
+    payload: list[str] = field(default_factory=list)
+    steps: dict[str, list[Any]] = field(
+        default_factory=lambda: {c: [] for c in _STEP_STAGE_COLUMNS}
+    )
+    studies: _Stage = field(default_factory=lambda: _Stage("seq", "study_id", *_STUDY_COLUMNS))
+    trials: _Stage = field(default_factory=lambda: _Stage("seq", "study_id", "trial_id", *_TRIAL_COLUMNS))
+    models: _Stage = field(default_factory=lambda: _Stage(*_MODEL_COLUMNS))
+    verifications: _Stage = field(default_factory=lambda: _Stage(*_VERIFICATION_COLUMNS))
+    bank: _Stage = field(default_factory=lambda: _Stage(*_BANK_COLUMNS))
+    dead_letters: _Stage = field(
+        default_factory=lambda: _Stage(
+            "seq", "subject", "service", "original_subject", "original_stream_seq", "error", "raw", "ts_us"
+        )
+    )
+    undecodable: _Stage = field(default_factory=lambda: _Stage("seq", "subject", "error", "raw"))
+
+
+_STEP_STAGE_COLUMNS = (
+    "seq", "study_id", "trial_id", "rank", "world_size", "step", "loss", "step_time_s", "phases", "tokens",
+    "optimizer_steps", "loss_tokens", "peak_memory_bytes", "flops", "mfu", "eval_loss", "eval_tokens",
+    "wall_time", "ts_us",
+)
+_MODEL_COLUMNS = (
+    "seq", "event_id", "study_id", "ts_us", "n_trials", "n_oom", "fit_seconds", "noise_std_log",
+    "best_candidate_key", "best_predicted_step_s", "time_effects", "memory_effects", "diagnostics",
+)
+_VERIFICATION_COLUMNS = (
+    "seq", "event_id", "study_id", "ts_us", "verify_id", "candidate_key", "knobs", "patches", "passes",
+    "promotable", "speedup", "ci_low", "ci_high", "baseline_step_s", "candidate_step_s", "mfu_before",
+    "mfu_after", "invariants", "failed_invariants", "trial_ids",
+)
+_BANK_COLUMNS = (
+    "seq", "event_id", "entry_id", "origin_study", "cluster_id", "ts_us", "accelerator", "generation",
+    "device_memory_bytes", "interconnect", "nodes", "devices_per_node", "model_family", "model_params",
+    "seq_len", "global_batch", "micro_batch", "precision", "meta", "time_effects", "memory_effects",
+    "winners", "failures",
+)
+
+
+def _ts(us: int) -> datetime:
+    return _EPOCH + us * _MICROSECOND
+
+
+def decode_batch(stream: str, msgs: Sequence[StreamMessage], after_seq: int = 0) -> Batch:
+    """Decode messages (in stream order) with sequence above ``after_seq`` into a ``Batch``.
+
+    Never raises on message content: what fails decoding is staged for ``undecodable``.
+    """
+    batch = Batch(stream)
+    # Bound methods looked up once: this loop runs for every message of a replay.
+    seq_, subject_, event_id_, type_ = batch.seq.append, batch.subject.append, batch.event_id.append, batch.type.append
+    study_, trial_, cluster_, source_ = (
+        batch.study_id.append, batch.trial_id.append, batch.cluster_id.append, batch.source.append
+    )
+    ts_, version_, payload_ = batch.ts_us.append, batch.schema_version.append, batch.payload.append
+    steps = batch.steps
+    s_seq, s_study, s_trial, s_rank, s_world, s_step, s_loss, s_time, s_phases, s_tokens = (
+        steps[c].append for c in _STEP_STAGE_COLUMNS[:10]
+    )
+    s_opt, s_loss_tokens, s_peak, s_flops, s_mfu, s_eval, s_eval_tokens, s_wall, s_ts = (
+        steps[c].append for c in _STEP_STAGE_COLUMNS[10:]
+    )
+    envelope_decode, step_decode, step_type = _envelope_decoder.decode, _step_decoder.decode, ev.TrialStep
+    first = last = 0
+    for seq, subject, data in msgs:
+        if seq <= after_seq:
+            continue
+        if not first:
+            first = seq
+        last = seq
+        if subject.startswith(_DEADLETTER_PREFIX):
+            _stage_dead_letter(batch, seq, subject, data)
+            continue
+        try:
+            envelope = envelope_decode(data)
+            if envelope.type == "TrialStep":
+                step = step_decode(envelope.payload)
+                if type(step) is not step_type:
+                    raise msgspec.ValidationError(
+                        f"envelope type 'TrialStep' does not match payload type {type(step).__name__!r}"
+                    )
+                event = None
+            else:
+                event = ev.decode(data)  # full validation; lifecycle events are the rare ones
+            ts_us = _micros(envelope.ts)
+        except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
+            batch.undecodable.add(seq=seq, subject=subject, error=f"{type(exc).__name__}: {exc}", raw=data)
+            continue
+        seq_(seq)
+        subject_(subject)
+        event_id_(envelope.event_id)
+        type_(envelope.type)
+        study_(envelope.study_id)
+        trial_(envelope.trial_id)
+        cluster_(envelope.cluster_id)
+        source_(envelope.source)
+        ts_(ts_us)
+        version_(envelope.schema_version)
+        payload_(str(envelope.payload, "utf-8"))
+        if event is None:
+            s_seq(seq)
+            s_study(envelope.study_id)
+            s_trial(envelope.trial_id)
+            s_rank(step.rank)
+            s_world(step.world_size)
+            s_step(step.step)
+            s_loss(step.loss)
+            s_time(step.step_time_s)
+            s_phases(_json.encode(step.phases))
+            s_tokens(step.tokens)
+            s_opt(step.optimizer_steps)
+            s_loss_tokens(step.loss_tokens)
+            s_peak(step.peak_memory_bytes)
+            s_flops(step.flops)
+            s_mfu(step.mfu)
+            s_eval(step.eval_loss)
+            s_eval_tokens(step.eval_tokens)
+            s_wall(step.wall_time)
+            s_ts(ts_us)
+        else:
+            _stage_lifecycle(batch, seq, event, ts_us)
+    batch.first_seq, batch.last_seq = first, last
+    return batch
+
+
+def _stage_dead_letter(batch: Batch, seq: int, subject: str, data: bytes) -> None:
+    try:
+        letter = _dead_letter_decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        batch.undecodable.add(seq=seq, subject=subject, error=f"{type(exc).__name__}: {exc}", raw=data)
+        return
+    batch.dead_letters.add(
+        seq=seq, subject=subject, service=letter.service, original_subject=letter.subject,
+        original_stream_seq=letter.stream_seq, error=letter.error, raw=letter.raw, ts_us=_micros(letter.ts),
+    )
+
+
+def _stage_lifecycle(batch: Batch, seq: int, event: ev.Event, ts_us: int) -> None:
+    """One handler per lifecycle payload type: the columns it sets in ``studies``/``trials`` or its row."""
+    ts = _ts(ts_us)
+    study, trial = event.study_id, event.trial_id
+    match event.payload:
+        case ev.StudyCreated() as p:
+            batch.studies.add(
+                seq=seq, study_id=study, cluster_id=event.cluster_id, name=p.name, goal=p.goal,
+                contract=_js(p.contract), contract_sha256=p.contract_sha256, workload_dir=p.workload_dir,
+                baseline_ref=p.baseline_ref, accelerator=p.cluster.accelerator, cluster=_js(p.cluster),
+                bank_seeds=_js(p.bank_seeds), created_at=ts,
+            )
+        case ev.DoctorCompleted() as p:
+            batch.studies.add(
+                seq=seq, study_id=study, doctor_repeats=p.repeats, baseline_trial_ids=_js(p.baseline_trial_ids),
+                baseline_step_time_s=p.step_time_s, run_to_run_cv=p.run_to_run_cv,
+                step_to_step_cv=p.step_to_step_cv, warmup_steps=p.warmup_steps,
+                phase_fractions=_js(p.phase_fractions), stragglers=_js(p.stragglers),
+                min_detectable_speedup=p.min_detectable_speedup, repeats_per_trial=p.repeats_per_trial,
+                peak_flops_measured=p.peak_flops_measured, baseline_mfu=p.mfu, doctor_completed_at=ts,
+            )
+        case ev.StudyFinished() as p:
+            batch.studies.add(
+                seq=seq, study_id=study, finish_reason=p.reason, trials=p.trials, accelerator_s=p.accelerator_s,
+                best_candidate_key=p.best_candidate_key, best_speedup=p.best_speedup, finished_at=ts,
+            )
+        case ev.TrialProposed() as p if trial:
+            batch.trials.add(
+                seq=seq, study_id=study, trial_id=trial, cluster_id=event.cluster_id,
+                candidate_key=p.candidate_key, knobs=_js(p.candidate.knobs), patches=_js(p.candidate.patches),
+                kind=p.kind, origin=p.origin, reason=p.reason, repeat=p.repeat, horizon_steps=p.steps,
+                verify_id=p.verify_id, predicted_step_time_s=p.prediction.step_time_s if p.prediction else None,
+                prediction=_js(p.prediction) if p.prediction else None, proposed_at=ts,
+            )
+        case ev.TrialLaunched() as p if trial:
+            batch.trials.add(
+                seq=seq, study_id=study, trial_id=trial, cluster_id=event.cluster_id, backend=p.backend,
+                host=p.host, job_id=p.job_id, nodes=p.nodes, ranks=p.ranks, launched_at=ts,
+            )
+        case ev.TrialFinished() as p if trial:
+            batch.trials.add(
+                seq=seq, study_id=study, trial_id=trial, cluster_id=event.cluster_id, status=p.status,
+                finish_status=p.status, finish_reason=p.reason, exit_code=p.exit_code, wall_s=p.wall_s,
+                accelerator_s=p.accelerator_s, warmup_accelerator_s=p.warmup_accelerator_s,
+                steady_accelerator_s=p.steady_accelerator_s, launcher_peak_memory_bytes=p.peak_memory_bytes,
+                censored_peak_bytes=p.censored_peak_bytes, memory_capacity_bytes=p.memory_capacity_bytes,
+                steps_completed=p.steps_completed, finished_at=ts,
+            )
+        case ev.TrialMeasured() as p if trial:
+            batch.trials.add(
+                seq=seq, study_id=study, trial_id=trial, cluster_id=event.cluster_id,
+                candidate_key=p.candidate_key, kind=p.kind, status=p.status, step_time_s=p.step_time_s,
+                step_time_mad_s=p.step_time_mad_s, step_time_with_warmup_s=p.step_time_with_warmup_s,
+                tokens_per_s=p.tokens_per_s, mfu=p.mfu, flops_per_step=p.flops_per_step, phases=_js(p.phases),
+                peak_memory_bytes=max(p.peak_memory_bytes, default=None),
+                peak_memory_per_rank=_js(p.peak_memory_bytes), per_rank_step_s=_js(p.per_rank_step_s),
+                stragglers=_js(p.stragglers), measured_steps=p.steps, warmup_steps=p.warmup_steps,
+                optimizer_steps=p.optimizer_steps, tokens=p.tokens,
+                final_loss=p.loss_curve[-1].loss if p.loss_curve else None, invariants_ok=p.invariants_ok,
+                invariants=_js(p.invariants), failed_invariants=_js([i.name for i in p.invariants if not i.ok]),
+                measured_accelerator_s=p.accelerator_s, measured_at=ts,
+            )
+        case ev.ModelUpdated() as p:
+            batch.models.add(
+                seq=seq, event_id=event.event_id, study_id=study, ts_us=ts_us, n_trials=p.n_trials,
+                n_oom=p.n_oom, fit_seconds=p.fit_seconds, noise_std_log=p.noise_std_log,
+                best_candidate_key=p.best_candidate_key, best_predicted_step_s=p.best_predicted_step_s,
+                time_effects=_js(p.time_effects), memory_effects=_js(p.memory_effects),
+                diagnostics=_js(p.diagnostics),
+            )
+        case ev.VerifyCompleted() as p:
+            batch.verifications.add(
+                seq=seq, event_id=event.event_id, study_id=study, ts_us=ts_us, verify_id=p.verify_id,
+                candidate_key=p.candidate_key, knobs=_js(p.candidate.knobs), patches=_js(p.candidate.patches),
+                passes=p.passes, promotable=p.promotable, speedup=p.speedup, ci_low=p.ci_low, ci_high=p.ci_high,
+                baseline_step_s=p.baseline_step_s, candidate_step_s=p.candidate_step_s,
+                mfu_before=p.mfu_before, mfu_after=p.mfu_after, invariants=_js(p.invariants),
+                failed_invariants=_js(p.failed_invariants), trial_ids=_js(p.trial_ids),
+            )
+        case ev.BankEntry() as p:
+            m = p.meta
+            batch.bank.add(
+                seq=seq, event_id=event.event_id, entry_id=p.entry_id, origin_study=p.origin_study,
+                cluster_id=event.cluster_id, ts_us=ts_us, accelerator=m.accelerator, generation=m.generation,
+                device_memory_bytes=m.device_memory_bytes, interconnect=m.interconnect, nodes=m.nodes,
+                devices_per_node=m.devices_per_node, model_family=m.model_family, model_params=m.model_params,
+                seq_len=m.seq_len, global_batch=m.global_batch, micro_batch=m.micro_batch,
+                precision=m.precision, meta=_js(m), time_effects=_js(p.time_effects),
+                memory_effects=_js(p.memory_effects), winners=_js(p.winners), failures=_js(p.failures),
+            )
+        case _:
+            pass  # in ``events`` only (requests, approvals, reports, promotions, trial events without a trial)
+
+
+# --------------------------------------------------------------------------------------------------
+# The database
+# --------------------------------------------------------------------------------------------------
+
+
+def _upsert_sql(table: str, keys: tuple[str, ...], columns: dict[str, str]) -> str:
+    """Merge a staged batch into ``table``: per key and column, the value of the highest ``seq`` that set it."""
+    key_list = ", ".join(keys)
+    aggregated = ",\n".join(
+        f'(arg_max("{c}", seq) FILTER (WHERE "{c}" IS NOT NULL))::{t} AS "{c}"' for c, t in columns.items()
+    )
+    updates = ",\n".join(f'"{c}" = coalesce(excluded."{c}", {table}."{c}")' for c in columns)
+    names = ", ".join(f'"{c}"' for c in columns)
+    return f"""
+        INSERT INTO {table} ({key_list}, {names}, last_seq)
+        SELECT {key_list}, {aggregated}, max(seq) FROM _stage_{table} WHERE seq > $after GROUP BY {key_list}
+        ON CONFLICT ({key_list}) DO UPDATE SET {updates},
+            last_seq = greatest(excluded.last_seq, {table}.last_seq)
+    """
+
+
+_INSERTS: dict[str, str] = {
+    "events": """
+        INSERT INTO events SELECT $stream, seq, subject, event_id, type, study_id, trial_id, cluster_id, source,
+               make_timestamptz(ts_us), schema_version, payload
+        FROM _stage_events WHERE seq > $after""",
+    "steps": """
+        INSERT INTO steps SELECT seq, study_id, trial_id, rank, world_size, step, loss, step_time_s,
+               decode(phases), tokens, optimizer_steps, loss_tokens, peak_memory_bytes, flops, mfu, eval_loss,
+               eval_tokens, wall_time, make_timestamptz(ts_us)
+        FROM _stage_steps WHERE seq > $after""",
+    "studies": _upsert_sql("studies", ("study_id",), _STUDY_COLUMNS),
+    "trials": _upsert_sql("trials", ("study_id", "trial_id"), _TRIAL_COLUMNS),
+    "models": f"""
+        INSERT INTO models SELECT {", ".join(c if c != "ts_us" else "make_timestamptz(ts_us)" for c in _MODEL_COLUMNS)}
+        FROM _stage_models WHERE seq > $after""",
+    "verifications": f"""
+        INSERT INTO verifications
+        SELECT {", ".join(c if c != "ts_us" else "make_timestamptz(ts_us)" for c in _VERIFICATION_COLUMNS)}
+        FROM _stage_verifications WHERE seq > $after""",
+    "bank": f"""
+        INSERT INTO bank SELECT {", ".join(c if c != "ts_us" else "make_timestamptz(ts_us)" for c in _BANK_COLUMNS)}
+        FROM _stage_bank WHERE seq > $after""",
+    "dead_letters": """
+        INSERT INTO dead_letters SELECT $stream, seq, subject, service, original_subject, original_stream_seq,
+               error, raw, make_timestamptz(ts_us)
+        FROM _stage_dead_letters WHERE seq > $after""",
+    "undecodable": """
+        INSERT INTO undecodable SELECT $stream, seq, subject, error, raw FROM _stage_undecodable WHERE seq > $after""",
+}
+
+
+class AnalystDB:
+    """One open analyst DuckDB file: writable (one process at a time) or read-only.
+
+    Calling order: ``open`` → ``apply_batch``/``write_batch`` (from one thread at a time) and ``query`` → ``close``.
+    """
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, path: Path, read_only: bool) -> None:
+        self.con = con
+        self.path = path
+        self.read_only = read_only
+        self._positions: dict[str, int] = {}
+
+    @classmethod
+    def open(cls, path: Path | str, *, read_only: bool = False) -> AnalystDB:
+        """Open (creating the file and schema when writable); ``AnalystDBError`` with DuckDB's reason if not."""
+        path = Path(path)
+        if read_only and not path.exists():
+            raise AnalystDBError(f"cannot open analyst DB {path}: no such file")
+        if not read_only:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            con = duckdb.connect(str(path), read_only=read_only)
+        except duckdb.Error as exc:
+            raise AnalystDBError(f"cannot open analyst DB {path}: {exc}") from None
+        db = cls(con, path, read_only)
+        try:
+            con.execute("SET TimeZone = 'UTC'")
+            if not read_only:
+                # Fewer automatic checkpoints mid-replay (each rewrites the open row groups); the WAL is
+                # folded in by ``checkpoint``/``publish_snapshot`` and at close.
+                con.execute("SET checkpoint_threshold = '256MB'")
+                db._create_schema()
+            db._load_positions()
+        except duckdb.Error as exc:
+            con.close()
+            raise AnalystDBError(f"cannot use analyst DB {path}: {exc}") from None
+        return db
+
+    def _create_schema(self) -> None:
+        self.con.execute(SCHEMA)
+        rows = self.con.execute("SELECT value FROM _meta WHERE key = 'schema_version'").fetchall()
+        row = rows[0] if rows else None
+        if row is None:
+            self.con.execute("INSERT INTO _meta VALUES ('schema_version', ?)", [DB_SCHEMA_VERSION])
+        elif row[0] != DB_SCHEMA_VERSION:
+            raise AnalystDBError(
+                f"{self.path} has analyst schema {row[0]}, this build writes {DB_SCHEMA_VERSION}: "
+                "rebuild it with `infrarsi replay --from-scratch`"
+            )
+
+    def _load_positions(self) -> None:
+        with contextlib.suppress(duckdb.CatalogException):
+            self._positions = dict(self.con.execute("SELECT stream, last_seq FROM _positions").fetchall())
+
+    def close(self) -> None:
+        self.con.close()
+
+    def __enter__(self) -> AnalystDB:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------- reading
+
+    def position(self, stream: str) -> int:
+        """The last stream sequence applied (0: none)."""
+        return self._positions.get(stream, 0)
+
+    def positions(self) -> dict[str, int]:
+        return {s: self.position(s) for s in REPLAYED_STREAMS}
+
+    def refresh_positions(self) -> dict[str, int]:
+        """Re-read positions from the file (a read-only handle on a file another connection writes)."""
+        self._load_positions()
+        return self.positions()
+
+    def query(self, sql: str, params: Sequence[Any] | dict[str, Any] | None = None) -> tuple[list[str], list[tuple]]:
+        """Run one statement; returns (column names, rows). DuckDB errors propagate as ``duckdb.Error``."""
+        cursor = self.con.execute(sql, params) if params is not None else self.con.execute(sql)
+        columns = [d[0] for d in cursor.description] if cursor.description else []
+        return columns, cursor.fetchall() if cursor.description else []
+
+    # ---------------------------------------------------------------- writing
+
+    def apply_batch(self, stream: str, msgs: Sequence[StreamMessage] | Sequence[Msg]) -> int:
+        """Decode and apply messages of ``stream`` (in order); returns how many were new. Idempotent."""
+        if msgs and isinstance(msgs[0], Msg):
+            msgs = stream_messages(msgs)  # type: ignore[arg-type]
+        return self.write_batch(decode_batch(stream, msgs, after_seq=self.position(stream)))  # type: ignore[arg-type]
+
+    def write_batch(self, batch: Batch) -> int:
+        """Apply a decoded batch in one transaction with its position; returns the messages it advanced by."""
+        if not batch.last_seq:
+            return 0
+        con = self.con
+        con.execute("BEGIN TRANSACTION")
+        try:
+            rows = con.execute("SELECT last_seq FROM _positions WHERE stream = ?", [batch.stream]).fetchall()
+            after = rows[0][0] if rows else 0
+            if batch.last_seq <= after:
+                con.execute("ROLLBACK")
+                self._positions[batch.stream] = after
+                return 0
+            params = {"after": after}
+            self._insert(con, "events", _events_arrays(batch), {**params, "stream": batch.stream})
+            self._insert(con, "steps", _steps_arrays(batch), params)
+            for table in ("studies", "trials", "models", "verifications", "bank"):
+                stage: _Stage = getattr(batch, table)
+                if len(stage):
+                    self._insert(con, table, stage.arrays(), params)
+            for table in ("dead_letters", "undecodable"):
+                stage = getattr(batch, table)
+                if len(stage):
+                    self._insert(con, table, stage.arrays(), {**params, "stream": batch.stream})
+            con.execute(
+                "INSERT INTO _positions VALUES (?, ?) ON CONFLICT (stream) DO UPDATE SET last_seq = excluded.last_seq",
+                [batch.stream, batch.last_seq],
+            )
+            con.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(duckdb.Error):
+                con.execute("ROLLBACK")
+            raise
+        advanced = batch.last_seq - max(after, batch.first_seq - 1)
+        self._positions[batch.stream] = batch.last_seq
+        return advanced
+
+    @staticmethod
+    def _insert(con: duckdb.DuckDBPyConnection, table: str, arrays: dict[str, np.ndarray], params: dict) -> None:
+        if not len(next(iter(arrays.values()))):
+            return
+        stage = f"_stage_{table}"
+        con.register(stage, arrays)
+        try:
+            con.execute(_INSERTS[table], params)
+        finally:
+            con.unregister(stage)
+
+    def checkpoint(self) -> None:
+        self.con.execute("CHECKPOINT")
+
+    def publish_snapshot(self, dest: Path | str) -> Path:
+        """Write a consistent read-only copy to ``dest``: copy into a temp file, rename it over ``dest``.
+
+        Readers holding the previous snapshot keep reading it (a rename never changes an open file);
+        new readers see the new one. Call it from the thread that writes, between batches.
+        """
+        dest = Path(dest)
+        tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
+        for stale in (tmp, tmp.with_name(tmp.name + ".wal")):
+            with contextlib.suppress(FileNotFoundError):
+                stale.unlink()
+        # A logical copy through DuckDB, not a file copy: opening and closing the DB file from this
+        # process would drop DuckDB's fcntl lock on it (POSIX releases a process's locks on any close),
+        # and a second writer could then open it.
+        [(catalog,)] = self.con.execute("SELECT current_database()").fetchall()
+        self.con.execute(f"ATTACH '{tmp}' AS _snapshot")
+        try:
+            self.con.execute(f'COPY FROM DATABASE "{catalog}" TO _snapshot')
+        finally:
+            self.con.execute("DETACH _snapshot")
+        try:
+            os.replace(tmp, dest)
+        finally:
+            for leftover in (tmp, tmp.with_name(tmp.name + ".wal")):
+                with contextlib.suppress(FileNotFoundError):
+                    leftover.unlink()
+        return dest
+
+
+def _events_arrays(batch: Batch) -> dict[str, np.ndarray]:
+    return {
+        "seq": np.array(batch.seq, dtype=np.uint64),
+        "subject": _array(batch.subject),
+        "event_id": _array(batch.event_id),
+        "type": _array(batch.type),
+        "study_id": _array(batch.study_id),
+        "trial_id": _array(batch.trial_id),
+        "cluster_id": _array(batch.cluster_id),
+        "source": _array(batch.source),
+        "ts_us": np.array(batch.ts_us, dtype=np.int64),
+        "schema_version": np.array(batch.schema_version, dtype=np.int32),
+        "payload": _array(batch.payload),
+    }
+
+
+_STEP_DTYPES: dict[str, Any] = {
+    "seq": np.uint64, "rank": np.int32, "world_size": np.int32, "step": np.int64, "loss": np.float64,
+    "step_time_s": np.float64, "tokens": np.int64, "optimizer_steps": np.int64, "peak_memory_bytes": np.int64,
+    "wall_time": np.float64, "ts_us": np.int64,
+}
+
+
+def _steps_arrays(batch: Batch) -> dict[str, np.ndarray]:
+    """Non-nullable numeric columns as native arrays (fast scan); nullable ones as objects (None is NULL)."""
+    return {
+        name: np.array(values, dtype=_STEP_DTYPES[name]) if name in _STEP_DTYPES else _array(values)
+        for name, values in batch.steps.items()
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# Reading the streams
+# --------------------------------------------------------------------------------------------------
+
+
+def _sequences(reply: str) -> tuple[int, int]:
+    """(stream seq, consumer seq) from a JetStream delivery's reply subject (v1 and v2 ack formats)."""
+    tokens = reply.split(".")
+    if len(tokens) == 9:  # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>
+        return int(tokens[5]), int(tokens[6])
+    # $JS.ACK.<domain>.<account>.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>[.<token>]
+    return int(tokens[7]), int(tokens[8])
+
+
+def stream_messages(msgs: Sequence[Msg]) -> list[StreamMessage]:
+    """``(seq, subject, data)`` of messages fetched through nats-py (e.g. ``Bus.iter_stream``)."""
+    return [(_sequences(m.reply)[0], m.subject, m.data) for m in msgs]
+
+
+class StreamReadError(RuntimeError):
+    """The ordered read stalled; the caller resumes from its stored position."""
+
+
+async def read_stream(
+    bus: Bus, stream: str, start_seq: int = 1, *, max_buffer: int = 32_768, idle_timeout_s: float = 10.0
+) -> AsyncIterator[list[StreamMessage]]:
+    """Every message of ``stream`` from ``start_seq`` up to its last sequence when the read began, in order.
+
+    Like ``Bus.iter_stream`` (ephemeral, no acks, nothing left on the server) but several times faster:
+    nats-py's pull ``fetch`` waits for each message in a task of its own, while its ordered push consumer
+    hands messages to one callback, with flow control and gap recovery (it re-creates the consumer after
+    a lost message) done by nats-py. Backpressure: when ``max_buffer`` messages wait to be taken, the
+    callback waits too, nats-py withholds the flow-control reply, and the server pauses.
+    """
+    try:
+        info = await bus.js.stream_info(stream)
+    except nats.js.errors.NotFoundError:
+        return  # a stream nobody created yet is an empty one
+    last = info.state.last_seq
+    start_seq = max(start_seq, info.state.first_seq or 1)
+    if info.state.messages == 0 or last < start_seq:
+        return
+    buffer: list[StreamMessage] = []
+    ready = asyncio.Event()
+    room = asyncio.Event()
+    room.set()
+
+    async def on_message(msg: Msg) -> None:
+        if len(buffer) >= max_buffer:
+            room.clear()
+            await room.wait()
+        seq = _sequences(msg.reply)[0]
+        buffer.append((seq, msg.subject, msg.data))
+        if len(buffer) >= 1024 or seq >= last:
+            ready.set()
+
+    sub = await bus.js.subscribe(
+        "",
+        stream=stream,
+        cb=on_message,
+        ordered_consumer=True,
+        deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
+        config=api.ConsumerConfig(opt_start_seq=start_seq),
+        pending_msgs_limit=-1,
+        pending_bytes_limit=-1,
+    )
+    try:
+        seen = start_seq - 1
+        while seen < last:
+            try:
+                await asyncio.wait_for(ready.wait(), 0.05 if buffer else idle_timeout_s)
+            except TimeoutError:
+                if not buffer:
+                    now = await bus.js.stream_info(stream)
+                    if now.state.messages == 0 or now.state.last_seq <= seen:
+                        return  # the tail was deleted (retention, purge) while we read
+                    raise StreamReadError(
+                        f"{stream}: nothing delivered for {idle_timeout_s:.0f}s after seq {seen}"
+                    ) from None
+            ready.clear()
+            if buffer:
+                chunk = buffer[:]
+                buffer.clear()
+                room.set()
+                seen = chunk[-1][0]
+                yield chunk[: _upto(chunk, last)]
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+
+
+def _upto(chunk: list[StreamMessage], last: int) -> int:
+    """How many messages of ``chunk`` have sequence ``<= last`` (the read stops where the stream ended)."""
+    if chunk[-1][0] <= last:
+        return len(chunk)
+    return next(i for i, m in enumerate(chunk) if m[0] > last)
+
+
+# --------------------------------------------------------------------------------------------------
+# Replay
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReplayStats:
+    events: int
+    """Messages applied (events, dead letters and undecodable ones) in this run."""
+    seconds: float
+    events_per_s: float
+
+
+Progress = Callable[[int, int], None]
+"""Called with (messages applied so far, messages to apply in this run)."""
+
+
+async def backlog(bus: Bus, db: AnalystDB) -> dict[str, int]:
+    """Messages per stream past the DB's position (what a catch-up will read)."""
+    counts = await bus.stream_counts()
+    return {
+        stream: max(0, counts[stream]["last_seq"] - db.position(stream))
+        for stream in REPLAYED_STREAMS
+        if stream in counts and counts[stream]["messages"]
+    }
+
+
+async def catch_up(
+    bus: Bus,
+    db: AnalystDB,
+    *,
+    progress: Progress | None = None,
+    batch_size: int = DEFAULT_BATCH,
+    executor: concurrent.futures.Executor | None = None,
+) -> int:
+    """Apply every message past the DB's positions, stream by stream; returns how many were applied.
+
+    Decoding runs on the event loop while the previous batch is written on ``executor`` (one thread:
+    DuckDB releases the GIL while it inserts), so reading, decoding and writing overlap.
+    """
+    todo = await backlog(bus, db)
+    total = sum(todo.values())
+    if total == 0:
+        return 0
+    own_executor = executor is None
+    pool = executor or concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="analyst-db")
+    loop = asyncio.get_running_loop()
+    applied = 0
+    try:
+        for stream in todo:
+            for attempt in range(3):
+                pending: asyncio.Future | None = None
+                decoded_to = db.position(stream)
+                buffer: list[StreamMessage] = []
+                try:
+                    async for chunk in read_stream(bus, stream, decoded_to + 1):
+                        buffer.extend(chunk)
+                        if len(buffer) < batch_size:
+                            continue
+                        batch = decode_batch(stream, buffer, after_seq=decoded_to)
+                        buffer = []
+                        decoded_to = batch.last_seq or decoded_to
+                        if pending is not None:
+                            applied += await pending
+                            if progress:
+                                progress(applied, total)
+                        pending = loop.run_in_executor(pool, db.write_batch, batch)
+                    if buffer:
+                        batch = decode_batch(stream, buffer, after_seq=decoded_to)
+                        if pending is not None:
+                            applied += await pending
+                        pending = loop.run_in_executor(pool, db.write_batch, batch)
+                    if pending is not None:
+                        applied += await pending
+                        pending = None
+                    if progress:
+                        progress(applied, total)
+                    break
+                except StreamReadError as exc:
+                    if pending is not None:
+                        applied += await pending
+                    if attempt == 2:
+                        raise
+                    log.warning("stream read interrupted; resuming from the stored position", error=str(exc))
+    finally:
+        if own_executor:
+            pool.shutdown(wait=True)
+    return applied
+
+
+async def replay(
+    bus: Bus,
+    db_path: Path | str,
+    *,
+    from_scratch: bool = False,
+    progress: Progress | None = None,
+    batch_size: int = DEFAULT_BATCH,
+) -> ReplayStats:
+    """Bring the analyst DB at ``db_path`` up to the end of the streams (``from_scratch``: delete it first).
+
+    Incremental by default: only messages past the stored positions are read. ``from_scratch`` removes the
+    file in place; for a rebuild that never leaves a half-written DB behind, replay into a temporary
+    file and rename it (what ``infrarsi replay --from-scratch`` does).
+    """
+    path = Path(db_path)
+    if from_scratch:
+        for stale in (path, path.with_name(path.name + ".wal")):
+            with contextlib.suppress(FileNotFoundError):
+                stale.unlink()
+    started = time.perf_counter()
+    db = await asyncio.to_thread(AnalystDB.open, path)
+    try:
+        applied = await catch_up(bus, db, progress=progress, batch_size=batch_size)
+        await asyncio.to_thread(db.checkpoint)
+    finally:
+        db.close()
+    seconds = time.perf_counter() - started
+    return ReplayStats(events=applied, seconds=seconds, events_per_s=applied / seconds if seconds > 0 else 0.0)
+
+
+async def wait_until(
+    db: AnalystDB | Path | str, stream: str, seq: int, timeout: float = 10.0, interval: float = 0.05
+) -> dict[str, int]:
+    """Wait until the DB (an open one, or a file — a snapshot — reopened read-only each time) has applied
+    ``stream`` up to ``seq``; returns the positions. ``TimeoutError`` says where it stood."""
+    deadline = time.monotonic() + timeout
+    positions: dict[str, int] = {}
+    while True:
+        if isinstance(db, AnalystDB):
+            positions = db.positions()
+        else:
+            with contextlib.suppress(AnalystDBError, duckdb.Error):
+                snapshot = AnalystDB.open(db, read_only=True)
+                try:
+                    positions = snapshot.positions()
+                finally:
+                    snapshot.close()
+        if positions.get(stream, 0) >= seq:
+            return positions
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"analyst DB {getattr(db, 'path', db)} at {positions}, not at {stream}:{seq} after {timeout}s")
+        await asyncio.sleep(interval)

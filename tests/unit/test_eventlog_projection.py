@@ -1,0 +1,105 @@
+"""The analyst projection without a server: decoding, idempotence by sequence, batch-independence, snapshots."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import msgspec
+import pytest
+from infrarsi import eventlog
+from infrarsi import events as ev
+
+T0 = datetime(2026, 3, 1, tzinfo=UTC)
+
+
+def _step(n: int, trial: str = "t1", **changes) -> ev.Event:
+    payload = ev.TrialStep(rank=n % 2, world_size=2, step=n, loss=1.0 / (n + 1), step_time_s=0.5,
+                           phases={"forward": 0.2}, tokens=64, optimizer_steps=n, peak_memory_bytes=10 + n)
+    return ev.Event(event_id=f"e{n}", type="TrialStep", study_id="s1", trial_id=trial, cluster_id="c",
+                    source="probe", ts=T0 + timedelta(seconds=n), payload=msgspec.structs.replace(payload, **changes))
+
+
+def _messages(events: list[ev.Event], first_seq: int = 1) -> list[eventlog.StreamMessage]:
+    return [(first_seq + i, ev.subject_for(e), ev.encode(e)) for i, e in enumerate(events)]
+
+
+def dump(db: eventlog.AnalystDB) -> dict[str, list[tuple]]:
+    return {t: db.query(f"SELECT * FROM {t} ORDER BY ALL")[1] for t in eventlog.PROJECTION_TABLES}
+
+
+def _variants() -> list[bytes]:
+    good = msgspec.json.decode(ev.encode(_step(3)))
+    out = [ev.encode(_step(3))]
+    for mutate in (
+        lambda d: d["payload"].pop("type"),
+        lambda d: d["payload"].__setitem__("type", "TrialFinished"),
+        lambda d: d.__setitem__("type", "TrialFinished"),
+        lambda d: d["payload"].__setitem__("rank", "zero"),
+        lambda d: d["payload"].__setitem__("phases", {"forward": "fast"}),
+        lambda d: d.__setitem__("ts", "yesterday"),
+        lambda d: d.pop("study_id"),
+        lambda d: d["payload"].pop("tokens"),
+    ):
+        bad = msgspec.json.decode(msgspec.json.encode(good))
+        mutate(bad)
+        out.append(msgspec.json.encode(bad))
+    return out + [b"{", b"[]"]
+
+
+@pytest.mark.parametrize("data", _variants())
+def test_fast_step_decoder_accepts_exactly_what_events_decode_accepts(data: bytes) -> None:
+    try:
+        expected = ev.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        expected = None
+    try:
+        envelope, step = eventlog.decode_step(data)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        assert expected is None or expected.type != "TrialStep"
+        return
+    assert expected is not None and step == expected.payload and envelope.event_id == expected.event_id
+
+
+def test_reply_subject_sequences_v1_and_v2() -> None:
+    assert eventlog._sequences("$JS.ACK.IRSI.c1.1.42.7.1764690000000000000.3") == (42, 7)
+    assert eventlog._sequences("$JS.ACK.hub.ACC.IRSI.c1.1.42.7.1764690000000000000.3.tok") == (42, 7)
+
+
+def test_apply_batch_is_idempotent_and_independent_of_batch_boundaries(tmp_path: Path) -> None:
+    msgs = _messages([_step(n) for n in range(1, 40)])
+    with eventlog.AnalystDB.open(tmp_path / "one.duckdb") as one, eventlog.AnalystDB.open(tmp_path / "many.duckdb") as many:
+        assert one.apply_batch(eventlog.TELEMETRY_STREAM, msgs) == 39
+        for i in range(0, len(msgs), 5):
+            many.apply_batch(eventlog.TELEMETRY_STREAM, msgs[i:i + 5])
+        assert dump(one) == dump(many)
+        before = dump(one)
+        assert one.apply_batch(eventlog.TELEMETRY_STREAM, msgs[10:20]) == 0  # a repeated position
+        assert one.apply_batch(eventlog.TELEMETRY_STREAM, msgs[30:] + _messages([_step(40)], 40)) == 1
+        assert one.position(eventlog.TELEMETRY_STREAM) == 40
+        assert len(dump(one)["steps"]) == len(before["steps"]) + 1
+
+
+def test_bad_messages_go_to_undecodable(tmp_path: Path) -> None:
+    msgs = [(1, "irsi.telemetry.s1.t1", b"nope"), *_messages([_step(2)], 2), (3, "irsi.deadletter.x", b"{}")]
+    with eventlog.AnalystDB.open(tmp_path / "db.duckdb") as db:
+        assert db.apply_batch(eventlog.TELEMETRY_STREAM, msgs) == 3
+        _, rows = db.query("SELECT seq, subject, raw FROM undecodable ORDER BY seq")
+        assert [(r[0], r[1]) for r in rows] == [(1, "irsi.telemetry.s1.t1"), (3, "irsi.deadletter.x")]
+        assert db.query("SELECT count(*) FROM steps")[1] == [(1,)]
+
+
+def test_snapshot_is_a_readable_copy_and_the_writer_keeps_its_lock(tmp_path: Path) -> None:
+    path, snapshot = tmp_path / "analyst.duckdb", tmp_path / "analyst.snapshot.duckdb"
+    with eventlog.AnalystDB.open(path) as db:
+        db.apply_batch(eventlog.TELEMETRY_STREAM, _messages([_step(n) for n in range(1, 5)]))
+        db.publish_snapshot(snapshot)
+        with eventlog.AnalystDB.open(snapshot, read_only=True) as copy:
+            assert dump(copy) == dump(db)
+        second = subprocess.run(
+            [sys.executable, "-c", f"from infrarsi.eventlog import AnalystDB; AnalystDB.open({str(path)!r})"],
+            capture_output=True, text=True, timeout=60,
+        )
+        assert second.returncode != 0 and "lock" in second.stderr
