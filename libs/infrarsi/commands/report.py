@@ -18,7 +18,7 @@ from pathlib import Path
 import duckdb
 
 from infrarsi import events as ev
-from infrarsi.commands.doctor import add_bus_arguments, cli_bus, data_dir_of
+from infrarsi.commands.doctor import add_bus_arguments, cli_bus
 from infrarsi.report import build_report, render_all
 from infrarsi.report.source import ReportSourceError, snapshot_lifecycle
 
@@ -45,7 +45,9 @@ async def refresh_db(bus, db_path: Path) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("study", help="study id")
     parser.add_argument("--out", type=Path, required=True, help="directory for report.html, report.md (+ PNGs), report.pdf")
-    parser.add_argument("--db", type=Path, default=None, help="analyst DuckDB (default <data-dir>/analyst.duckdb)")
+    parser.add_argument("--db", type=Path, default=None,
+                        help="DuckDB to replay into and read (default <out>/analyst.duckdb; the reporter service "
+                             "holds <data-dir>/analyst.duckdb, so the report keeps its own replay of the log)")
     parser.add_argument("--fresh", action="store_true", help="replay into a new DB under --out instead of --db")
     parser.add_argument("--offline", action="store_true", help="read the DB as it is; no bus, nothing published")
     parser.add_argument("--format", action="append", choices=["html", "md", "pdf"], help="formats (default all)")
@@ -57,7 +59,7 @@ async def run(args: argparse.Namespace) -> int:
 
     out_dir: Path = args.out
     out_dir.mkdir(parents=True, exist_ok=True)
-    db_path = out_dir / "analyst.duckdb" if args.fresh else (args.db or data_dir_of(args) / "analyst.duckdb")
+    db_path = out_dir / "analyst.duckdb" if args.fresh else (args.db or out_dir / "analyst.duckdb")
     if args.fresh and db_path.exists():
         db_path.unlink()
     formats = tuple(args.format or ("html", "md", "pdf"))

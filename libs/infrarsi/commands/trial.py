@@ -26,6 +26,7 @@ import yaml
 
 from infrarsi import events as ev
 from infrarsi.contract import Contract, ContractError, load_contract
+from infrarsi.doctor import measure_cpu_peak_flops
 
 SOURCE = "cli.trial"
 
@@ -201,28 +202,11 @@ async def _study(bus, contract_path: Path, contract: Contract, data_dir: Path) -
     peak = created.cluster.peak_flops
     if peak is None and created.cluster.accelerator.lower() == "cpu":
         ranks = contract.workload.launcher.nnodes * contract.workload.launcher.nproc_per_node
-        peak = await asyncio.to_thread(measure_cpu_peak_flops) / ranks
+        peak = await asyncio.to_thread(measure_cpu_peak_flops, os.cpu_count() or 1) / ranks
         created = msgspec.structs.replace(created, cluster=msgspec.structs.replace(created.cluster, peak_flops=peak))
         prepared = prepared._replace(created=created)
     await bus.publish(study_created_event(prepared))
     return prepared.study_id, True, peak
-
-
-def measure_cpu_peak_flops(size: int = 1024, seconds: float = 1.0) -> float:
-    """FLOP/s of float32 matmuls on every core of this host (best of a few timed runs)."""
-    import torch
-
-    a = torch.randn(size, size)
-    b = torch.randn(size, size)
-    torch.mm(a, b)
-    best = 0.0
-    deadline = time.perf_counter() + seconds
-    while time.perf_counter() < deadline:
-        t0 = time.perf_counter()
-        for _ in range(4):
-            torch.mm(a, b)
-        best = max(best, 4 * 2 * size**3 / (time.perf_counter() - t0))
-    return best
 
 
 async def _baseline_at(bus, study_id: str, horizon: int) -> str | None:
