@@ -1,0 +1,355 @@
+"""Peak-memory model with right-censored (Tobit) fitting of OOM trials.
+
+Owns: the structural estimate of peak bytes per GPU (model state under ZeRO sharding, Korthikanti et al. 2022
+activations under recomputation/attention/sequence-parallel choices) when the workload's shape is known, the
+learned multiplicative corrections (log-linear in candidate features) fitted by MAP with a censored-normal
+likelihood, P(OOM) for any candidate, and the memory "price" of each setting. Without a known shape it falls
+back to a pure log-linear model over features (`generic` mode), still censored.
+
+An OOM trial is the observation ``peak > bound`` where bound is the last peak seen before the kill; it is
+never dropped. Must not: do I/O or know how trials run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.optimize import minimize, minimize_scalar
+from scipy.special import log_ndtr, ndtr
+
+from infrarsi.modeling.priors import KnowledgeBase, default_knowledge_base
+from infrarsi.modeling.space import Candidate, FeatureEncoder, SearchSpace
+
+WORKSPACE_BYTES = 1.5 * 2**30
+
+
+@dataclass(frozen=True)
+class TransformerMeta:
+    """What the structural memory formula needs to know about the workload (from the contract/doctor)."""
+
+    layers: int
+    hidden: int
+    heads: int
+    seq_len: int
+    vocab: int
+    dense_params: int
+    """Parameters replicated across expert-parallel ranks (everything but MoE experts), embeddings included."""
+    global_batch: int
+    capacity_bytes: float
+    expert_params: int = 0
+    experts: int = 1
+    top_k: int = 1
+    roles: Mapping[str, str] = field(default_factory=dict)
+    """Role -> knob name where the contract names knobs differently (roles: tp, pp, dp, ep, micro_batch,
+    recompute, zero_stage, sequence_parallel, flash_attention, offload_optimizer, capacity_factor)."""
+
+    def knob(self, c: Mapping[str, object], role: str, default: object) -> object:
+        return c.get(self.roles.get(role, role), default)
+
+
+def structural_components(meta: TransformerMeta, knobs: Mapping[str, object]) -> tuple[float, float]:
+    """Textbook (static bytes, activation bytes) on the busiest GPU, before any learned correction."""
+    tp = int(meta.knob(knobs, "tp", 1))
+    pp = int(meta.knob(knobs, "pp", 1))
+    dp = int(meta.knob(knobs, "dp", 1))
+    ep = int(meta.knob(knobs, "ep", 1))
+    mb = int(meta.knob(knobs, "micro_batch", 1))
+    recompute = str(meta.knob(knobs, "recompute", "none"))
+    zero = int(meta.knob(knobs, "zero_stage", 0))
+    sp = bool(meta.knob(knobs, "sequence_parallel", False))
+    flash = bool(meta.knob(knobs, "flash_attention", True))
+    offload = bool(meta.knob(knobs, "offload_optimizer", False))
+    cf = float(meta.knob(knobs, "capacity_factor", 1.25))  # type: ignore[arg-type]
+
+    def bytes_per_param(shards: int) -> float:  # bf16 param 2 + bf16 grad 2 + fp32 optimizer 12
+        opt = 0.0 if offload else 12.0
+        return (4 + opt, 4 + opt / shards, 2 + (2 + opt) / shards, (4 + opt) / shards)[min(zero, 3)]
+
+    embed = 2 * meta.vocab * meta.hidden
+    body = (meta.dense_params - embed) / pp + (embed if pp == 1 else embed / 2)
+    static = body / tp * bytes_per_param(dp) + meta.expert_params / (pp * tp * ep) * bytes_per_param(max(dp // ep, 1))
+
+    s, h, a = meta.seq_len, meta.hidden, meta.heads
+    sbh = s * mb * h
+    mlp_scale = meta.top_k * cf if meta.experts > 1 else 1.0
+    layer_full = sbh * ((10.0 / tp if sp else 10.0) + 5.0 / tp + 19.0 * mlp_scale / tp
+                        + (0.0 if (flash or recompute != "none") else 5.0 * a * s / (h * tp)))
+    per_layer = 2.0 * sbh / (tp if sp else 1) if recompute == "full" else layer_full
+    microbatches = max(meta.global_batch // max(dp * mb, 1), 1)
+    act = meta.layers / pp * min(pp, microbatches) * per_layer
+    if recompute == "full":
+        act += layer_full
+    if pp == 1:
+        act += mb * s * meta.vocab * 8 / tp  # fp32 logits and their gradient
+    return static, act
+
+
+@dataclass
+class MemoryFit:
+    theta: np.ndarray
+    log_sigma: float
+    cov: np.ndarray
+    n_ok: int
+    n_censored: int
+    converged: bool
+    seconds: float = 0.0
+
+
+class MemoryModel:
+    """Censored log-normal model of peak bytes.
+
+    Structured mode (``meta`` given): peak = S(c)·exp(φ(c)·u) + A(c)·exp(φ(c)·v) + W·exp(w), with S, A the
+    structural static/activation bytes, W a workspace constant, φ the main (non-interaction) features; u, v, w
+    have zero-mean Gaussian priors (the formula is trusted unless data say otherwise).
+    Generic mode: log peak = φ(c)·β with knowledge-base priors on β.
+    Noise: log peak ~ N(μ(c), σ²); an OOM at bound b contributes log P(log peak > log b).
+    """
+
+    def __init__(self, space: SearchSpace, capacity_bytes: float, meta: TransformerMeta | None = None,
+                 kb: KnowledgeBase | None = None, correction_std: float = 0.12, censored: bool = True) -> None:
+        self.space = space
+        self.capacity_bytes = float(capacity_bytes)
+        self.meta = meta
+        self.kb = kb or default_knowledge_base()
+        self.censored = censored
+        self.encoder = FeatureEncoder(space, interactions=False)
+        p = self.encoder.dim
+        self.structured = meta is not None
+        if self.structured:
+            assert meta is not None
+            # which knobs can correct which component: the formula's known weak spots are the activation
+            # footprint of recompute/attention/sequence-parallel choices and the model-state footprint of the
+            # sharding choices; every other knob gets only a small correction
+            act_roles = {"recompute", "flash_attention", "sequence_parallel", "micro_batch", "capacity_factor"}
+            static_roles = {"zero_stage", "offload_optimizer"}
+            by_knob = {meta.roles.get(r, r): r for r in act_roles | static_roles}
+            std_s = np.full(p, 0.02)
+            std_a = np.full(p, 0.02)
+            for i, spec in enumerate(self.encoder.specs):
+                role = by_knob.get(spec.knob or "")
+                if role in act_roles:
+                    std_a[i] = correction_std
+                if role in static_roles:
+                    std_s[i] = correction_std
+            std_s[0] = std_a[0] = 0.3
+            self.prior_mean = np.zeros(2 * p + 1)
+            self.prior_std = np.concatenate([std_s, std_a, [0.7]])
+        else:
+            mean, std = self.kb.memory_priors(self.encoder)
+            mean[0] = math.log(self.capacity_bytes * 0.6)
+            std[0] = 1.0
+            self.prior_mean, self.prior_std = mean, std
+        self.theta = self.prior_mean.copy()
+        self.log_sigma = math.log(0.03)
+        self._x: list[np.ndarray] = []
+        self._sa: list[tuple[float, float]] = []
+        self._y: list[float] = []
+        self._cens: list[bool] = []
+        self.fit_result: MemoryFit | None = None
+        self._cov = np.diag(self.prior_std**2)
+
+    # ---- data
+    def observe(self, c: Candidate, peak_bytes: float, oom: bool) -> None:
+        """A finished trial's peak; for an OOM, ``peak_bytes`` is the censoring bound."""
+        if oom and not self.censored:
+            return
+        self._x.append(self.encoder.encode_main(c))
+        self._sa.append(self._components(c))
+        self._y.append(math.log(max(peak_bytes, 1.0)))
+        self._cens.append(oom)
+
+    def _components(self, c: Candidate) -> tuple[float, float]:
+        return structural_components(self.meta, c.knobs) if self.meta is not None else (0.0, 0.0)
+
+    @property
+    def n(self) -> int:
+        return len(self._y)
+
+    # ---- mean function and its gradient
+    def _mu_grad(self, theta: np.ndarray, x: np.ndarray, sa: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """μ (n,) and dμ/dθ (n, k) for rows x (n, p) with structural components sa (n, 2)."""
+        if not self.structured:
+            return x @ theta, x
+        p = x.shape[1]
+        u, v, w = theta[:p], theta[p:2 * p], theta[2 * p]
+        s_term = sa[:, 0] * np.exp(x @ u)  # (n,)
+        a_term = sa[:, 1] * np.exp(x @ v)  # (n,)
+        o_term = WORKSPACE_BYTES * math.exp(w)
+        total = s_term + a_term + o_term
+        grad = np.concatenate([x * (s_term / total)[:, None], x * (a_term / total)[:, None],
+                               (o_term / total)[:, None]], axis=1)  # (n, 2p+1)
+        return np.log(total), grad
+
+    # ---- fit
+    def _nll_only(self, log_sigma: float, mu: np.ndarray, y: np.ndarray, cens: np.ndarray,
+                  theta: np.ndarray) -> float:
+        """Negative log posterior for fixed μ (the 1-D σ search)."""
+        log_sigma = float(log_sigma)
+        r = (y - mu) / math.exp(log_sigma)
+        ok = ~cens
+        nll = 0.5 * float(np.sum(r[ok] ** 2)) + ok.sum() * log_sigma - float(np.sum(log_ndtr(-r[cens])))
+        nll += 0.5 * float(np.sum((theta - self.prior_mean) ** 2 / self.prior_std**2))
+        return nll + 0.5 * ((log_sigma - self.log_sigma_prior[0]) / self.log_sigma_prior[1]) ** 2
+
+    def _nll_terms(self, theta: np.ndarray, log_sigma: float, x: np.ndarray, sa: np.ndarray, y: np.ndarray,
+                   cens: np.ndarray) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
+        """Negative log posterior and, in θ: gradient, Gauss-Newton Hessian; plus dμ/dθ rows."""
+        sigma = math.exp(log_sigma)
+        mu, g = self._mu_grad(theta, x, sa)
+        r = (y - mu) / sigma
+        ok = ~cens
+        nll = 0.5 * float(np.sum(r[ok] ** 2)) + ok.sum() * log_sigma
+        d_mu = np.zeros_like(mu)
+        w = np.zeros_like(mu)
+        d_mu[ok] = -r[ok] / sigma
+        w[ok] = 1.0 / sigma**2
+        if cens.any():
+            # an OOM says log peak > y: P = Φ((μ - y)/σ)
+            zc = -r[cens]
+            nll -= float(np.sum(log_ndtr(zc)))
+            lam = np.exp(_log_npdf(zc) - log_ndtr(zc))  # inverse Mills ratio
+            d_mu[cens] = -lam / sigma
+            w[cens] = lam * (lam + zc) / sigma**2
+        prior_prec = 1.0 / self.prior_std**2
+        diff = theta - self.prior_mean
+        nll += 0.5 * float(np.sum(prior_prec * diff**2))
+        nll += 0.5 * ((log_sigma - self.log_sigma_prior[0]) / self.log_sigma_prior[1]) ** 2
+        grad = g.T @ d_mu + prior_prec * diff
+        hess = (g * w[:, None]).T @ g
+        hess[np.diag_indices_from(hess)] += prior_prec
+        return nll, grad, hess, g
+
+    log_sigma_prior = (math.log(0.03), 0.7)
+    log_sigma_bounds = (math.log(0.01), math.log(1.0))
+
+    def fit(self, max_iterations: int = 50) -> MemoryFit:
+        """MAP by damped Gauss-Newton in θ (Levenberg-Marquardt) alternating with a 1-D update of log σ,
+        warm-started from the previous fit; `fit_lbfgs` is the plain reference optimiser."""
+        import time
+
+        t0 = time.perf_counter()
+        if self.n == 0:
+            self.fit_result = MemoryFit(self.theta, self.log_sigma, np.diag(self.prior_std**2), 0, 0, True)
+            self._cov = self.fit_result.cov
+            return self.fit_result
+        x, sa, y, cens = self._arrays()
+        theta, ls = self.theta.copy(), self.log_sigma
+        damping = 1e-3
+        nll, grad, hess, _ = self._nll_terms(theta, ls, x, sa, y, cens)
+        converged = False
+        for _ in range(max_iterations):
+            step = np.linalg.solve(hess + damping * np.diag(np.diag(hess)), grad)
+            cand = theta - step
+            nll_c, grad_c, hess_c, _ = self._nll_terms(cand, ls, x, sa, y, cens)
+            if nll_c <= nll:
+                theta, nll, grad, hess = cand, nll_c, grad_c, hess_c
+                damping = max(damping / 3, 1e-6)
+            else:
+                damping *= 10
+                if damping > 1e6:
+                    break
+            # log σ: a few golden-section steps on the exact objective
+            mu_fixed, _ = self._mu_grad(theta, x, sa)
+            res = minimize_scalar(self._nll_only, method="bounded", args=(mu_fixed, y, cens, theta),
+                                  bounds=self.log_sigma_bounds, options={"xatol": 0.01})
+            moved = abs(res.x - ls)
+            ls = float(res.x)
+            nll, grad, hess, _ = self._nll_terms(theta, ls, x, sa, y, cens)
+            if float(np.max(np.abs(step))) < 1e-4 and moved < 0.01:
+                converged = True
+                break
+        self.theta, self.log_sigma = theta, ls
+        self._cov = self._laplace_cov(x, sa, y, cens)
+        self.fit_result = MemoryFit(self.theta, self.log_sigma, self._cov, int((~cens).sum()), int(cens.sum()),
+                                    converged, time.perf_counter() - t0)
+        return self.fit_result
+
+    def _arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        return np.array(self._x), np.array(self._sa).reshape(-1, 2), np.array(self._y), np.array(self._cens)
+
+    def fit_lbfgs(self, maxiter: int = 2000) -> MemoryFit:
+        """Slow reference path: L-BFGS-B on (θ, log σ) jointly with the analytic gradient."""
+        x, sa, y, cens = self._arrays()
+        k = self.prior_mean.size
+
+        def objective(z: np.ndarray) -> tuple[float, np.ndarray]:
+            theta, ls = z[:k], z[k]
+            nll, grad, _, _ = self._nll_terms(theta, ls, x, sa, y, cens)
+            sigma = math.exp(ls)
+            mu, _ = self._mu_grad(theta, x, sa)
+            r = (y - mu) / sigma
+            d_ls = float((~cens).sum() - np.sum(r[~cens] ** 2))
+            if cens.any():
+                zc = -r[cens]
+                lam = np.exp(_log_npdf(zc) - log_ndtr(zc))
+                d_ls += float(np.sum(lam * zc))
+            d_ls += (ls - self.log_sigma_prior[0]) / self.log_sigma_prior[1] ** 2
+            return nll, np.concatenate([grad, [d_ls]])
+
+        z0 = np.concatenate([self.theta, [self.log_sigma]])
+        res = minimize(objective, z0, jac=True, method="L-BFGS-B", options={"maxiter": maxiter},
+                       bounds=[(None, None)] * k + [self.log_sigma_bounds])
+        self.theta, self.log_sigma = res.x[:k].copy(), float(res.x[k])
+        self._cov = self._laplace_cov(x, sa, y, cens)
+        self.fit_result = MemoryFit(self.theta, self.log_sigma, self._cov, int((~cens).sum()), int(cens.sum()),
+                                    bool(res.success))
+        return self.fit_result
+
+    def _laplace_cov(self, x: np.ndarray, sa: np.ndarray, y: np.ndarray, cens: np.ndarray) -> np.ndarray:
+        """Gauss-Newton Hessian of the negative log posterior in θ at the MAP, inverted."""
+        sigma = math.exp(self.log_sigma)
+        mu, g = self._mu_grad(self.theta, x, sa)
+        w = np.full(mu.shape, 1.0 / sigma**2)
+        if cens.any():
+            zc = (mu[cens] - y[cens]) / sigma
+            lam = np.exp(_log_npdf(zc) - log_ndtr(zc))
+            w[cens] = lam * (lam + zc) / sigma**2
+        h = (g * w[:, None]).T @ g + np.diag(1.0 / self.prior_std**2)
+        try:
+            return np.linalg.inv(h)
+        except np.linalg.LinAlgError:
+            return np.linalg.pinv(h)
+
+    # ---- prediction
+    def predict_log(self, cs: Sequence[Candidate], x: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and std (parameter uncertainty + noise) of log peak bytes."""
+        if x is None:
+            x = np.array([self.encoder.encode_main(c) for c in cs]).reshape(len(cs), self.encoder.n_main)
+        sa = np.array([self._components(c) for c in cs]).reshape(len(cs), 2)
+        mu, g = self._mu_grad(self.theta, x, sa)
+        var = np.sum((g @ self._cov) * g, axis=1) + math.exp(2 * self.log_sigma)
+        return mu, np.sqrt(np.maximum(var, 1e-12))
+
+    def predict_bytes(self, cs: Sequence[Candidate]) -> np.ndarray:
+        mu, _ = self.predict_log(cs)
+        return np.exp(mu)
+
+    def p_oom(self, cs: Sequence[Candidate], x: np.ndarray | None = None) -> np.ndarray:
+        mu, sd = self.predict_log(cs, x)
+        return ndtr((mu - math.log(self.capacity_bytes)) / sd)
+
+    def prices(self, base: Candidate) -> list[tuple[str, object, float]]:
+        """Memory price of each single-knob change from ``base``: (knob, value, predicted Δ log peak).
+        Changes are priced whether or not they are feasible alone (a price, not a proposal)."""
+        out: list[tuple[str, object, float]] = []
+        mu0 = float(self.predict_log([base])[0][0])
+        for k in self.space.knobs:
+            vals = k.values()
+            if vals is None:
+                continue
+            for v in vals:
+                if v == base[k.name]:
+                    continue
+                c = base.replace(**{k.name: v})
+                out.append((k.name, v, float(self.predict_log([c])[0][0]) - mu0))
+        for p in self.space.patches:
+            c = Candidate.of(base.knobs, base.patches ^ {p.id})
+            out.append((f"patch:{p.id}", p.id not in base.patches, float(self.predict_log([c])[0][0]) - mu0))
+        return out
+
+
+def _log_npdf(z: np.ndarray) -> np.ndarray:
+    return -0.5 * z**2 - 0.5 * math.log(2 * math.pi)

@@ -1,0 +1,467 @@
+"""The Searcher: observe trial outcomes, suggest the next candidates.
+
+Owns: the in-study state the proposer and modeler services need (time model, censored memory model,
+invariant and cost models, dedup, known-OOM regions), the initial design (prior-guided best + space-filling
+seeds), batches maximising EI(log time) × P(no OOM) × P(invariants hold) / predicted cost with kriging-believer
+diversification, pairing of memory-hungry wins with memory savers, the stopping rule and the verification
+shortlist. Must not: do I/O, read clocks for decisions, or keep state that a replay of the observations in
+order would not rebuild: `Searcher.replay(...)` and a live Searcher fed the same events suggest the same
+candidates.
+
+Calling order: construct -> (observe | suggest)* ; `suggest` is a pure function of (seed, observations so far,
+``pending``) and does not change the state.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from infrarsi.modeling.acquisition import CostModel, DominationIndex, InvariantModel, expected_improvement
+from infrarsi.modeling.memory_model import MemoryModel, TransformerMeta, structural_components
+from infrarsi.modeling.priors import KnowledgeBase, default_knowledge_base
+from infrarsi.modeling.space import Candidate, Categorical, FeatureEncoder, SearchSpace, maximin_select
+from infrarsi.modeling.time_model import TimeModel
+
+Status = Literal["ok", "oom", "crash", "invariant_violation", "timeout", "scope_violation"]
+Origin = Literal["seed", "prior", "ei", "pairing", "bank", "llm"]
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One finished trial as the models see it (the modeler builds it from TrialFinished/TrialMeasured)."""
+
+    candidate: Candidate
+    status: Status
+    step_time_s: float | None = None
+    peak_bytes: float | None = None
+    """Observed peak; for an OOM the censoring bound (last peak seen before the kill)."""
+    cost_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    candidate: Candidate
+    origin: Origin
+    reason: str
+    predicted_log_time: float | None = None
+    p_oom: float | None = None
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    n_seeds: int = 3
+    """Space-filling seeds after the prior-guided first candidate."""
+    oom_exclude: float = 0.35
+    """Candidates with P(OOM) above this are never proposed (known-OOM region)."""
+    invariant_exclude: float = 0.05
+    """Candidates with P(invariants hold) below this are never proposed (a patch known to break the run)."""
+    pairing_trigger: float = 0.5
+    pairing_target: float = 0.15
+    shortlist_top: int = 600
+    shortlist_random: int = 600
+    max_pool: int = 200_000
+    sample_pool: int = 4000
+    """Candidates sampled when the space is infinite or too large to enumerate."""
+    cost_power: float = 1.0
+    stop_ei_fraction: float = 0.05
+    """Stop when max expected improvement (log units) < this × the noise std."""
+
+
+@dataclass
+class CandidatePool:
+    """Candidates the searcher scores, with encoded features; build once per space and share across
+    Searchers (benchmarks, replays)."""
+
+    space: SearchSpace
+    candidates: list[Candidate]
+    x_time: np.ndarray
+    x_main: np.ndarray
+    index: dict[str, int]
+    encoder: FeatureEncoder
+    meta: TransformerMeta | None = None
+    mem_components: np.ndarray | None = None
+    """(N, 2) structural (static, activation) bytes when the workload shape is known."""
+    codes: np.ndarray | None = None
+    """(N, knobs + patches) value codes: Hamming distance between candidates."""
+    complete: bool = False
+    """True when the pool is the whole (finite) space."""
+
+    @staticmethod
+    def build(space: SearchSpace, meta: TransformerMeta | None = None, seed: int = 0,
+              max_pool: int = 200_000, sample: int = 4000) -> CandidatePool:
+        if space.is_finite and space.size_upper_bound() <= 4 * max_pool:
+            cands = space.enumerate(limit=max_pool)
+        else:
+            cands = space.sample(sample, np.random.default_rng(seed))
+        enc = FeatureEncoder(space)
+        pool = CandidatePool(space, [], np.zeros((0, enc.dim)), np.zeros((0, enc.n_main)), {}, enc, meta)
+        pool.complete = space.is_finite and space.size_upper_bound() <= 4 * max_pool
+        pool.extend(cands)
+        return pool
+
+    def extend(self, cands: Iterable[Candidate]) -> list[int]:
+        """Add candidates not yet in the pool; pool indices of all given candidates."""
+        cands = list(cands)
+        new = list({c.key: c for c in cands if c.key not in self.index}.values())
+        if new:
+            x = self.encoder.encode_many(new)
+            start = len(self.candidates)
+            self.candidates.extend(new)
+            self.x_time = np.vstack([self.x_time, x])
+            self.x_main = np.vstack([self.x_main, x[:, : self.encoder.n_main]])
+            for i, c in enumerate(new):
+                self.index[c.key] = start + i
+            codes = np.array([self._code(c) for c in new], dtype=float)
+            self.codes = codes if self.codes is None else np.vstack([self.codes, codes])
+            if self.meta is not None:
+                comps = np.array([structural_components(self.meta, c.knobs) for c in new])  # (n_new, 2)
+                self.mem_components = comps if self.mem_components is None else np.vstack([self.mem_components,
+                                                                                           comps])
+        return [self.index[c.key] for c in cands]
+
+    def _code(self, c: Candidate) -> list[float]:
+        row: list[float] = []
+        for k in self.space.knobs:
+            v = c[k.name]
+            vals = k.values()
+            row.append(float(vals.index(v)) if vals is not None else float(v))
+        return row + [float(p.id in c.patches) for p in self.space.patches]
+
+    def neighbour_indices(self, i: int, max_changes: int = 2) -> np.ndarray:
+        """Pool rows within ``max_changes`` knob/patch changes of row i (i excluded)."""
+        if not self.complete:
+            return np.array(self.extend(self.space.neighbours(self.candidates[i], two_step=max_changes >= 2)),
+                            dtype=int)
+        assert self.codes is not None
+        d = (self.codes != self.codes[i]).sum(axis=1)
+        return np.flatnonzero((d > 0) & (d <= max_changes))
+
+
+class Searcher:
+    """Sequential/batch Bayesian search over one study's space. Deterministic given ``seed`` and the ordered
+    observations."""
+
+    def __init__(self, space: SearchSpace, capacity_bytes: float, *, meta: TransformerMeta | None = None,
+                 kb: KnowledgeBase | None = None, seed: int = 0, noise_floor: float = 0.03,
+                 config: SearchConfig | None = None, pool: CandidatePool | None = None,
+                 baseline: Candidate | None = None) -> None:
+        self.space = space
+        self.seed = seed
+        self.config = config or SearchConfig()
+        self.kb = kb or default_knowledge_base()
+        self.pool = pool or CandidatePool.build(space, meta, seed, self.config.max_pool, self.config.sample_pool)
+        self._dom = DominationIndex(space, self.pool.candidates)
+        self.time_model = TimeModel(space, self.kb, encoder=self.pool.encoder, noise_floor=noise_floor)
+        self.memory_model = MemoryModel(space, capacity_bytes, meta=meta, kb=self.kb)
+        self.invariants = InvariantModel({p.id: p.invariant_prior for p in space.patches})
+        self.cost_model = CostModel()
+        self.capacity_bytes = capacity_bytes
+        self.baseline = baseline
+        self.observations: list[Observation] = []
+        self._seen: set[str] = set()
+        self._ooms: list[Candidate] = []
+        self._queue: list[Suggestion] = []
+        self._dirty = True
+
+    # ------------------------------------------------------------------------------------------- events
+    @classmethod
+    def replay(cls, space: SearchSpace, capacity_bytes: float, observations: Iterable[Observation],
+               **kwargs: object) -> Searcher:
+        """Rebuild from the ordered event log (the services are event-sourced)."""
+        s = cls(space, capacity_bytes, **kwargs)  # type: ignore[arg-type]
+        for o in observations:
+            s.observe(o)
+        return s
+
+    def observe(self, obs: Observation) -> None:
+        c = obs.candidate
+        self.observations.append(obs)
+        self._seen.add(c.key)
+        if c.key not in self.pool.index:
+            self.pool.extend([c])
+        match obs.status:
+            case "ok" | "invariant_violation":
+                if obs.step_time_s is not None and obs.step_time_s > 0:
+                    self.time_model.observe_encoded(self.pool.x_time[self.pool.index[c.key]], obs.step_time_s)
+                if obs.peak_bytes is not None:
+                    self.memory_model.observe(c, obs.peak_bytes, oom=False)
+                self.invariants.observe(c, violated=obs.status == "invariant_violation")
+                self.cost_model.observe(obs.step_time_s, obs.cost_seconds)
+            case "oom":
+                bound = obs.peak_bytes if obs.peak_bytes is not None else self.capacity_bytes * 0.95
+                self.memory_model.observe(c, bound, oom=True)
+                self._ooms.append(c)
+                self._domination().add_oom(c)
+            case _:
+                pass  # crash/timeout/scope: no time or memory information; dedup only
+        self._dirty = True
+
+    def enqueue(self, candidates: Iterable[Candidate], origin: Origin, reason: str) -> None:
+        """External suggestions (experience bank, LLM) proposed before model-driven ones, deduplicated."""
+        for c in candidates:
+            if self.space.is_feasible(c):
+                self._queue.append(Suggestion(c, origin, reason))
+
+    def _domination(self) -> DominationIndex:
+        """OOM-dominated mask over the pool, rebuilt when the pool grew (infinite spaces)."""
+        if len(self._dom.mask) != len(self.pool.candidates):
+            self._dom = DominationIndex(self.space, self.pool.candidates)
+            for o in self._ooms:
+                self._dom.add_oom(o)
+        return self._dom
+
+    def refit(self) -> None:
+        if self._dirty:
+            self.time_model.fit()
+            self.memory_model.fit()
+            self._dirty = False
+
+    # --------------------------------------------------------------------------------------- predictions
+    def _memory_arrays(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        mm = self.memory_model
+        x = self.pool.x_main[idx]
+        cands = [self.pool.candidates[i] for i in idx]
+        if mm.structured and self.pool.mem_components is not None:
+            sa = self.pool.mem_components[idx]
+            mu, g = mm._mu_grad(mm.theta, x, sa)
+            var = np.sum((g @ mm._cov) * g, axis=1) + math.exp(2 * mm.log_sigma)
+            return mu, np.sqrt(var)
+        return mm.predict_log(cands, x)
+
+    def _p_oom(self, idx: np.ndarray) -> np.ndarray:
+        from scipy.special import ndtr
+
+        mu, sd = self._memory_arrays(idx)
+        p = ndtr((mu - math.log(self.capacity_bytes)) / sd)
+        return np.where(self._domination().mask[idx], 1.0, p)
+
+    def _p_hold(self, idx: np.ndarray) -> np.ndarray:
+        """Vectorised `InvariantModel.p_hold` over pool rows (items = knob settings + patches)."""
+        inv = self.invariants
+        if self.pool.codes is None or not self.pool.complete:
+            return np.array([inv.p_hold(self.pool.candidates[i]) for i in idx])
+        codes = self.pool.codes[idx].astype(int)
+        logp = np.full(idx.size, math.log(1.0 - inv.flake))
+        for j, k in enumerate(self.space.knobs):
+            vals = k.values()
+            assert vals is not None
+            table = np.array([math.log(max(1.0 - inv.p_bad(f"{k.name}={v}"), 1e-12)) for v in vals])
+            logp += table[codes[:, j]]
+        base = len(self.space.knobs)
+        for j, p in enumerate(self.space.patches):
+            logp += codes[:, base + j] * math.log(max(1.0 - inv.p_bad(p.id), 1e-12))
+        return np.exp(logp)
+
+    def _incumbent(self) -> float | None:
+        """Best posterior mean log time among observed candidates that kept every invariant."""
+        ok = [o.candidate for o in self.observations if o.status == "ok"]
+        if not ok:
+            return None
+        idx = np.array([self.pool.index[c.key] for c in ok])
+        mu, _ = self.time_model.predict_encoded(self.pool.x_time[idx], with_std=False)
+        return float(mu.min())
+
+    def _shortlist(self, rng: np.random.Generator, exclude: set[str]) -> np.ndarray:
+        n = len(self.pool.candidates)
+        mu_all, _ = self.time_model.predict_encoded(self.pool.x_time, with_std=False)
+        mm = self.memory_model
+        if mm.structured and self.pool.mem_components is not None:
+            mem_mu, _ = mm._mu_grad(mm.theta, self.pool.x_main, self.pool.mem_components)
+        else:
+            mem_mu = self.pool.x_main @ mm.theta
+        cap = math.log(self.capacity_bytes)
+        blocked = self._domination().mask.copy()
+        for key in exclude:
+            if key in self.pool.index:
+                blocked[self.pool.index[key]] = True
+        fits = (mem_mu < cap) & ~blocked
+        order = np.argsort(np.where(blocked, np.inf, mu_all))
+        top_any = order[: self.config.shortlist_top // 2]
+        order_fit = np.argsort(np.where(fits, mu_all, np.inf))
+        top_fit = order_fit[: self.config.shortlist_top]
+        top_fit = top_fit[fits[top_fit]]
+        free = np.flatnonzero(~blocked)
+        rand = rng.choice(free, size=min(self.config.shortlist_random, free.size), replace=False) if free.size else free
+        # neighbours of the best observed candidates: local refinement around incumbents
+        ok = sorted((o for o in self.observations if o.status == "ok"), key=lambda o: o.step_time_s or np.inf)[:3]
+        near: list[int] = []
+        for o in ok:
+            near.extend(self.pool.neighbour_indices(self.pool.index[o.candidate.key]).tolist())
+        near_arr = np.array([i for i in near if i < n and not blocked[i]], dtype=int)
+        idx = np.unique(np.concatenate([top_any, top_fit, rand, near_arr]).astype(int))
+        return idx[~blocked[idx]]
+
+    # ---------------------------------------------------------------------------------------- suggest
+    def suggest(self, n: int = 1, pending: Sequence[Candidate] = ()) -> list[Suggestion]:
+        """Up to n new candidates (never observed, never pending, never in a known-OOM region)."""
+        self.refit()
+        rng = np.random.default_rng([self.seed, len(self.observations), len(pending)])
+        taken: set[str] = set(self._seen) | {c.key for c in pending}
+        out: list[Suggestion] = []
+        for s in self._queue:
+            if len(out) >= n:
+                break
+            if s.candidate.key not in taken:
+                out.append(s)
+                taken.add(s.candidate.key)
+        if len(out) >= n:
+            return out
+        n_done = len(self.observations) + len(pending)
+        idx = self._shortlist(rng, taken)
+        if idx.size == 0:
+            return out
+        mu, sd = self.time_model.predict_encoded(self.pool.x_time[idx])
+        assert sd is not None
+        p_oom = self._p_oom(idx)
+        p_hold = self._p_hold(idx)
+        usable = (p_oom <= self.config.oom_exclude) & (p_hold >= self.config.invariant_exclude)
+
+        # initial design: the prior's best guess, then space-filling seeds among likely-fitting candidates
+        while len(out) < n and n_done + len(out) < 1 + self.config.n_seeds:
+            k = n_done + len(out)
+            safe = usable & (p_oom < 0.2) & (p_hold > 0.5)
+            if not safe.any():
+                safe = usable
+            if not safe.any():
+                break
+            if k == 0:
+                score = np.where(safe, mu, np.inf)
+                j = int(np.argmin(score))
+                out.append(Suggestion(self.pool.candidates[idx[j]], "prior", "best predicted time under the prior "
+                                      "among candidates likely to fit", float(mu[j]), float(p_oom[j])))
+            else:
+                good = safe & (mu <= np.quantile(mu[safe], 0.25))
+                cand_idx = np.flatnonzero(good)
+                chosen = [self.pool.index[c.key] for c in [*pending, *(s.candidate for s in out)]
+                          if c.key in self.pool.index] + [self.pool.index[o.candidate.key] for o in self.observations]
+                pts_idx = np.concatenate([idx[cand_idx], np.array(chosen, dtype=int)])
+                pts = self.pool.encoder.unit_box([self.pool.candidates[i] for i in pts_idx])
+                start = list(range(cand_idx.size, pts_idx.size))
+                pick = maximin_select(pts, 1, start=start, rng=rng) if start else [int(rng.integers(cand_idx.size))]
+                if not pick or pick[0] >= cand_idx.size:
+                    break
+                j = int(cand_idx[pick[0]])
+                out.append(Suggestion(self.pool.candidates[idx[j]], "seed", "space-filling seed among the "
+                                      "prior's best quarter", float(mu[j]), float(p_oom[j])))
+            taken.add(out[-1].candidate.key)
+            usable[j] = False
+        if len(out) >= n:
+            return out
+
+        best = self._incumbent()
+        if best is None:
+            best = float(np.min(np.where(usable, mu, np.inf))) if usable.any() else float(mu.min())
+        cost = self.cost_model.predict(np.exp(mu)) ** self.config.cost_power
+        believer_rows: list[np.ndarray] = []
+        while len(out) < n and usable.any():
+            if believer_rows:
+                sd = self._believer_sd(idx, np.array(believer_rows))
+            ei = expected_improvement(mu, sd, best)
+            acq = np.where(usable, ei * (1.0 - p_oom) * p_hold / np.maximum(cost, 1e-9), -np.inf)
+            j = int(np.argmax(acq))
+            origin: Origin = "ei"
+            reason = (f"EI={ei[j]:.4f} P(oom)={p_oom[j]:.2f} P(inv)={p_hold[j]:.2f} "
+                      f"pred={math.exp(mu[j]):.3g}s±{sd[j]:.3f}")
+            # pairing: the most promising speed-up ignoring memory is likely to OOM -> its memory-saver variant
+            raw = np.where(p_hold > 0.5, ei, -np.inf)
+            r = int(np.argmax(raw))
+            if p_oom[r] > self.config.pairing_trigger and r != j:
+                paired = self._pair(idx, r, mu, sd, p_oom, p_hold, usable, best, cost)
+                if paired is not None and acq[paired] >= 0.5 * acq[j]:
+                    j = paired
+                    origin = "pairing"
+                    reason = (f"memory saver paired with {self.pool.candidates[idx[r]]} "
+                              f"(P(oom)={p_oom[r]:.2f}) -> P(oom)={p_oom[j]:.2f}; " + reason)
+            out.append(Suggestion(self.pool.candidates[idx[j]], origin, reason, float(mu[j]), float(p_oom[j])))
+            usable[j] = False
+            believer_rows.append(self.pool.x_time[idx[j]])
+        return out
+
+    def _believer_sd(self, idx: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Kriging believer: posterior std after pretending the chosen rows were observed at their mean
+        (the mean does not move; the variance shrinks around them, so the next pick goes elsewhere)."""
+        tm = self.time_model
+        la = tm._prec_chol @ tm._prec_chol.T + rows.T @ rows / tm.noise_std**2
+        l2 = np.linalg.cholesky(la)
+        from scipy.linalg import solve_triangular
+
+        v = solve_triangular(l2, self.pool.x_time[idx].T, lower=True)
+        return np.sqrt(np.maximum(np.einsum("ij,ij->j", v, v), 1e-12))
+
+    def _pair(self, idx: np.ndarray, r: int, mu: np.ndarray, sd: np.ndarray, p_oom: np.ndarray,
+              p_hold: np.ndarray, usable: np.ndarray, best: float, cost: np.ndarray) -> int | None:
+        """Among usable shortlisted candidates that differ from candidate r only by memory savers (knobs moved
+        in their memory-decreasing direction, at most two of them), the best one with low P(OOM)."""
+        base = self.pool.candidates[idx[r]]
+        best_j, best_val = None, -np.inf
+        for j in np.flatnonzero(usable & (p_oom < self.config.pairing_target)):
+            c = self.pool.candidates[idx[j]]
+            if c.patches != base.patches:
+                continue
+            moved = [k for k in self.space.knobs if c[k.name] != base[k.name]]
+            if not moved or len(moved) > 3 or not all(self._is_saver(k, base[k.name], c[k.name]) for k in moved):
+                continue
+            val = float(expected_improvement(mu[j:j + 1], sd[j:j + 1], best)[0] * p_hold[j] / cost[j])
+            if val > best_val:
+                best_j, best_val = int(j), val
+        return best_j
+
+    def _is_saver(self, k: object, old: object, new: object) -> bool:
+        if isinstance(k, Categorical):
+            if k.memory_order is None:
+                return False
+            return k.memory_order.index(new) < k.memory_order.index(old)  # type: ignore[arg-type]
+        name = k.name  # type: ignore[attr-defined]
+        if name == "dp":
+            return True  # moves with tp/pp under tp*pp*dp == devices
+        d = self.space.memory_direction.get(name, 0)
+        return d != 0 and (float(new) - float(old)) * d < 0  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------------------------------ stop / verify
+    def max_expected_improvement(self) -> float:
+        self.refit()
+        best = self._incumbent()
+        if best is None:
+            return math.inf
+        rng = np.random.default_rng([self.seed, len(self.observations), 7])
+        idx = self._shortlist(rng, set(self._seen))
+        if idx.size == 0:
+            return 0.0
+        mu, sd = self.time_model.predict_encoded(self.pool.x_time[idx])
+        p_ok = (1.0 - self._p_oom(idx)) * self._p_hold(idx)
+        return float(np.max(expected_improvement(mu, sd, best) * p_ok))
+
+    def should_stop(self) -> tuple[bool, str]:
+        """Stop when the largest expected improvement is a small fraction of the run-to-run noise."""
+        ei = self.max_expected_improvement()
+        thr = self.config.stop_ei_fraction * self.time_model.noise_std
+        if ei < thr:
+            return True, f"max EI {ei:.4g} < {self.config.stop_ei_fraction} x noise std {self.time_model.noise_std:.4g}"
+        return False, f"max EI {ei:.4g} >= threshold {thr:.4g}"
+
+    def top_candidates(self, k: int = 3) -> list[tuple[Candidate, float, float]]:
+        """Observed candidates that kept every invariant, ranked by measured step time (median of repeats):
+        (candidate, measured step seconds, posterior std of its log time). For verification.
+
+        Measured, not the model's posterior mean: measurement noise (~2%) is smaller than the model's misfit on
+        real surfaces, and stragglers only ever make a measurement slower, so the best measurement is not an
+        optimistic outlier the way a low-side fluke of the model can be."""
+        self.refit()
+        times: dict[str, list[float]] = {}
+        cands: dict[str, Candidate] = {}
+        for o in self.observations:
+            if o.status == "ok" and o.step_time_s is not None:
+                times.setdefault(o.candidate.key, []).append(o.step_time_s)
+                cands[o.candidate.key] = o.candidate
+        if not times:
+            return []
+        keys = sorted(times, key=lambda key: float(np.median(times[key])))[:k]
+        idx = np.array([self.pool.index[key] for key in keys])
+        _, sd = self.time_model.predict_encoded(self.pool.x_time[idx])
+        assert sd is not None
+        return [(cands[key], float(np.median(times[key])), float(sd[i])) for i, key in enumerate(keys)]

@@ -1,0 +1,123 @@
+"""Searcher: dedup, known-OOM regions, invariants, deterministic replay, stopping."""
+
+import math
+
+import numpy as np
+from infrarsi.modeling.acquisition import InvariantModel, expected_improvement
+from infrarsi.modeling.priors import KnowledgeBase, default_knowledge_base
+from infrarsi.modeling.search import Observation, SearchConfig, Searcher
+from infrarsi.modeling.space import BoolKnob, Candidate, Categorical, IntChoice, Patch, SearchSpace
+
+GIB = 2**30
+CAP = 80 * GIB
+SPACE = SearchSpace(
+    knobs=(IntChoice("micro_batch", (1, 2, 4, 8, 16)), Categorical("recompute", ("none", "full"), default="none",
+                                                                       memory_order=("full", "none")),
+           IntChoice("zero_stage", (0, 1, 2, 3)), BoolKnob("flash_attention")),
+    patches=(Patch("fast", time_prior=(-0.1, 0.1)), Patch("risky", time_prior=(-0.3, 0.1),
+                                                          invariant_prior=(0.5, 1.5))),
+    memory_direction={"micro_batch": 1, "zero_stage": -1, "flash_attention": -1},
+)
+
+
+def truth(c: Candidate) -> tuple[float, float, bool]:
+    mb, full, z, fa = c["micro_batch"], c["recompute"] == "full", c["zero_stage"], c["flash_attention"]
+    t = 1.0 / (1 - 0.5 / (mb + 1)) * (1.3 if full else 1.0) * (0.85 if fa else 1.0) * (1 + 0.03 * z)
+    t *= (0.9 if "fast" in c.patches else 1.0) * (0.7 if "risky" in c.patches else 1.0)
+    act = mb * 12 * GIB * (0.3 if full else 1.0) * (0.8 if fa else 1.0)
+    static = 40 * GIB / (1 + z)
+    return t, act + static, "risky" in c.patches
+
+
+def evaluate(c: Candidate, rng: np.random.Generator) -> Observation:
+    t, peak, breaks = truth(c)
+    if peak > CAP:
+        return Observation(c, "oom", None, CAP * 0.97, 10.0)
+    t *= math.exp(0.02 * rng.standard_normal())
+    return Observation(c, "invariant_violation" if breaks else "ok", t, peak, 100 * t)
+
+
+def run(seed: int, n: int, searcher: Searcher | None = None):
+    s = searcher or Searcher(SPACE, CAP, seed=seed, kb=default_knowledge_base())
+    rng = np.random.default_rng(seed)
+    log = []
+    for _ in range(n):
+        sug = s.suggest(1)
+        if not sug:
+            break
+        o = evaluate(sug[0].candidate, rng)
+        s.observe(o)
+        log.append((sug[0], o))
+    return s, log
+
+
+def test_never_repeats_and_respects_pending():
+    s, log = run(0, 40)
+    keys = [o.candidate.key for _, o in log]
+    assert len(keys) == len(set(keys))
+    pend = [sg.candidate for sg in s.suggest(3)]
+    nxt = s.suggest(3, pending=pend)
+    assert not {c.key for c in pend} & {sg.candidate.key for sg in nxt}
+    assert len({sg.candidate.key for sg in s.suggest(5)}) == 5  # a batch is itself distinct
+
+
+def test_known_oom_region_is_never_proposed():
+    s, log = run(1, 50)
+    dom = s._domination()
+    ooms: list[Candidate] = []
+    for sug, o in log:
+        # nothing proposed after an OOM needs at least as much memory as that OOM
+        assert not dom.dominates_any(sug.candidate, ooms), (sug.candidate, ooms)
+        if o.status == "oom":
+            ooms.append(o.candidate)
+    assert sum(o.status == "oom" for _, o in log) <= 5
+    for c in ooms:
+        assert s._p_oom(np.array([s.pool.index[c.key]]))[0] == 1.0
+
+
+def test_invariant_model_learns_a_bad_patch_fast_and_a_pass_clears():
+    inv = InvariantModel({"risky": (0.5, 1.5), "fast": (0.1, 9.9)})
+    c = Candidate.of({"micro_batch": 2}, ["risky", "fast"])
+    c2 = Candidate.of({"micro_batch": 4}, ["risky"])
+    assert inv.p_hold(c2) > 0.6
+    inv.observe(c, True)
+    inv.observe(c2, True)
+    assert inv.p_bad("risky") > 0.95
+    assert inv.p_bad("fast") < 0.2  # the likelier culprit takes the blame
+    inv.observe(Candidate.of({"micro_batch": 4}, ["fast"]), False)
+    assert inv.p_bad("fast") < 0.02
+
+
+def test_replay_rebuilds_the_same_suggestions():
+    s, log = run(3, 15)
+    replayed = Searcher.replay(SPACE, CAP, [o for _, o in log], seed=3, kb=default_knowledge_base())
+    a = [(x.candidate.key, x.origin) for x in s.suggest(3)]
+    b = [(x.candidate.key, x.origin) for x in replayed.suggest(3)]
+    assert a == b
+    assert a == [(x.candidate.key, x.origin) for x in s.suggest(3)]  # suggest does not change state
+
+
+def test_finds_the_optimum_avoids_the_broken_patch_and_stops():
+    s, log = run(5, 30)
+    valid = [c for c in SPACE.enumerate() if truth(c)[1] <= CAP and not truth(c)[2]]
+    best = min(truth(c)[0] for c in valid)
+    top = s.top_candidates(1)[0][0]
+    assert best / truth(top)[0] > 0.97
+    assert sum("risky" in sg.candidate.patches for sg, _ in log) <= 4
+    origins = {sg.origin for sg, _ in log}
+    assert {"prior", "seed", "ei"} <= origins
+    stop, why = s.should_stop()
+    assert isinstance(stop, bool) and "EI" in why
+
+
+def test_expected_improvement_numbers():
+    ei = expected_improvement(np.array([0.0, 0.0, 1.0]), np.array([1e-12, 1.0, 1.0]), 0.5)
+    np.testing.assert_allclose(ei, [0.5, 0.5 * 0.691462 + 0.352065, 0.5 * 0.308538 * -1 + 0.352065], atol=1e-5)
+
+
+def test_enqueued_bank_suggestions_come_first():
+    s = Searcher(SPACE, CAP, seed=0, config=SearchConfig(n_seeds=1), kb=KnowledgeBase(time={}, memory={}))
+    c = Candidate.of({"micro_batch": 2, "recompute": "full", "zero_stage": 1, "flash_attention": True})
+    s.enqueue([c], "bank", "worked on a similar cluster")
+    first = s.suggest(1)[0]
+    assert first.candidate == c and first.origin == "bank"
