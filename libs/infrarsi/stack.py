@@ -229,6 +229,10 @@ class Stack:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{name}.log"
         env = {
+            # The proposer and modeler refit small dense models on every event: numpy's threaded BLAS only
+            # contends with the training jobs for cores (observe+suggest p50 ~29 ms single-threaded vs ~300 ms
+            # with a thread per core on a busy 2-core host, bench/modeler_refit.py). Overridable.
+            "OPENBLAS_NUM_THREADS": "1",
             **os.environ,
             **self.env,
             "INFRARSI_DATA_DIR": str(self.data_dir),

@@ -46,7 +46,8 @@ def best_speedup(report: Report) -> Figure:
 
 def time_vs_memory(report: Report) -> Figure:
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
-    ok = [t for t in report.trials if t.step_time_s is not None and t.peak_memory_bytes]
+    # An OOM trial has no step time worth plotting: it is drawn once, as a censored cross at its bound.
+    ok = [t for t in report.trials if t.outcome != "oom" and t.step_time_s and t.peak_memory_bytes]
     ooms = [t for t in report.trials if t.outcome == "oom"]
     if ok or ooms:
         for outcome in OUTCOMES:

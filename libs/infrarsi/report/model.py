@@ -28,6 +28,7 @@ from typing import Any
 
 import duckdb
 
+from infrarsi.contract import ContractError, load_patch_library
 from infrarsi.report.source import VIEW, ensure_view
 
 OUTCOMES = ("ok", "oom", "crash", "timeout", "violation")
@@ -215,8 +216,11 @@ def _last_payload(con, study_id: str, event_type: str) -> dict[str, Any] | None:
 
 def _patch_audit(workload_dir: Path | None, patch_dir: str, patch_id: str) -> PatchAudit:
     if workload_dir is not None:
-        path = workload_dir / patch_dir / f"{patch_id}.patch"
-        if path.is_file():
+        try:  # the library's index names each diff (<id>.patch, <id>.diff, or an explicit file)
+            path: Path | None = load_patch_library(workload_dir / patch_dir)[patch_id].path
+        except (ContractError, KeyError):
+            path = None
+        if path is not None and path.is_file():
             diff = path.read_text(errors="replace")
             files = sorted(set(re.findall(r"^\+\+\+ b/(\S+)", diff, flags=re.M)) | set(re.findall(r"^--- a/(\S+)", diff, flags=re.M)))
             return PatchAudit(patch_id, files, diff, True)
