@@ -174,6 +174,9 @@ class StudyCreated(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     cluster: ClusterInfo
     bank_seeds: list[str] = []
     """Bank entry ids that will seed this study's priors."""
+    bank: BankResolution | None = None
+    """What ``init`` took from the experience bank (priors, seeds, the study's own bank metadata); ``None``
+    for a study created without consulting the bank. The modeler and the proposer read the bank only from here."""
 
 
 class DoctorRequested(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -394,6 +397,58 @@ class BankMeta(msgspec.Struct, frozen=True, kw_only=True):
     global_batch: int = 0
     micro_batch: int = 0
     precision: str = ""
+
+
+class BankPrior(msgspec.Struct, frozen=True, kw_only=True):
+    """One encoded feature's prior for a new study: the knowledge base shrunk toward similar bank entries."""
+
+    mean: float
+    """Log-ratio (step time or peak memory) of the feature, as the time/memory model encodes it."""
+    std: float
+    entries: list[str] = []
+    """Bank entry ids whose evidence was pooled into this prior."""
+    similarity: float = 0.0
+    """Highest similarity among those entries."""
+
+
+class BankMatch(msgspec.Struct, frozen=True, kw_only=True):
+    """A bank entry similar enough to inform a new study, and why (``bank.similarity.explain_seeds``)."""
+
+    entry_id: str
+    similarity: float
+    why: str
+    """The weakest similarity factors, e.g. ``generation 0.60 (adjacent generation (ampere vs hopper))``."""
+
+
+class BankSeedCandidate(msgspec.Struct, frozen=True, kw_only=True):
+    """A similar study's winner, mapped into this study's space, for the proposer's initial design."""
+
+    candidate: Candidate
+    """In this study's terms: launch keys that differ from its golden launch file, and patch ids."""
+    entry_id: str
+    similarity: float
+    score: float
+    """similarity × decay^rank of the winner in its entry; seeds are listed best first."""
+    reason: str
+
+
+class BankResolution(msgspec.Struct, frozen=True, kw_only=True):
+    """The bank as resolved once, at ``init``, for one study.
+
+    The bank lives in its own stream (``IRSI_BANK``) and a replay of the lifecycle stream cannot interleave it
+    deterministically; so ``init`` computes what the study takes from the bank and records it in
+    ``StudyCreated``. Features absent from ``time_priors``/``memory_priors`` keep the built-in prior.
+    """
+
+    meta: BankMeta
+    """What this study is matched on, now and when its own entry is distilled."""
+    matches: list[BankMatch] = []
+    """Entries above the similarity threshold, most similar first."""
+    time_priors: dict[str, BankPrior] = {}
+    """By encoded feature name (``micro_batch_size:log2``, ``attention=sdpa``, ``patch:<id>``)."""
+    memory_priors: dict[str, BankPrior] = {}
+    seeds: list[BankSeedCandidate] = []
+    """Proposed first, with origin ``bank``, best first."""
 
 
 class BankEntry(msgspec.Struct, frozen=True, kw_only=True, tag=True):

@@ -14,7 +14,9 @@ Owns:
   golden launch file + patch ids). The mapping is a bijection on the space, so ``events.Candidate.key()`` is a
   valid dedup key and the empty candidate is the baseline;
 - ``prediction``: what a ``Searcher`` expects of a candidate, as ``events.Prediction``;
-- ``prior_source``: where a feature's prior comes from (``knowledge_base``, ``patch_metadata``, ``flat``).
+- ``prior_source``: where a feature's prior comes from (``knowledge_base``, ``patch_metadata``, ``bank``, ``flat``);
+- ``with_bank``: the priors ``init`` resolved from the experience bank (``StudyCreated.bank``) laid over the
+  built-in ones, and ``adapt_event``: another study's candidate (a bank winner) in this study's terms.
 
 Reads the disk only in ``load_study_space`` (the golden launch file and the patch library, both locked by
 ``init``); everything else is pure. Must not: publish, or change the modeling package's objects.
@@ -133,6 +135,8 @@ class StudySpace:
     """The simulator scenario, when ``backend.kind`` is ``sim``."""
     notes: tuple[str, ...] = ()
     """What the conversion had to assume (a launch file that could not be read, a patch without metadata)."""
+    bank_features: frozenset[str] = frozenset()
+    """Encoded features whose time prior comes from the experience bank (``with_bank``)."""
 
     # ---------------------------------------------------------------------------------------- building
 
@@ -187,6 +191,20 @@ class StudySpace:
                    capacity_bytes=capacity, kb=default_knowledge_base(device_kind), meta=meta,
                    scenario=scenario_name, notes=tuple(notes))
 
+    def with_bank(self, resolution: ev.BankResolution | None) -> StudySpace:
+        """This study with the priors ``init`` resolved from the experience bank laid over the built-in ones
+        (``StudyCreated.bank``): patch priors into the patch metadata, main effects as knowledge-base overrides.
+        Pure: the same resolution gives the same space, so the modeler and the proposer agree, replay after
+        replay. ``None`` or no priors: this study unchanged."""
+        if resolution is None or not (resolution.time_priors or resolution.memory_priors):
+            return self
+        from infrarsi.bank.adapt import with_priors
+
+        time = {name: (p.mean, p.std) for name, p in resolution.time_priors.items()}
+        memory = {name: (p.mean, p.std) for name, p in resolution.memory_priors.items()}
+        space, kb = with_priors(self.space, self.kb, time, memory)
+        return dataclasses.replace(self, space=space, kb=kb, bank_features=frozenset(time) | frozenset(memory))
+
     # ---------------------------------------------------------------------------------------- candidates
 
     def binding(self, name_or_key: str) -> KnobBinding:
@@ -222,6 +240,22 @@ class StudySpace:
             raise CandidateOutsideSpace(f"patches {unknown} are not in search_space.patches")
         return Candidate.of(values, c.patches)
 
+    def adapt_event(self, c: ev.Candidate) -> ev.Candidate | None:
+        """Another study's candidate (launch keys or modeling names) in this study's terms: knobs and patches
+        this space lacks are dropped, knobs it leaves out keep this baseline's values; ``None`` when a value is
+        outside a knob's domain or the result is infeasible here."""
+        known = {key for b in self.bindings for key in (b.launch_key, b.name)}
+        patch_ids = {p.id for p in self.space.patches}
+        kept = ev.Candidate(knobs={k: v for k, v in c.knobs.items() if k in known},
+                            patches=[p for p in c.patches if p in patch_ids])
+        try:
+            model = self.from_event(kept)
+        except CandidateOutsideSpace:
+            return None
+        if not self.space.is_feasible(model) or self.contract_problems(model):
+            return None
+        return self.to_event(model)
+
     def event_key(self, c: Candidate) -> str:
         return self.to_event(c).key()
 
@@ -234,6 +268,8 @@ class StudySpace:
 
     def prior_source(self, spec: FeatureSpec) -> str:
         """Where the prior of one encoded feature comes from."""
+        if spec.name in self.bank_features:
+            return "bank"
         if spec.kind == "patch":
             patch = self.space.patch(spec.name.removeprefix("patch:"))
             return "patch_metadata" if patch.time_prior is not None else (
@@ -653,7 +689,8 @@ def replay_model(events: Iterable[ev.Event], study_id: str, loader: StudyLoader 
             continue
         if isinstance(event.payload, ev.StudyCreated):
             if model is None:
-                model = StudyModel((loader or load_study_space)(event.payload), study_id)
+                space = (loader or load_study_space)(event.payload).with_bank(event.payload.bank)
+                model = StudyModel(space, study_id)
         elif model is not None:
             model.apply(event)
     return model.last if model is not None else None

@@ -14,6 +14,10 @@ thin wrapper (same shape as the proposer's)::
         for e in self.state.apply(event):
             await out.emit(e.payload, study_id=e.study_id, trial_id=e.trial_id, key=e.key)
 
+Priors: the built-in knowledge base and patch metadata, overridden by the experience bank's priors that
+``init`` resolved and recorded in ``StudyCreated.bank`` (``StudySpace.with_bank``) — never read from the bank
+stream, so a replay of the lifecycle stream alone gives the same models.
+
 Per study it keeps a ``study_space.StudyModel`` (the same fold ``infrarsi model --replay`` runs): the
 contract's ``StudySpace``, a ``TrialLedger`` (trial → candidate from ``TrialProposed``;
 an outcome once a failed ``TrialFinished``, or an ok one and its ``TrialMeasured``, have arrived) and one
@@ -75,7 +79,8 @@ class ModelerState:
             case ev.StudyCreated() as created:
                 if study is None:
                     try:
-                        model = StudyModel(self.load_study(created), event.study_id, config=self.config)
+                        space = self.load_study(created).with_bank(created.bank)
+                        model = StudyModel(space, event.study_id, config=self.config)
                         error = None
                     except Exception as exc:  # noqa: BLE001 — reported in status, the service keeps going
                         model, error = None, f"{type(exc).__name__}: {exc}"

@@ -27,8 +27,9 @@ is a separate stage: its ``DoctorCompleted`` sets the time model's noise floor a
 observations, but it does not start anything. ``trials`` is the study's *total* of search trials, capped by
 the contract's locked ``budget.trials``; a later, larger request extends a finished search.
 
-**The search.** An initial design of ``parallel`` candidates (the prior's best guess, then space-filling
-seeds: origins ``prior``/``seed``), then one suggestion per freed slot (origins ``ei``/``pairing``), each
+**The search.** An initial design of ``parallel`` candidates (the experience bank's winners that ``init``
+recorded in ``StudyCreated.bank``: origin ``bank``; then the prior's best guess, then space-filling seeds:
+origins ``prior``/``seed``; the priors themselves are the bank-adjusted ones, ``StudySpace.with_bank``), then one suggestion per freed slot (origins ``ei``/``pairing``), each
 with the model's ``Prediction`` and the searcher's reason. A trial is done when its failed ``TrialFinished``
 arrives, or its ok ``TrialFinished`` *and* its ``TrialMeasured`` (``TrialLedger``). Never proposes a
 candidate twice (the searcher excludes observed and pending candidates; ``events.Candidate.key()`` is
@@ -59,6 +60,7 @@ from infrarsi.service import Emission
 from infrarsi.modeling.search import SearchConfig, Searcher
 from infrarsi.modeling.space import Candidate
 from infrarsi.study_space import (
+    CandidateOutsideSpace,
     StudyLoader,
     StudySpace,
     TrialLedger,
@@ -152,7 +154,7 @@ class ProposerState:
 
     def _new_study(self, study_id: str, created: ev.StudyCreated) -> _Study:
         try:
-            space, error = self.load_study(created), None
+            space, error = self.load_study(created).with_bank(created.bank), None
         except Exception as exc:  # noqa: BLE001 — a contract this build cannot search is reported, not raised
             space, error = None, f"{type(exc).__name__}: {exc}"
         return _Study(study_id=study_id, created=created, space=space, load_error=error)
@@ -207,12 +209,26 @@ class ProposerState:
             searcher = Searcher(s.space, s.capacity_bytes, meta=s.meta, kb=s.kb, baseline=s.baseline,
                                 seed=zlib.crc32(study.study_id.encode()), noise_floor=noise_floor(study.doctor),
                                 config=self.config)
+            self._enqueue_bank_seeds(study, searcher)
             for outcome in study.outcomes:
                 obs = observation(s, outcome)
                 if obs is not None:
                     searcher.observe(obs)
             study.searcher = searcher
         return study.searcher
+
+    @staticmethod
+    def _enqueue_bank_seeds(study: _Study, searcher: Searcher) -> None:
+        """The bank's winners (``StudyCreated.bank.seeds``, best first) lead the initial design, origin ``bank``.
+        ``init`` mapped them into this study's space; one that no longer fits it is skipped."""
+        assert study.space is not None
+        bank = study.created.bank
+        for seed in bank.seeds if bank is not None else ():
+            try:
+                candidate = study.space.from_event(seed.candidate)
+            except CandidateOutsideSpace:
+                continue
+            searcher.enqueue([candidate], "bank", seed.reason)
 
     def _fill(self, study: _Study) -> list[Emission]:
         """Propose until ``parallel`` trials are in flight, or end the search when it must end."""

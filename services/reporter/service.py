@@ -3,7 +3,7 @@
 It owns ``<data_dir>/analyst.duckdb`` (DuckDB's file lock makes a second writer — another reporter, or
 ``infrarsi replay`` on the same file — fail to open it) and ``<data_dir>/analyst.snapshot.duckdb``, the
 consistent copy analysts query (``infrarsi sql``, any DuckDB client; docs/analytics.md). Report rendering
-will live here later; it must not write any other service's state, nor publish events for now.
+will live here later; it must not write any other service's state, and publishes only ``BankEntry`` events.
 
 Design: a delivery is a doorbell, not the data. The runner's durable consumers (one per stream, every
 payload type) hand ``handle`` an ``Event`` without its stream sequence, and the projection must be
@@ -16,6 +16,12 @@ positions, not the consumer's acks, say what has been applied, and a restart res
 After a catch-up it publishes a snapshot (checkpoint, copy, rename) at most every ``SNAPSHOT_MIN_S`` and
 no more often than ``SNAPSHOT_COST_FACTOR`` × the last copy's duration, so copying a large DB never takes
 more than a small share of the time.
+
+Second concern, separate from the DB: the experience bank. ``handle`` also feeds each delivery to a
+``BankDistiller`` (``bank.py``, a pure fold rebuilt by replaying the lifecycle stream on start) and publishes
+the ``BankEntry`` revisions it returns — when a study finishes, and when a later verification completes —
+before returning, so the delivery is acked only after they are stored (a crash in between re-publishes the
+same event ids on redelivery; JetStream drops the copies).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from infrarsi import eventlog
 from infrarsi import events as ev
 from infrarsi.logs import get_logger
 from infrarsi.service import Outbox, Service
+from infrarsi_services.reporter.bank import BankDistiller
 
 log = get_logger(__name__)
 
@@ -61,15 +68,26 @@ class ReporterService(Service):
         self._snapshot_cost_s = 0.0
         self._snapshot_positions: dict[str, int] = {}
         self._catch_up_error: str | None = None
+        self.bank = BankDistiller()
+        self._bank_published = 0
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self.db = await loop.run_in_executor(self._writer, eventlog.AnalystDB.open, self.db_path)
         await self._catch_up()  # rebuild before the first delivery: the DB is current when we say we are up
+        replayed = 0
+        async for event in self.replay(BankDistiller.consumes):
+            self.bank.apply(event)  # outputs discarded: published by an earlier life, or on redelivery
+            replayed += 1
+        log.info("bank distiller rebuilt by replay", events=replayed)
         self._task = asyncio.create_task(self._keep_current(), name="reporter-keep-current")
 
     async def handle(self, event: ev.Event, out: Outbox) -> None:
         self._doorbell.set()
+        for entry in self.bank.apply(event):
+            await self.bus.publish(entry)
+            self._bank_published += 1
+            log.info("bank entry published", entry_id=entry.payload.entry_id, event_id=entry.event_id)  # type: ignore[union-attr]
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -92,6 +110,8 @@ class ReporterService(Service):
             "snapshot_positions": self._snapshot_positions,
             "applied": self._applied,
             "catch_up_error": self._catch_up_error,
+            "bank_entries_published": self._bank_published,
+            **self.bank.status(),
         }
 
     async def _keep_current(self) -> None:

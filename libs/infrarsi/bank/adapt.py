@@ -109,10 +109,15 @@ def space_with_patch_priors(space: SearchSpace, time: Mapping[str, MeanStd], mem
     return replace(space, patches=tuple(patches))
 
 
+def with_priors(space: SearchSpace, kb: KnowledgeBase, time: Mapping[str, MeanStd], memory: Mapping[str, MeanStd]
+                ) -> tuple[SearchSpace, KnowledgeBase]:
+    """(space, knowledge base) with per-feature priors laid over: ``patch:<id>`` into the patch metadata, main
+    effects as knowledge-base overrides; interaction priors (``a*b``) are not overridable and are ignored."""
+    main = lambda table: {k: v for k, v in table.items() if not k.startswith("patch:") and "*" not in k}  # noqa: E731
+    return space_with_patch_priors(space, time, memory), kb.with_overrides(time=main(time), memory=main(memory))
+
+
 def searcher_priors(space: SearchSpace, priors: BankPriors, kb: KnowledgeBase | None = None
                     ) -> tuple[SearchSpace, KnowledgeBase]:
     """(space, knowledge base) to construct a Searcher with: the built-in table overridden by the bank."""
-    kb = kb or default_knowledge_base()
-    time, memory = priors.overrides("time"), priors.overrides("memory")
-    main = lambda table: {k: v for k, v in table.items() if not k.startswith("patch:") and "*" not in k}  # noqa: E731
-    return space_with_patch_priors(space, time, memory), kb.with_overrides(time=main(time), memory=main(memory))
+    return with_priors(space, kb or default_knowledge_base(), priors.overrides("time"), priors.overrides("memory"))

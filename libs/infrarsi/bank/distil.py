@@ -101,7 +101,8 @@ def _winners(facts: StudyFacts) -> list[ev.Candidate]:
         out.setdefault(v.candidate.key(), v.candidate)
     # Unverified best measured candidates fill the list: the proposer re-measures seeds anyway.
     measured = sorted(
-        (t for t in facts.trials if t.status == "ok" and t.step_time_s is not None and t.kind != "verify"),
+        (t for t in facts.trials if t.status == "ok" and t.step_time_s is not None and t.kind != "verify"
+         and (t.candidate.knobs or t.candidate.patches)),  # the baseline itself is no lesson
         key=lambda t: (t.step_time_s, t.candidate.key()),
     )
     rejected = {v.candidate.key() for v in facts.verifications if not v.promotable or v.failed_invariants}

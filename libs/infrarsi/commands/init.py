@@ -1,8 +1,10 @@
 """``infrarsi init CONTRACT.yaml``: lock a contract and open a study.
 
 Validates the contract (nothing else happens if it is wrong), fixes the golden baseline in the workload's
-git repo (``infrarsi.workspace``), hashes every locked file, and publishes ``StudyCreated``. The pure part,
-``prepare_study``, is separate from publishing so it can be used and tested without NATS.
+git repo (``infrarsi.workspace``), hashes every locked file, resolves the experience bank for the study (the
+similar entries, the priors they give and the winners to start from: ``StudyCreated.bank``, see
+``infrarsi.bank.resolve``), and publishes ``StudyCreated``. The pure part, ``prepare_study``, is separate from
+publishing so it can be used and tested without NATS; ``run`` reads the bank (local ∪ shared) and passes it in.
 """
 
 from __future__ import annotations
@@ -12,8 +14,11 @@ import contextlib
 import json
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
+
+import msgspec
 
 from infrarsi import events as ev
 from infrarsi.contract import Contract, ContractError, load_contract
@@ -27,12 +32,22 @@ class PreparedStudy(NamedTuple):
     created: ev.StudyCreated
     workspace: Workspace
     contract: Contract
+    notes: tuple[str, ...] = ()
+    """What could not be done and was skipped (e.g. the bank, when the study's space cannot be built)."""
 
 
 def prepare_study(
-    contract_path: Path | str, data_dir: Path | str, *, study_id: str | None = None
+    contract_path: Path | str,
+    data_dir: Path | str,
+    *,
+    study_id: str | None = None,
+    bank_entries: Sequence[ev.BankEntry] = (),
 ) -> PreparedStudy:
     """Validate the contract, prepare the workspace and build ``StudyCreated`` (nothing is published).
+
+    ``bank_entries`` is the bank as this cluster sees it; what the study takes from it is resolved here and
+    recorded in ``StudyCreated.bank`` (with no entries: only the study's own bank metadata) and the matching
+    entry ids in ``StudyCreated.bank_seeds``.
 
     Raises ``ContractError`` for an invalid contract (before touching any repo) and ``WorkspaceError``
     when the workload repo cannot hold a baseline (uncommitted changes, no commits).
@@ -50,7 +65,53 @@ def prepare_study(
         locked_files=contract.locked_files(workspace.repo),
         cluster=contract.cluster.info(),
     )
-    return PreparedStudy(study_id, created, workspace, contract)
+    created, notes = with_bank(created, bank_entries)
+    return PreparedStudy(study_id, created, workspace, contract, notes)
+
+
+def with_bank(created: ev.StudyCreated, bank_entries: Sequence[ev.BankEntry]) -> tuple[ev.StudyCreated, tuple[str, ...]]:
+    """``created`` with the bank resolved for it; unchanged (and a note) when its search space cannot be built
+    here — the services would report the same problem when the study starts."""
+    from infrarsi.bank.resolve import resolve_bank, study_meta
+    from infrarsi.study_space import load_study_space
+
+    try:
+        study = load_study_space(created)
+    except Exception as exc:  # noqa: BLE001 — the bank is an optimisation: a study opens without it
+        return created, (f"experience bank not consulted: cannot build the search space: {type(exc).__name__}: {exc}",)
+    resolution = resolve_bank(bank_entries, study, study_meta(study, created.cluster))
+    return msgspec.structs.replace(created, bank=resolution, bank_seeds=[m.entry_id for m in resolution.matches]), ()
+
+
+def bank_summary(created: ev.StudyCreated, entries_seen: int) -> dict:
+    """What ``init`` says about the bank (``--json``): the entries that inform the study and why, how many
+    feature priors they give, and the seeds."""
+    bank = created.bank
+    if bank is None:
+        return {"consulted": False, "entries_seen": entries_seen}
+    return {
+        "consulted": True,
+        "entries_seen": entries_seen,
+        "matches": [{"entry_id": m.entry_id, "similarity": round(m.similarity, 4), "why": m.why} for m in bank.matches],
+        "priors": {"time": len(bank.time_priors), "memory": len(bank.memory_priors)},
+        "seeds": [{"candidate_key": s.candidate.key(), "candidate": msgspec.to_builtins(s.candidate),
+                   "entry_id": s.entry_id, "similarity": round(s.similarity, 4), "reason": s.reason}
+                  for s in bank.seeds],
+    }
+
+
+def bank_lines(created: ev.StudyCreated, entries_seen: int) -> list[str]:
+    """The same, for people: one line per informing entry and per seed."""
+    bank = created.bank
+    if bank is None:
+        return []
+    if not bank.matches:
+        return [f"bank: none of {entries_seen} entries is similar enough to seed this study"]
+    lines = [f"bank: {len(bank.matches)} of {entries_seen} entries seed this study "
+             f"({len(bank.time_priors)} time and {len(bank.memory_priors)} memory priors):"]
+    lines += [f"bank:   {m.entry_id}  similarity {m.similarity:.2f}  {m.why}" for m in bank.matches]
+    lines += [f"bank:   seed {s.candidate.key()[:8]} from {s.entry_id}: {s.reason}" for s in bank.seeds]
+    return lines
 
 
 def study_created_event(prepared: PreparedStudy) -> ev.Event:
@@ -90,13 +151,15 @@ async def run(args: argparse.Namespace) -> int:
         return 2
 
     # Imported late: validating a contract must work where NATS is not installed or reachable.
+    from infrarsi.bank.federation import read_bank_entries
     from infrarsi.bus import BusError
     from infrarsi.embedded import EmbeddedServerError
 
     try:
         async with connected_bus(getattr(args, "nats_url", None), data_dir) as bus:
+            bank_entries = await read_bank_entries(bus)
             try:
-                prepared = prepare_study(args.contract, data_dir)
+                prepared = prepare_study(args.contract, data_dir, bank_entries=bank_entries)
             except ContractError as exc:  # the workload changed between the two loads
                 for line in exc.lines():
                     print(f"error: {line}", file=sys.stderr)
@@ -123,11 +186,15 @@ async def run(args: argparse.Namespace) -> int:
                     "snapshot": prepared.workspace.snapshot,
                     "contract_sha256": prepared.created.contract_sha256,
                     "locked_files": len(prepared.created.locked_files),
+                    "bank": bank_summary(prepared.created, len(bank_entries)),
+                    "notes": list(prepared.notes),
                 }
             )
         )
     else:
-        print(prepared.study_id)
+        print(prepared.study_id)  # stdout is the study id alone (scripts capture it); the rest goes to stderr
+        for line in [*bank_lines(prepared.created, len(bank_entries)), *(f"note: {n}" for n in prepared.notes)]:
+            print(line, file=sys.stderr)
     return 0
 
 
