@@ -84,8 +84,8 @@ class EmbeddedServer:
             "\n".join(
                 [
                     f'server_name: "{server_name}"',
-                    "listen: 127.0.0.1:%d" % server.port,
-                    "http: 127.0.0.1:%d" % server.monitor_port,
+                    f"listen: 127.0.0.1:{server.port}",
+                    f"http: 127.0.0.1:{server.monitor_port}",
                     "jetstream {",
                     f'  store_dir: "{data_dir / "jetstream"}"',
                     "  max_memory_store: 256MB",

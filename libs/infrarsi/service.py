@@ -75,6 +75,25 @@ class StateMachine(Protocol):
     def status(self) -> dict[str, object]: ...
 
 
+class Fold(ABC):
+    """Base of the ``StateMachine`` s: applies each event id once; a repeat returns the first emissions."""
+
+    def __init__(self) -> None:
+        self._emitted: dict[str, list[Emission]] = {}
+
+    def apply(self, event: ev.Event) -> list[Emission]:
+        if event.event_id not in self._emitted:
+            self._emitted[event.event_id] = self._apply(event)
+        return list(self._emitted[event.event_id])
+
+    @abstractmethod
+    def _apply(self, event: ev.Event) -> list[Emission]:
+        """Fold one new event into the state; return what to publish (``match event.payload``)."""
+
+    @abstractmethod
+    def status(self) -> dict[str, object]: ...
+
+
 @dataclass
 class Outbox:
     """What a handler publishes through: ids are derived from the input event, so re-runs dedup."""

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 from infrarsi import events as ev
 from infrarsi.modeling.search import SearchConfig, Searcher
-from infrarsi.service import Emission
+from infrarsi.service import Emission, Fold
 from infrarsi.study_space import StudyLoader, StudyModel, load_study_space
 
 
@@ -54,24 +54,14 @@ class _Study:
     load_error: str | None
 
 
-class ModelerState:
+class ModelerState(Fold):
     """The modeler's read model and reactions, for every study on the bus."""
 
     def __init__(self, *, load_study: StudyLoader = load_study_space, config: SearchConfig | None = None) -> None:
+        super().__init__()
         self.load_study = load_study
         self.config = config
         self.studies: dict[str, _Study] = {}
-        self._seen: set[str] = set()
-        self._emitted: dict[str, list[Emission]] = {}
-
-    def apply(self, event: ev.Event) -> list[Emission]:
-        if event.event_id in self._seen:
-            return list(self._emitted.get(event.event_id, []))
-        self._seen.add(event.event_id)
-        out = self._apply(event)
-        if out:
-            self._emitted[event.event_id] = out
-        return list(out)
 
     def _apply(self, event: ev.Event) -> list[Emission]:
         study = self.studies.get(event.study_id)

@@ -52,13 +52,12 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Literal
 
-import msgspec
 from infrarsi import events as ev
-from infrarsi.events import RunRequested
 from infrarsi import verification as vf
-from infrarsi.service import Emission
+from infrarsi.events import RunRequested
 from infrarsi.modeling.search import SearchConfig, Searcher
 from infrarsi.modeling.space import Candidate
+from infrarsi.service import Emission, Fold
 from infrarsi.study_space import (
     CandidateOutsideSpace,
     StudyLoader,
@@ -105,26 +104,16 @@ class _Study:
     verdicts: dict[str, ev.VerifyCompleted] = field(default_factory=dict)
 
 
-class ProposerState:
+class ProposerState(Fold):
     """The proposer's read model and reactions, for every study on the bus."""
 
     def __init__(self, *, load_study: StudyLoader = load_study_space, config: SearchConfig | None = None) -> None:
+        super().__init__()
         self.load_study = load_study
         self.config = config
         self.studies: dict[str, _Study] = {}
-        self._seen: set[str] = set()
-        self._emitted: dict[str, list[Emission]] = {}
 
     # ------------------------------------------------------------------------------------------- events
-
-    def apply(self, event: ev.Event) -> list[Emission]:
-        if event.event_id in self._seen:
-            return list(self._emitted.get(event.event_id, []))
-        self._seen.add(event.event_id)
-        out = self._apply(event)
-        if out:
-            self._emitted[event.event_id] = out
-        return list(out)
 
     def _apply(self, event: ev.Event) -> list[Emission]:
         study = self.studies.get(event.study_id)

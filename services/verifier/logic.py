@@ -31,7 +31,7 @@ from typing import Any
 
 from infrarsi import events as ev
 from infrarsi import verification as vf
-from infrarsi.service import Emission
+from infrarsi.service import Emission, Fold
 
 DEFAULT_PASSES_REQUIRED = 2
 DEFAULT_REPEATS = 3
@@ -79,20 +79,18 @@ class Verification:
     history: list[ev.VerifyCompleted] = field(default_factory=list)
 
 
-class VerifierLogic:
+class VerifierLogic(Fold):
     """The verifier's read model and reactions."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.rules: dict[str, StudyRules] = {}
         self.verifications: dict[str, Verification] = {}
         self._trial_to_verify: dict[str, str] = {}
-        self._outputs: dict[str, list[Emission]] = {}
 
     # ---------------------------------------------------------------- entry point
 
-    def apply(self, event: ev.Event) -> list[Emission]:
-        if event.event_id in self._outputs:
-            return self._outputs[event.event_id]
+    def _apply(self, event: ev.Event) -> list[Emission]:
         match event.payload:
             case ev.StudyCreated(contract=contract):
                 self.rules[event.study_id] = StudyRules.from_contract(contract)
@@ -106,7 +104,6 @@ class VerifierLogic:
                 out = self._on_result(event, lambda t, a, p: vf.RunMeasurement.from_finished(t, a, p, finished))
             case _:
                 out = []
-        self._outputs[event.event_id] = out
         return out
 
     # ---------------------------------------------------------------- reactions

@@ -13,7 +13,6 @@ import math
 from pathlib import Path
 
 import numpy as np
-
 from infrarsi import events as ev
 
 GIB = 1024**3

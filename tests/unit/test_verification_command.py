@@ -13,8 +13,8 @@ from infrarsi.bus import Bus
 from infrarsi.commands import verify as verify_cmd
 from infrarsi.commands.doctor import read_study
 from infrarsi.embedded import EmbeddedServer
-from support.synthetic_study import _measured, synthetic_study, write_workload
 from infrarsi_services.verifier.logic import VerifierLogic
+from support.synthetic_study import _measured, synthetic_study, write_workload
 
 pytestmark = pytest.mark.integration
 

@@ -25,6 +25,8 @@ from pathlib import Path, PurePosixPath
 
 import msgspec
 import yaml
+from pydantic import ValidationError
+
 from infrarsi import events as ev
 from infrarsi.contract import Contract, PatchIndex, PatchInfo, contract_from_dict
 from infrarsi.policy import ACTION_CLASSES, Operation, check
@@ -37,7 +39,6 @@ from infrarsi.workspace import (
     golden_tag,
     launch_changes,
 )
-from pydantic import ValidationError
 
 SOURCE_APPROVE = "cli.approve"
 SOURCE_APPLY = "cli.apply"
