@@ -1,7 +1,8 @@
 """The analyst database: a DuckDB projection of the three streams, rebuilt deterministically by replay.
 
-Owns the analyst schema (``events``, ``studies``, ``trials``, ``steps``, ``failures``, ``models``,
-``verifications``, ``bank``, ``dead_letters``, ``undecodable``; see ``SCHEMA``), decoding stream messages into
+Owns the analyst schema (``events`` — a view over ``lifecycle_events`` and ``steps`` —, ``studies``, ``trials``,
+``steps``, ``failures``, ``models``, ``verifications``, ``bank``, ``dead_letters``, ``undecodable``; see
+``SCHEMA``), decoding stream messages into
 columnar batches, applying a batch idempotently, the fast in-order stream reader, ``replay``, and publishing
 a read-only snapshot of the file for analysts (docs/analytics.md).
 
@@ -30,7 +31,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import json as _stdjson
 import os
+import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
@@ -54,7 +57,7 @@ log = get_logger(__name__)
 REPLAYED_STREAMS: tuple[str, ...] = (LIFECYCLE_STREAM, TELEMETRY_STREAM, BANK_STREAM)
 ANALYST_DB_NAME = "analyst.duckdb"
 SNAPSHOT_NAME = "analyst.snapshot.duckdb"
-DB_SCHEMA_VERSION = "1"
+DB_SCHEMA_VERSION = "2"
 """Bumped when a table changes; a DB of another version must be rebuilt (``infrarsi replay --from-scratch``)."""
 DEFAULT_BATCH = 10_000
 """Messages per transaction: large enough that per-statement overhead vanishes, small enough to pipeline."""
@@ -182,7 +185,7 @@ def _columns_ddl(columns: dict[str, str]) -> str:
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS _meta (key VARCHAR PRIMARY KEY, value VARCHAR);
 CREATE TABLE IF NOT EXISTS _positions (stream VARCHAR PRIMARY KEY, last_seq UBIGINT NOT NULL);
-CREATE TABLE IF NOT EXISTS events (
+CREATE TABLE IF NOT EXISTS lifecycle_events (
     stream VARCHAR NOT NULL, seq UBIGINT NOT NULL, subject VARCHAR, event_id VARCHAR, type VARCHAR,
     study_id VARCHAR, trial_id VARCHAR, cluster_id VARCHAR, source VARCHAR, ts TIMESTAMPTZ,
     schema_version INTEGER, payload JSON
@@ -191,8 +194,20 @@ CREATE TABLE IF NOT EXISTS steps (
     seq UBIGINT NOT NULL, study_id VARCHAR, trial_id VARCHAR, rank INTEGER, world_size INTEGER,
     step BIGINT, loss DOUBLE, step_time_s DOUBLE, phases JSON, tokens BIGINT, optimizer_steps BIGINT,
     loss_tokens BIGINT, peak_memory_bytes BIGINT, flops DOUBLE, mfu DOUBLE, eval_loss DOUBLE,
-    eval_tokens BIGINT, wall_time DOUBLE, ts TIMESTAMPTZ
+    eval_tokens BIGINT, wall_time DOUBLE, ts TIMESTAMPTZ,
+    event_id VARCHAR, subject VARCHAR, cluster_id VARCHAR, source VARCHAR, schema_version INTEGER
 );
+CREATE OR REPLACE VIEW events AS
+    SELECT * FROM lifecycle_events
+    UNION ALL
+    SELECT '{TELEMETRY_STREAM}' AS stream, seq, subject, event_id, 'TrialStep' AS type, study_id, trial_id,
+           cluster_id, source, ts, schema_version,
+           json_object('type', 'TrialStep', 'rank', rank, 'world_size', world_size, 'step', step, 'loss', loss,
+                       'step_time_s', step_time_s, 'phases', phases, 'tokens', tokens,
+                       'optimizer_steps', optimizer_steps, 'loss_tokens', loss_tokens,
+                       'peak_memory_bytes', peak_memory_bytes, 'flops', flops, 'mfu', mfu, 'eval_loss', eval_loss,
+                       'eval_tokens', eval_tokens, 'wall_time', wall_time) AS payload
+    FROM steps;
 CREATE TABLE IF NOT EXISTS studies (
     study_id VARCHAR PRIMARY KEY,
     {_columns_ddl(_STUDY_COLUMNS)},
@@ -239,7 +254,7 @@ CREATE OR REPLACE VIEW failures AS
 """
 
 PROJECTION_TABLES: tuple[str, ...] = (
-    "events", "studies", "trials", "steps", "failures", "models", "verifications", "bank",
+    "events", "lifecycle_events", "studies", "trials", "steps", "failures", "models", "verifications", "bank",
     "dead_letters", "undecodable", "_positions",
 )
 """Every table (and view) a replay fills, for comparisons of whole databases."""
@@ -268,10 +283,30 @@ class _NotAStep(msgspec.Struct, tag="_NotAStep"):
     """Second member of the step decoder's union: makes the payload's ``type`` tag required, as in ``Event``."""
 
 
+class _StepEvent(msgspec.Struct, kw_only=True):
+    """``events.Event`` whose payload can only be a ``TrialStep``: one pass over a telemetry message.
+
+    Decoding succeeds only where ``events.decode`` would give a ``TrialStep`` payload (a payload of any other
+    type fails on its tag); ``decode_batch`` also checks the envelope's ``type``, and sends anything else down
+    the general path.
+    """
+
+    event_id: str
+    type: str
+    study_id: str
+    trial_id: str | None = None
+    cluster_id: str
+    source: str
+    ts: datetime
+    schema_version: int = ev.SCHEMA_VERSION
+    payload: ev.TrialStep | _NotAStep
+
+
 _envelope_decoder = msgspec.json.Decoder(_Envelope)
 # The fast path for 9 of 10 messages: the payload decoded straight into ``TrialStep``, so it is validated
 # exactly as ``events.decode`` would, without building an ``Event`` or dispatching over the whole union.
 _step_decoder = msgspec.json.Decoder(ev.TrialStep | _NotAStep)
+_step_event_decoder = msgspec.json.Decoder(_StepEvent)
 _dead_letter_decoder = msgspec.json.Decoder(ev.DeadLetter)
 _json = msgspec.json.Encoder()
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -305,17 +340,18 @@ class _Stage:
     """Rows of one table, column by column, for one ``INSERT … SELECT``."""
 
     def __init__(self, *columns: str) -> None:
-        self.columns: dict[str, list[Any]] = {c: [] for c in columns}
+        self.columns = columns
+        self.rows: list[dict[str, Any]] = []
 
     def add(self, **values: Any) -> None:
-        for name, column in self.columns.items():
-            column.append(values.get(name))
+        self.rows.append(values)
 
     def __len__(self) -> int:
-        return len(next(iter(self.columns.values())))
+        return len(self.rows)
 
     def arrays(self) -> dict[str, np.ndarray]:
-        return {name: _array(values) for name, values in self.columns.items()}
+        rows = self.rows
+        return {name: _array([r.get(name) for r in rows]) for name in self.columns}
 
 
 def _array(values: list[Any]) -> np.ndarray:
@@ -332,7 +368,7 @@ class Batch:
     stream: str
     first_seq: int = 0
     last_seq: int = 0
-    # events (every envelope); hot path, so plain lists rather than a _Stage
+    # lifecycle_events: every envelope but telemetry TrialSteps (plain lists rather than a _Stage)
     seq: list[int] = field(default_factory=list)
     subject: list[str] = field(default_factory=list)
     event_id: list[str] = field(default_factory=list)
@@ -344,9 +380,9 @@ class Batch:
     ts_us: list[int] = field(default_factory=list)
     schema_version: list[int] = field(default_factory=list)
     payload: list[str] = field(default_factory=list)
-    steps: dict[str, list[Any]] = field(
-        default_factory=lambda: {c: [] for c in _STEP_STAGE_COLUMNS}
-    )
+    # steps (with their envelopes: ``events`` shows them through a view): the decoded messages, in order
+    steps: list[tuple[int, str, _StepEvent]] = field(default_factory=list)
+    """(seq, subject, decoded message) of each telemetry ``TrialStep``, in order."""
     studies: _Stage = field(default_factory=lambda: _Stage("seq", "study_id", *_STUDY_COLUMNS))
     trials: _Stage = field(default_factory=lambda: _Stage("seq", "study_id", "trial_id", *_TRIAL_COLUMNS))
     models: _Stage = field(default_factory=lambda: _Stage(*_MODEL_COLUMNS))
@@ -360,11 +396,6 @@ class Batch:
     undecodable: _Stage = field(default_factory=lambda: _Stage("seq", "subject", "error", "raw"))
 
 
-_STEP_STAGE_COLUMNS = (
-    "seq", "study_id", "trial_id", "rank", "world_size", "step", "loss", "step_time_s", "phases", "tokens",
-    "optimizer_steps", "loss_tokens", "peak_memory_bytes", "flops", "mfu", "eval_loss", "eval_tokens",
-    "wall_time", "ts_us",
-)
 _MODEL_COLUMNS = (
     "seq", "event_id", "study_id", "ts_us", "n_trials", "n_oom", "fit_seconds", "noise_std_log",
     "best_candidate_key", "best_predicted_step_s", "time_effects", "memory_effects", "diagnostics",
@@ -389,23 +420,15 @@ def _ts(us: int) -> datetime:
 def decode_batch(stream: str, msgs: Sequence[StreamMessage], after_seq: int = 0) -> Batch:
     """Decode messages (in stream order) with sequence above ``after_seq`` into a ``Batch``.
 
-    Never raises on message content: what fails decoding is staged for ``undecodable``.
+    Never raises on message content: what fails decoding is staged for ``undecodable``. Telemetry
+    ``TrialStep`` messages (9 in 10) take one typed pass (``_StepEvent``) and are kept as decoded structs,
+    turned into columns on the writer's side; everything else, and anything the fast pass rejects, goes
+    through ``_decode_one`` (the full ``events.decode``, as before).
     """
     batch = Batch(stream)
-    # Bound methods looked up once: this loop runs for every message of a replay.
-    seq_, subject_, event_id_, type_ = batch.seq.append, batch.subject.append, batch.event_id.append, batch.type.append
-    study_, trial_, cluster_, source_ = (
-        batch.study_id.append, batch.trial_id.append, batch.cluster_id.append, batch.source.append
-    )
-    ts_, version_, payload_ = batch.ts_us.append, batch.schema_version.append, batch.payload.append
-    steps = batch.steps
-    s_seq, s_study, s_trial, s_rank, s_world, s_step, s_loss, s_time, s_phases, s_tokens = (
-        steps[c].append for c in _STEP_STAGE_COLUMNS[:10]
-    )
-    s_opt, s_loss_tokens, s_peak, s_flops, s_mfu, s_eval, s_eval_tokens, s_wall, s_ts = (
-        steps[c].append for c in _STEP_STAGE_COLUMNS[10:]
-    )
-    envelope_decode, step_decode, step_type = _envelope_decoder.decode, _step_decoder.decode, ev.TrialStep
+    step_ = batch.steps.append
+    step_decode, step_type = _step_event_decoder.decode, ev.TrialStep
+    telemetry = stream == TELEMETRY_STREAM
     first = last = 0
     for seq, subject, data in msgs:
         if seq <= after_seq:
@@ -413,59 +436,61 @@ def decode_batch(stream: str, msgs: Sequence[StreamMessage], after_seq: int = 0)
         if not first:
             first = seq
         last = seq
-        if subject.startswith(_DEADLETTER_PREFIX):
-            _stage_dead_letter(batch, seq, subject, data)
-            continue
-        try:
-            envelope = envelope_decode(data)
-            if envelope.type == "TrialStep":
-                step = step_decode(envelope.payload)
-                if type(step) is not step_type:
-                    raise msgspec.ValidationError(
-                        f"envelope type 'TrialStep' does not match payload type {type(step).__name__!r}"
-                    )
-                event = None
-            else:
-                event = ev.decode(data)  # full validation; lifecycle events are the rare ones
-            ts_us = _micros(envelope.ts)
-        except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
-            batch.undecodable.add(seq=seq, subject=subject, error=f"{type(exc).__name__}: {exc}", raw=data)
-            continue
-        seq_(seq)
-        subject_(subject)
-        event_id_(envelope.event_id)
-        type_(envelope.type)
-        study_(envelope.study_id)
-        trial_(envelope.trial_id)
-        cluster_(envelope.cluster_id)
-        source_(envelope.source)
-        ts_(ts_us)
-        version_(envelope.schema_version)
-        payload_(str(envelope.payload, "utf-8"))
-        if event is None:
-            s_seq(seq)
-            s_study(envelope.study_id)
-            s_trial(envelope.trial_id)
-            s_rank(step.rank)
-            s_world(step.world_size)
-            s_step(step.step)
-            s_loss(step.loss)
-            s_time(step.step_time_s)
-            s_phases(_json.encode(step.phases))
-            s_tokens(step.tokens)
-            s_opt(step.optimizer_steps)
-            s_loss_tokens(step.loss_tokens)
-            s_peak(step.peak_memory_bytes)
-            s_flops(step.flops)
-            s_mfu(step.mfu)
-            s_eval(step.eval_loss)
-            s_eval_tokens(step.eval_tokens)
-            s_wall(step.wall_time)
-            s_ts(ts_us)
-        else:
-            _stage_lifecycle(batch, seq, event, ts_us)
+        if telemetry:
+            try:
+                step = step_decode(data)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                step = None
+            if step is not None and step.type == "TrialStep" and type(step.payload) is step_type:
+                step_((seq, subject, step))
+                continue
+        _decode_one(batch, seq, subject, data)
     batch.first_seq, batch.last_seq = first, last
     return batch
+
+
+def _decode_one(batch: Batch, seq: int, subject: str, data: bytes) -> None:
+    """One message by the general path: dead letter, event (lifecycle row, or a step), or undecodable."""
+    if subject.startswith(_DEADLETTER_PREFIX):
+        _stage_dead_letter(batch, seq, subject, data)
+        return
+    try:
+        envelope = _envelope_decoder.decode(data)
+        if envelope.type == "TrialStep":
+            step = _step_decoder.decode(envelope.payload)
+            if type(step) is not ev.TrialStep:
+                raise msgspec.ValidationError(
+                    f"envelope type 'TrialStep' does not match payload type {type(step).__name__!r}"
+                )
+            event = None
+        else:
+            event = ev.decode(data)  # full validation; lifecycle events are the rare ones
+        ts_us = _micros(envelope.ts)
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
+        batch.undecodable.add(seq=seq, subject=subject, error=f"{type(exc).__name__}: {exc}", raw=data)
+        return
+    if event is None and batch.stream == TELEMETRY_STREAM:
+        batch.steps.append((seq, subject, _StepEvent(
+            event_id=envelope.event_id, type=envelope.type, study_id=envelope.study_id, trial_id=envelope.trial_id,
+            cluster_id=envelope.cluster_id, source=envelope.source, ts=envelope.ts,
+            schema_version=envelope.schema_version, payload=step,
+        )))
+        return
+    # A TrialStep outside the telemetry stream (published there by hand) is kept as a lifecycle row only:
+    # ``steps`` holds the telemetry stream, whose sequences it is keyed by.
+    batch.seq.append(seq)
+    batch.subject.append(subject)
+    batch.event_id.append(envelope.event_id)
+    batch.type.append(envelope.type)
+    batch.study_id.append(envelope.study_id)
+    batch.trial_id.append(envelope.trial_id)
+    batch.cluster_id.append(envelope.cluster_id)
+    batch.source.append(envelope.source)
+    batch.ts_us.append(ts_us)
+    batch.schema_version.append(envelope.schema_version)
+    batch.payload.append(str(envelope.payload, "utf-8"))
+    if event is not None:
+        _stage_lifecycle(batch, seq, event, ts_us)
 
 
 def _stage_dead_letter(batch: Batch, seq: int, subject: str, data: bytes) -> None:
@@ -596,14 +621,15 @@ def _upsert_sql(table: str, keys: tuple[str, ...], columns: dict[str, str]) -> s
 
 
 _INSERTS: dict[str, str] = {
-    "events": """
-        INSERT INTO events SELECT $stream, seq, subject, event_id, type, study_id, trial_id, cluster_id, source,
-               make_timestamptz(ts_us), schema_version, payload
-        FROM _stage_events WHERE seq > $after""",
+    "lifecycle_events": """
+        INSERT INTO lifecycle_events SELECT $stream, seq, subject, event_id, type, study_id, trial_id, cluster_id,
+               source, make_timestamptz(ts_us), schema_version, payload
+        FROM _stage_lifecycle_events WHERE seq > $after""",
     "steps": """
         INSERT INTO steps SELECT seq, study_id, trial_id, rank, world_size, step, loss, step_time_s,
                decode(phases), tokens, optimizer_steps, loss_tokens, peak_memory_bytes, flops, mfu, eval_loss,
-               eval_tokens, wall_time, make_timestamptz(ts_us)
+               eval_tokens, wall_time, make_timestamptz(ts_us), event_id, subject, cluster_id, source,
+               schema_version
         FROM _stage_steps WHERE seq > $after""",
     "studies": _upsert_sql("studies", ("study_id",), _STUDY_COLUMNS),
     "trials": _upsert_sql("trials", ("study_id", "trial_id"), _TRIAL_COLUMNS),
@@ -731,7 +757,7 @@ class AnalystDB:
                 self._positions[batch.stream] = after
                 return 0
             params = {"after": after}
-            self._insert(con, "events", _events_arrays(batch), {**params, "stream": batch.stream})
+            self._insert(con, "lifecycle_events", _events_arrays(batch), {**params, "stream": batch.stream})
             self._insert(con, "steps", _steps_arrays(batch), params)
             for table in ("studies", "trials", "models", "verifications", "bank"):
                 stage: _Stage = getattr(batch, table)
@@ -813,18 +839,43 @@ def _events_arrays(batch: Batch) -> dict[str, np.ndarray]:
     }
 
 
-_STEP_DTYPES: dict[str, Any] = {
-    "seq": np.uint64, "rank": np.int32, "world_size": np.int32, "step": np.int64, "loss": np.float64,
-    "step_time_s": np.float64, "tokens": np.int64, "optimizer_steps": np.int64, "peak_memory_bytes": np.int64,
-    "wall_time": np.float64, "ts_us": np.int64,
-}
-
-
 def _steps_arrays(batch: Batch) -> dict[str, np.ndarray]:
-    """Non-nullable numeric columns as native arrays (fast scan); nullable ones as objects (None is NULL)."""
+    """The decoded steps as columns: non-nullable numbers as native arrays (fast scan), nullable ones and
+    strings as objects (``None`` is NULL)."""
+    rows = batch.steps
+    events = [r[2] for r in rows]
+    steps = [e.payload for e in events]
+    encode = _json.encode
+    epoch, microsecond = _EPOCH, _MICROSECOND
+    try:
+        ts_us = [(e.ts - epoch) // microsecond for e in events]
+    except TypeError:  # a naive time somewhere (the envelope allows it): read as UTC
+        ts_us = [_micros(e.ts) for e in events]
     return {
-        name: np.array(values, dtype=_STEP_DTYPES[name]) if name in _STEP_DTYPES else _array(values)
-        for name, values in batch.steps.items()
+        "seq": np.array([r[0] for r in rows], dtype=np.uint64),
+        "study_id": _array([e.study_id for e in events]),
+        "trial_id": _array([e.trial_id for e in events]),
+        "rank": np.array([s.rank for s in steps], dtype=np.int64),
+        "world_size": np.array([s.world_size for s in steps], dtype=np.int64),
+        "step": np.array([s.step for s in steps], dtype=np.int64),
+        "loss": np.array([s.loss for s in steps], dtype=np.float64),
+        "step_time_s": np.array([s.step_time_s for s in steps], dtype=np.float64),
+        "phases": _array([encode(s.phases) for s in steps]),
+        "tokens": np.array([s.tokens for s in steps], dtype=np.int64),
+        "optimizer_steps": np.array([s.optimizer_steps for s in steps], dtype=np.int64),
+        "loss_tokens": _array([s.loss_tokens for s in steps]),
+        "peak_memory_bytes": np.array([s.peak_memory_bytes for s in steps], dtype=np.int64),
+        "flops": _array([s.flops for s in steps]),
+        "mfu": _array([s.mfu for s in steps]),
+        "eval_loss": _array([s.eval_loss for s in steps]),
+        "eval_tokens": _array([s.eval_tokens for s in steps]),
+        "wall_time": np.array([s.wall_time for s in steps], dtype=np.float64),
+        "ts_us": np.array(ts_us, dtype=np.int64),
+        "event_id": _array([e.event_id for e in events]),
+        "subject": _array([r[1] for r in rows]),
+        "cluster_id": _array([e.cluster_id for e in events]),
+        "source": _array([e.source for e in events]),
+        "schema_version": np.array([e.schema_version for e in events], dtype=np.int64),
     }
 
 
@@ -851,10 +902,213 @@ class StreamReadError(RuntimeError):
     """The ordered read stalled; the caller resumes from its stored position."""
 
 
+_READ_CHUNK = 1 << 20
+_PUSH_PENDING_BYTES = 16 << 20
+
+
+class _RawUnavailable(Exception):
+    """This connection cannot be mirrored by ``_RawReader``; use nats-py's ordered consumer."""
+
+
+class _RawReader:
+    """A second, minimal NATS connection that receives one ephemeral push consumer's deliveries in bulk.
+
+    nats-py spends most of a replay's time per message (its parser trims its buffer after every message,
+    builds a ``Msg`` and a header dict, and hands each to a queue and a task); this reads the socket in
+    1 MiB chunks and cuts messages out of them with ``bytes.find``. The consumer is created through the
+    bus (JetStream API), ack policy none, flow control and heartbeats on, delivering to an inbox only this
+    connection subscribes to; flow-control requests are answered as they are parsed, so the server never
+    runs more than its flow-control window ahead of the reader (backpressure). Only plain TCP with no auth,
+    a user and password, or a token; anything else raises ``_RawUnavailable``.
+    """
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader, self._writer = reader, writer
+        self._buf = b""
+        self._pos = 0
+        self.inbox = f"_INBOX.irsi_replay_{secrets.token_hex(8)}"
+        self.next_cseq = 1
+
+    @classmethod
+    async def connect(cls, bus: Any, timeout_s: float = 5.0) -> _RawReader:
+        nc = bus.nc
+        uri = nc.connected_url
+        options = getattr(nc, "options", {})
+        if (
+            uri is None
+            or uri.scheme not in ("nats", "")
+            or options.get("tls") is not None
+            or any(getattr(nc, a, None) for a in ("_user_credentials", "_nkeys_seed", "_nkeys_seed_str",
+                                                  "_signature_cb", "_user_jwt_cb"))
+        ):
+            raise _RawUnavailable("not a plain TCP connection")
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(uri.hostname, uri.port or 4222, limit=_READ_CHUNK), timeout_s
+            )
+        except (OSError, TimeoutError) as exc:
+            raise _RawUnavailable(f"cannot connect: {exc}") from None
+        self = cls(reader, writer)
+        try:
+            line = await asyncio.wait_for(reader.readline(), timeout_s)
+            if not line.startswith(b"INFO "):
+                raise _RawUnavailable(f"unexpected greeting {line[:40]!r}")
+            info = _stdjson.loads(line[5:])
+            if info.get("tls_required") or not info.get("headers"):
+                raise _RawUnavailable("server requires TLS or lacks headers")
+            connect: dict[str, Any] = {"verbose": False, "pedantic": False, "headers": True, "no_responders": True,
+                                       "protocol": 1, "lang": "python-infrarsi", "version": "1",
+                                       "name": f"{options.get('name') or 'infrarsi'}-replay-reader"}
+            user = uri.username or options.get("user")
+            password = uri.password or options.get("password")
+            token = options.get("token")
+            if user and password is None and not token:
+                token, user = user, None  # nats://TOKEN@host
+            if user:
+                connect.update(user=user, **{"pass": password or ""})
+            elif token:
+                connect["auth_token"] = token
+            elif info.get("nonce"):
+                raise _RawUnavailable("server wants a signed nonce")
+            writer.write(b"CONNECT %s\r\nSUB %s 1\r\nPING\r\n" % (_stdjson.dumps(connect).encode(), self.inbox.encode()))
+            while True:
+                line = await asyncio.wait_for(reader.readline(), timeout_s)
+                if line.startswith(b"PONG"):
+                    break
+                if line.startswith(b"-ERR") or not line:
+                    raise _RawUnavailable(f"server refused the connection: {line.strip()!r}")
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._writer.close()
+
+    async def receive(self, timeout_s: float) -> list[StreamMessage]:
+        """The deliveries parsed from what has arrived (waiting up to ``timeout_s`` for at least one)."""
+        out: list[StreamMessage] = []
+        append = out.append
+        write = self._writer.write
+        buf, pos = self._buf, self._pos
+        cseq = self.next_cseq
+        while True:
+            n = len(buf)
+            while True:
+                eol = buf.find(b"\r\n", pos)
+                if eol < 0:
+                    break
+                c = buf[pos]
+                if c == 72 or c == 77:  # HMSG subject sid [reply] hdr_len total_len / MSG subject sid [reply] len
+                    parts = buf[pos:eol].split(b" ")
+                    hmsg = c == 72
+                    start = eol + 2
+                    hdr_end = start + int(parts[-2]) if hmsg else start
+                    end = start + int(parts[-1])
+                    if end + 2 > n:
+                        break
+                    pos = end + 2
+                    reply = parts[3] if len(parts) == (6 if hmsg else 5) else b""
+                    if hmsg and buf[start + 8] == 32:  # "NATS/1.0 100 …": flow control or heartbeat
+                        if reply:
+                            write(b"PUB %s 0\r\n\r\n" % reply)
+                        else:
+                            i = buf.find(b"Nats-Consumer-Stalled: ", start, hdr_end)
+                            if i >= 0:
+                                write(b"PUB %s 0\r\n\r\n" % buf[i + 23:buf.find(b"\r", i)].strip())
+                        continue
+                    tokens = reply.split(b".")
+                    if len(tokens) == 9:  # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>
+                        sseq, dseq = int(tokens[5]), int(tokens[6])
+                    elif len(tokens) >= 11:  # $JS.ACK.<domain>.<account>.<stream>.<consumer>.<d>.<sseq>.<cseq>…
+                        sseq, dseq = int(tokens[7]), int(tokens[8])
+                    else:
+                        raise StreamReadError(f"unexpected delivery {buf[pos:eol][:200]!r}")
+                    if dseq != cseq:
+                        raise StreamReadError(f"delivery {dseq} after {cseq - 1}: a message was lost")
+                    cseq += 1
+                    append((sseq, parts[1].decode(), buf[hdr_end:end]))
+                elif buf.startswith(b"PING", pos):
+                    write(b"PONG\r\n")
+                    pos = eol + 2
+                elif buf.startswith(b"-ERR", pos):
+                    raise StreamReadError(f"server error: {buf[pos:eol]!r}")
+                else:  # +OK, PONG, INFO
+                    pos = eol + 2
+            self._buf, self._pos, self.next_cseq = buf, pos, cseq
+            if out:
+                return out
+            try:
+                data = await asyncio.wait_for(self._reader.read(_READ_CHUNK), timeout_s)
+            except TimeoutError:
+                raise TimeoutError from None
+            if not data:
+                raise StreamReadError("connection closed")
+            buf, pos = buf[pos:] + data, 0
+
+
 async def read_stream(
-    bus: Bus, stream: str, start_seq: int = 1, *, max_buffer: int = 32_768, idle_timeout_s: float = 10.0
+    bus: Bus, stream: str, start_seq: int = 1, *, idle_timeout_s: float = 10.0, direct: bool | None = None
 ) -> AsyncIterator[list[StreamMessage]]:
     """Every message of ``stream`` from ``start_seq`` up to its last sequence when the read began, in order.
+
+    An ephemeral push consumer read by ``_RawReader`` where the connection allows it, else nats-py's
+    ordered push consumer (``_read_stream_ordered``); ``direct`` forces one or the other. Ephemeral, no
+    acks: nothing is left on the server.
+    """
+    try:
+        info = await bus.js.stream_info(stream)
+    except nats.js.errors.NotFoundError:
+        return  # a stream nobody created yet is an empty one
+    last = info.state.last_seq
+    start_seq = max(start_seq, info.state.first_seq or 1)
+    if info.state.messages == 0 or last < start_seq:
+        return
+    reader: _RawReader | None = None
+    if direct is not False:
+        try:
+            reader = await _RawReader.connect(bus)
+        except _RawUnavailable as exc:
+            if direct:
+                raise StreamReadError(f"{stream}: cannot read with a raw connection: {exc}") from None
+            log.debug("raw reader unavailable; reading with nats-py's ordered consumer", reason=str(exc))
+    if reader is None:
+        async for chunk in _read_stream_ordered(bus, stream, start_seq, idle_timeout_s=idle_timeout_s):
+            yield chunk
+        return
+    consumer: str | None = None
+    try:
+        created = await bus.js.add_consumer(stream, api.ConsumerConfig(
+            deliver_subject=reader.inbox, deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
+            opt_start_seq=start_seq, ack_policy=api.AckPolicy.NONE, max_deliver=1, flow_control=True,
+            idle_heartbeat=5.0, mem_storage=True, num_replicas=1, inactive_threshold=30.0,
+        ))
+        consumer = created.name
+        seen = start_seq - 1
+        while seen < last:
+            try:
+                msgs = await reader.receive(idle_timeout_s)
+            except TimeoutError:
+                now = await bus.js.stream_info(stream)
+                if now.state.messages == 0 or now.state.last_seq <= seen:
+                    return  # the tail was deleted (retention, purge) while we read
+                raise StreamReadError(f"{stream}: nothing delivered for {idle_timeout_s:.0f}s after seq {seen}") from None
+            seen = msgs[-1][0]
+            upto = _upto(msgs, last)
+            if upto:
+                yield msgs if upto == len(msgs) else msgs[:upto]
+    finally:
+        reader.close()
+        if consumer is not None:
+            with contextlib.suppress(Exception):
+                await bus.js.delete_consumer(stream, consumer)
+
+
+async def _read_stream_ordered(
+    bus: Bus, stream: str, start_seq: int = 1, *, max_buffer: int = 32_768, idle_timeout_s: float = 10.0
+) -> AsyncIterator[list[StreamMessage]]:
+    """``read_stream`` through nats-py's ordered push consumer (the fallback).
 
     Like ``Bus.iter_stream`` (ephemeral, no acks, nothing left on the server) but several times faster:
     nats-py's pull ``fetch`` waits for each message in a task of its own, while its ordered push consumer

@@ -107,6 +107,19 @@ async def test_replay_twice_gives_identical_tables(bus: Bus, tmp_path: Path, pay
         assert json.loads(payload[0][0])["status"] == "oom"
 
 
+async def test_raw_reader_and_nats_py_reader_read_the_same(bus: Bus, payload_samples) -> None:
+    """``read_stream``'s own connection and its nats-py fallback deliver the same messages, from any start."""
+    await publish(bus, study_log("s1", payload_samples))
+    for stream in eventlog.REPLAYED_STREAMS:
+        for start in (1, 5):
+            raw = [m for chunk in [c async for c in eventlog.read_stream(bus, stream, start, direct=True)] for m in chunk]
+            ordered = [m for chunk in [c async for c in eventlog.read_stream(bus, stream, start, direct=False)]
+                       for m in chunk]
+            assert raw == ordered
+            assert [m[0] for m in raw] == sorted({m[0] for m in raw}) and (raw[0][0] == start if raw else start > 1)
+    assert [c async for c in eventlog.read_stream(bus, LIFECYCLE_STREAM, 10_000, direct=True)] == []
+
+
 async def test_replay_after_new_events_appends_only_them(bus: Bus, tmp_path: Path, payload_samples) -> None:
     path = tmp_path / "a.duckdb"
     await publish(bus, study_log("s1", payload_samples))

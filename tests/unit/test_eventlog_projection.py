@@ -103,3 +103,21 @@ def test_snapshot_is_a_readable_copy_and_the_writer_keeps_its_lock(tmp_path: Pat
             capture_output=True, text=True, timeout=60,
         )
         assert second.returncode != 0 and "lock" in second.stderr
+
+
+def test_events_view_rebuilds_step_payloads(tmp_path: Path) -> None:
+    """``events`` shows a TrialStep once, with the payload's fields and values as published."""
+    steps = [_step(1, eval_loss=2.5, eval_tokens=7), _step(2, flops=1e15, loss_tokens=None)]
+    with eventlog.AnalystDB.open(tmp_path / "db.duckdb") as db:
+        db.apply_batch(eventlog.TELEMETRY_STREAM, _messages(steps))
+        _, rows = db.query("SELECT stream, seq, subject, event_id, type, study_id, trial_id, cluster_id, source, ts, "
+                           "schema_version, payload FROM events ORDER BY seq")
+        assert db.query("SELECT count(*) FROM lifecycle_events")[1] == [(0,)]
+    assert len(rows) == 2
+    for (stream, _seq, subject, event_id, type_, study, trial, cluster, source, ts, version, payload), e in zip(
+        rows, steps, strict=True
+    ):
+        assert (stream, subject, event_id, type_, study, trial, cluster, source, ts, version) == (
+            eventlog.TELEMETRY_STREAM, ev.subject_for(e), e.event_id, "TrialStep", e.study_id, e.trial_id,
+            e.cluster_id, e.source, e.ts, e.schema_version)
+        assert msgspec.json.decode(payload) == msgspec.json.decode(msgspec.json.encode(e.payload))

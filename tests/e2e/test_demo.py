@@ -1,0 +1,74 @@
+"""The five stages end to end through all six services, run as a user would: ``infrarsi demo``.
+
+``test_short_real_run_through_all_six_services`` runs the demo on the real dense-1node workload with a
+shortened horizon and a three-trial budget (a few minutes on 2 cores): init → doctor → run → verify →
+report, every trial a real PyTorch job launched by the launcher service. ``test_demo_verifies_a_speedup``
+is the README's ``make demo`` itself (minutes; ``make test-slow``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+DENSE = ROOT / "workloads" / "gpt" / "contracts" / "dense-1node.yaml"
+
+
+def _demo(tmp_path: Path, contract: Path, trials: int, timeout_s: float) -> tuple[int, dict, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INFRARSI_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "infrarsi.cli", "--data-dir", str(tmp_path / "data"), "demo",
+         "--contract", str(contract), "--trials", str(trials), "--json"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s,
+    )
+    out = proc.stdout
+    summary = json.loads(out[out.index("{\n"):]) if "{\n" in out else {}
+    return proc.returncode, summary, proc.stdout + proc.stderr
+
+
+def _no_stack_left(tmp_path: Path) -> None:
+    mine = [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
+    assert not mine, f"processes left behind: {[p.info['cmdline'] for p in mine]}"
+
+
+@pytest.mark.timeout(1200)
+def test_short_real_run_through_all_six_services(tmp_path: Path) -> None:
+    contract = yaml.safe_load(DENSE.read_text())
+    contract["workload"]["repo"] = str(DENSE.parent.parent)
+    contract["workload"]["steps"] = 10
+    contract["workload"]["verify_steps"] = 10
+    contract["budget"]["trials"] = 3
+    contract["doctor"]["repeats"] = 2
+    contract["verify"] = {"top_k": 1, "repeats": 1, "passes_required": 1}
+    path = tmp_path / "dense-short.yaml"
+    path.write_text(yaml.safe_dump(contract, sort_keys=False))
+
+    rc, summary, output = _demo(tmp_path, path, trials=3, timeout_s=1100)
+
+    assert rc in (0, 3), output[-4000:]  # 3: the flow completed but nothing was verified faster
+    assert summary["finished"], output[-4000:]  # the proposer ended the study (StudyFinished)
+    assert summary["baseline_step_s"] > 0  # doctor measured the baseline through launcher + telemetry
+    assert summary["speedup"] is not None  # the verifier ran its round and published VerifyCompleted
+    report = Path(summary["report"])
+    assert report.is_file() and report.with_suffix(".pdf").is_file() and report.with_suffix(".md").is_file()
+    assert "InfraRSI report" in report.read_text()
+    _no_stack_left(tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_demo_verifies_a_speedup(tmp_path: Path) -> None:
+    """The README's main command: a verified speed-up of at least 1.5x on dense-1node, loss parity held."""
+    rc, summary, output = _demo(tmp_path, DENSE, trials=10, timeout_s=1700)
+    assert rc == 0, output[-4000:]
+    assert summary["verified"] and summary["speedup_ci"][0] >= 1.5, summary
+    assert 0 < summary["mfu_before"] < summary["mfu_after"] <= 1.0, summary
+    _no_stack_left(tmp_path)
