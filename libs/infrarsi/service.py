@@ -305,7 +305,13 @@ class Runner:
                     },
                 ),
             ):
-                await self.service.handle(event, Outbox(self.bus, self.service.name, event))
+                out = Outbox(self.bus, self.service.name, event)
+                await self.service.handle(event, out)
+                # One line per handled event, with study/trial/trace ids bound: a trace joins its log lines.
+                # Per-step telemetry only at debug level (thousands per trial).
+                (log.debug if event.type == "TrialStep" else log.info)(
+                    "event handled", outputs=[e.type for e in out.published]
+                )
             await delivery.msg.ack_sync()
             self.stats.handled += 1
             self.stats.last_event_at = time.time()

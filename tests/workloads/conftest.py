@@ -93,16 +93,27 @@ def run_workload(
     train = str(workdir / "train.py")
     if nnodes > 1:
         port = free_port()
-        procs = [
-            subprocess.Popen(
-                [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--nproc-per-node",
-                 str(nproc), "--node-rank", str(node), "--rdzv-backend", "c10d", "--rdzv-endpoint",
-                 f"127.0.0.1:{port}", "--rdzv-id", f"test-{port}", train, *args],
-                cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            )  # fmt: skip
-            for node in range(nnodes)
-        ]
-        outputs = [p.communicate(timeout=timeout)[0] for p in procs]
+        # Each agent writes to its own file: with pipes read one after the other, a chatty second agent
+        # fills its pipe, blocks, and the first waits for it forever inside a collective.
+        logs = [tmp / f"agent{node}.log" for node in range(nnodes)]
+        procs = []
+        for node, log_path in enumerate(logs):
+            with open(log_path, "w") as log:
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--nproc-per-node",
+                     str(nproc), "--node-rank", str(node), "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                     f"127.0.0.1:{port}", "--rdzv-id", f"test-{port}", train, *args],
+                    cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
+                ))  # fmt: skip
+        try:
+            for p in procs:
+                p.wait(timeout=timeout)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        outputs = [path.read_text() for path in logs]
         returncode = max(abs(p.returncode) for p in procs)
         output = "\n".join(outputs)
     else:
