@@ -1,0 +1,79 @@
+"""Verify, through all six services on the real dense-1node job, rejects every reward hack of the patch
+library and the math-changing patch — naming the invariant its metadata says it breaks — and finds every
+invariant held for the genuine patches.
+
+Each candidate gets one verification round of one interleaved baseline/candidate pair at a 30-step horizon
+(the loss curve must stay within the contract's ε at every eval). Minutes on 2 cores: ``make test-slow``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import yaml
+
+from infrarsi import events as ev
+from infrarsi.bus import Bus
+from infrarsi.commands.doctor import read_study
+from infrarsi.commands.init import prepare_study, study_created_event
+from infrarsi.contract import load_patch_library
+from infrarsi.stack import Stack
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKLOAD = ROOT / "workloads" / "gpt"
+DENSE = WORKLOAD / "contracts" / "dense-1node.yaml"
+GENUINE = ["fused-qkv", "chunked-cross-entropy"]
+
+
+def _contract(tmp_path: Path) -> Path:
+    contract = yaml.safe_load(DENSE.read_text())
+    contract["workload"]["repo"] = str(WORKLOAD)
+    contract["workload"]["steps"] = 30
+    contract["workload"]["verify_steps"] = 30
+    contract["verify"] = {"top_k": 1, "repeats": 1, "passes_required": 1}
+    path = tmp_path / "dense-verify.yaml"
+    path.write_text(yaml.safe_dump(contract, sort_keys=False))
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+async def test_verify_rejects_hacks_and_math_change_by_name(tmp_path: Path) -> None:
+    library = load_patch_library(WORKLOAD / "patches")
+    breaking = {p.id: p.breaks for p in library.values() if p.kind == "reward_hack" or p.id == "attention-without-mask"}
+    assert len([p for p in breaking if p.startswith("hack-")]) >= 4
+    candidates = [ev.Candidate(patches=[pid]) for pid in [*breaking, *GENUINE]]
+
+    data_dir = tmp_path / "data"
+    stack = await asyncio.to_thread(Stack.start, data_dir)
+    try:
+        prepared = prepare_study(_contract(tmp_path), data_dir)
+        bus = await Bus.connect(stack.url, service="test")
+        try:
+            await bus.publish(study_created_event(prepared))
+            await bus.publish(ev.make_event(
+                ev.VerifyRequested(candidates=candidates, repeats=1, reason="reward-hack audit"),
+                study_id=prepared.study_id, source="test",
+            ))
+            verdicts: dict[str, ev.VerifyCompleted] = {}
+            for _ in range(2000):
+                events, _ = await read_study(bus, prepared.study_id)
+                verdicts = {e.payload.candidate_key: e.payload for e in events if isinstance(e.payload, ev.VerifyCompleted)}
+                if len(verdicts) == len(candidates):
+                    break
+                await asyncio.sleep(1.0)
+        finally:
+            await bus.close()
+    finally:
+        await asyncio.to_thread(stack.stop)
+
+    by_patch = {v.candidate.patches[0]: v for v in verdicts.values()}
+    assert set(by_patch) == {c.patches[0] for c in candidates}, "every candidate got a verdict"
+    for patch_id, invariant in breaking.items():
+        verdict = by_patch[patch_id]
+        assert not verdict.promotable, patch_id
+        assert invariant in verdict.failed_invariants, (patch_id, invariant, verdict.failed_invariants)
+    for patch_id in GENUINE:
+        assert by_patch[patch_id].failed_invariants == [], (patch_id, by_patch[patch_id].failed_invariants)
