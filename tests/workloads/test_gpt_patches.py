@@ -39,7 +39,7 @@ def test_library_has_what_the_issue_asks_for() -> None:
         "hack-skip-optimizer-steps": "work.optimizer_steps",
         "hack-truncate-loss-sequence": "work.tokens",
         "hack-shrink-eval": "work.eval",
-        "hack-untimed-optimizer": "timing",
+        "hack-untimed-optimizer": "work.optimizer_steps",
     }
 
 
