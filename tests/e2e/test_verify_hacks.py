@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from infrarsi import events as ev
 from infrarsi.bus import Bus
 from infrarsi.commands.doctor import read_study

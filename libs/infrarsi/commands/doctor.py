@@ -53,23 +53,13 @@ def add_bus_arguments(parser: argparse.ArgumentParser) -> None:
 
 @contextlib.asynccontextmanager
 async def cli_bus(args: argparse.Namespace, source: str) -> AsyncIterator[Any]:
-    """A bus connection to the running stack (these stages need the services: no temporary server)."""
-    from infrarsi.bus import Bus, BusError
-    from infrarsi.embedded import resolve_nats_url
+    """A bus connection to the running stack (these stages need the services: no temporary server).
 
-    nats_url = getattr(args, "nats_url", None)
-    data_dir = data_dir_of(args)
-    try:
-        from infrarsi.stack import connect_for_cli  # the stack's resolution, when present
-    except ImportError:
-        connect_for_cli = None
-    if connect_for_cli is not None:
-        bus = await connect_for_cli(nats_url, data_dir, service=source)
-    else:
-        url = resolve_nats_url(nats_url, data_dir)
-        if url is None:
-            raise BusError("no NATS server: pass --nats-url, set INFRARSI_NATS_URL, or start one with `infrarsi up`")
-        bus = await Bus.connect(url, service=source)
+    An unreachable or missing server raises ``BusError``, which the CLI reports in one line (exit 2).
+    """
+    from infrarsi.stack import connect_for_cli
+
+    bus = await connect_for_cli(getattr(args, "nats_url", None), data_dir_of(args), service=source)
     try:
         yield bus
     finally:
@@ -208,14 +198,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def run(args: argparse.Namespace) -> int:
-    from infrarsi.bus import BusError
-
-    try:
-        async with cli_bus(args, SOURCE) as bus:
-            return await _doctor(bus, args)
-    except BusError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    async with cli_bus(args, SOURCE) as bus:
+        return await _doctor(bus, args)
 
 
 async def _doctor(bus, args: argparse.Namespace) -> int:

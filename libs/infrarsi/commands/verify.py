@@ -69,14 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def run(args: argparse.Namespace) -> int:
-    from infrarsi.bus import BusError
-
-    try:
-        async with cli_bus(args, SOURCE) as bus:
-            return await _verify(bus, args)
-    except BusError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    async with cli_bus(args, SOURCE) as bus:
+        return await _verify(bus, args)
 
 
 async def _verify(bus, args: argparse.Namespace) -> int:
