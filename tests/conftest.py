@@ -235,7 +235,7 @@ def _example(info: object, field_name: str) -> object:
         case mi.AnyType():
             return {"nested": [1, "two", 3.5]}
         case _:
-            raise NotImplementedError(f"no example for {info!r} (field {field_name}); extend tests/conftest.py")
+            raise TypeError(f"no example for {info!r} (field {field_name}); extend tests/conftest.py")
 
 
 def sample_struct(cls: type) -> object:
