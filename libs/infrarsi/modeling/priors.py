@@ -11,7 +11,7 @@ baseline is another level still gets the right differences.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -110,29 +110,27 @@ class KnowledgeBase:
 
     def time_priors(self, encoder: FeatureEncoder) -> tuple[np.ndarray, np.ndarray]:
         kb = self.for_space(encoder)
-        mean = np.zeros(encoder.dim)
-        std = np.zeros(encoder.dim)
-        for i, spec in enumerate(encoder.specs):
-            if spec.kind == "intercept":
-                mean[i], std[i] = 0.0, 3.0
-            elif spec.kind == "interaction":
-                mean[i], std[i] = 0.0, kb.default_interaction
-            else:
-                mean[i], std[i] = kb.time_prior(spec)
-        return mean, std
+        return _prior_vectors(encoder, kb.time_prior, kb.default_interaction)
 
     def memory_priors(self, encoder: FeatureEncoder) -> tuple[np.ndarray, np.ndarray]:
         kb = self.for_space(encoder)
-        mean = np.zeros(encoder.dim)
-        std = np.zeros(encoder.dim)
-        for i, spec in enumerate(encoder.specs):
-            if spec.kind == "intercept":
-                mean[i], std[i] = 0.0, 3.0
-            elif spec.kind == "interaction":
-                mean[i], std[i] = 0.0, 0.05
-            else:
-                mean[i], std[i] = kb.memory_prior(spec)
-        return mean, std
+        return _prior_vectors(encoder, kb.memory_prior, 0.05)
+
+
+def _prior_vectors(
+    encoder: FeatureEncoder, prior: Callable[[FeatureSpec], Effect], interaction_std: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """(mean, std) per encoded feature: a vague intercept, zero-mean interactions, ``prior`` for the rest."""
+    mean = np.zeros(encoder.dim)
+    std = np.zeros(encoder.dim)
+    for i, spec in enumerate(encoder.specs):
+        if spec.kind == "intercept":
+            mean[i], std[i] = 0.0, 3.0
+        elif spec.kind == "interaction":
+            mean[i], std[i] = 0.0, interaction_std
+        else:
+            mean[i], std[i] = prior(spec)
+    return mean, std
 
 
 def _is_categorical_level(spec: FeatureSpec) -> bool:
