@@ -42,6 +42,9 @@ from infrarsi_services.reporter.bank import BankDistiller
 
 log = get_logger(__name__)
 
+SHUTDOWN_CATCH_UP_S = 10.0
+"""How long a stopping reporter spends on a last catch-up before it closes the DB."""
+
 POLL_S = 1.0
 """Longest wait between catch-ups without a delivery (dead letters are on no consumer's filter)."""
 SNAPSHOT_MIN_S = 1.0
@@ -95,8 +98,9 @@ class ReporterService(Service):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         if self.db is not None:
+            # Best effort and bounded: positions are stored with the rows, so the next life resumes anyway.
             with contextlib.suppress(Exception):
-                await self._catch_up()
+                await asyncio.wait_for(self._catch_up(), timeout=SHUTDOWN_CATCH_UP_S)
             db, self.db = self.db, None
             await asyncio.get_running_loop().run_in_executor(self._writer, db.close)
         self._writer.shutdown(wait=True)

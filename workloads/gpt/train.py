@@ -260,6 +260,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"step {rec.step} loss {rec.loss:.6f} time {rec.step_time_s * 1e3:.1f}ms{evl}", flush=True)
 
     probe.close()
+    # Every rank reaches teardown together: gloo aborted one rank ("terminate called without an active
+    # exception") when its peer was still in flight, and the peer then waited forever.
+    dist.barrier()
     dist.destroy_process_group()
     return 0
 
