@@ -283,12 +283,15 @@ class SimBackend(Backend):
                 if job.stop.wait(s.step_time_s):
                     return
                 for rank, fh in enumerate(files):
+                    # Plain Python numbers: the simulator computes with numpy, msgspec encodes builtins only.
                     record = ev.TrialStep(
-                        rank=rank, world_size=spec.ranks, step=s.step, loss=s.loss, step_time_s=s.step_time_s,
-                        phases={}, tokens=trial.tokens_per_step, optimizer_steps=s.step + 1,
-                        loss_tokens=trial.tokens_per_step, peak_memory_bytes=trial.peak_bytes, flops=None,
-                        mfu=trial.mfu, eval_loss=s.eval_loss,
-                        eval_tokens=trial.tokens_per_step // 8 if s.eval_loss is not None else None,
+                        rank=rank, world_size=spec.ranks, step=int(s.step), loss=float(s.loss),
+                        step_time_s=float(s.step_time_s), phases={}, tokens=int(trial.tokens_per_step),
+                        optimizer_steps=int(s.step) + 1, loss_tokens=int(trial.tokens_per_step),
+                        peak_memory_bytes=int(trial.peak_bytes), flops=None,
+                        mfu=None if trial.mfu is None else float(trial.mfu),
+                        eval_loss=None if s.eval_loss is None else float(s.eval_loss),
+                        eval_tokens=int(trial.tokens_per_step) // 8 if s.eval_loss is not None else None,
                         wall_time=time.time(),
                     )
                     event = ev.make_event(record, study_id=study, trial_id=trial_id, source=SOURCE,
