@@ -121,3 +121,41 @@ def test_events_view_rebuilds_step_payloads(tmp_path: Path) -> None:
             eventlog.TELEMETRY_STREAM, ev.subject_for(e), e.event_id, "TrialStep", e.study_id, e.trial_id,
             e.cluster_id, e.source, e.ts, e.schema_version)
         assert msgspec.json.decode(payload) == msgspec.json.decode(msgspec.json.encode(e.payload))
+
+
+_HAND_WRITTEN_STEPS = [
+    # another producer's spelling of the same catalog: whitespace, field order, an int for a float, omitted
+    # defaults (phases, loss_tokens, flops, wall_time, trial_id, schema_version), unknown fields, non-ASCII
+    b'{ "type": "TrialStep", "payload": {"tokens": 64, "step": 1, "rank": 0, "world_size": 1, "loss": 2,'
+    b' "step_time_s": 0.5, "optimizer_steps": 1, "peak_memory_bytes": 9, "type": "TrialStep", "extra": [1]},'
+    b' "event_id": "h1", "study_id": "s\xc3\xa9", "cluster_id": "c", "source": "probe", "ts": "2026-03-01T10:00:00+02:00",'
+    b' "unknown": {"a": 1}}',
+    # a naive timestamp (read as UTC), every optional number set, phases with spaces
+    b'{"event_id":"h2","type":"TrialStep","study_id":"s1","trial_id":"t9","cluster_id":"c","source":"probe",'
+    b'"ts":"2026-03-01T09:00:00.5","schema_version":1,"payload":{"type":"TrialStep","rank":1,"world_size":2,'
+    b'"step":7,"loss":1.25e-3,"step_time_s":1E0,"phases":{ "forward" : 0.25, "backward":0.5 },"tokens":128,'
+    b'"optimizer_steps":7,"loss_tokens":100,"peak_memory_bytes":12345678901,"flops":3.5e14,"mfu":0.5,'
+    b'"eval_loss":2.5,"eval_tokens":64,"wall_time":1772355600.25}}',
+]
+
+
+def test_step_columns_are_what_events_decode_reads_from_any_valid_spelling(tmp_path: Path) -> None:
+    """DuckDB projects a step's columns from the message text msgspec validated: every column must equal
+    the value ``events.decode`` gives, whatever valid JSON spelling the producer used."""
+    msgs = [(i + 1, "irsi.telemetry.x.t", data) for i, data in enumerate(_HAND_WRITTEN_STEPS)]
+    with eventlog.AnalystDB.open(tmp_path / "db.duckdb") as db:
+        assert db.apply_batch(eventlog.TELEMETRY_STREAM, msgs) == 2
+        assert db.query("SELECT count(*) FROM undecodable")[1] == [(0,)]
+        columns, rows = db.query("SELECT * FROM steps ORDER BY seq")
+    for row, (_seq, _subject, data) in zip(rows, msgs, strict=True):
+        got, e = dict(zip(columns, row, strict=True)), ev.decode(data)
+        p = e.payload
+        assert isinstance(p, ev.TrialStep)
+        expected_ts = e.ts if e.ts.tzinfo else e.ts.replace(tzinfo=UTC)
+        assert got["ts"] == expected_ts
+        assert msgspec.json.decode(got.pop("phases")) == p.phases
+        for name in ("study_id", "trial_id", "cluster_id", "source", "event_id", "schema_version"):
+            assert got[name] == getattr(e, name), name
+        for name in ("rank", "world_size", "step", "loss", "step_time_s", "tokens", "optimizer_steps", "loss_tokens",
+                     "peak_memory_bytes", "flops", "mfu", "eval_loss", "eval_tokens", "wall_time"):
+            assert got[name] == getattr(p, name) and type(got[name]) is type(getattr(p, name)), name

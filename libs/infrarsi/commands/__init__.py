@@ -22,6 +22,10 @@ Modules are imported only when their verb runs, so keep heavy imports (torch, du
 
 from __future__ import annotations
 
+import argparse
+import os
+from pathlib import Path
+
 
 class UserError(Exception):
     """A problem the user can fix; the CLI prints the message and exits with ``exit_code``."""
@@ -29,3 +33,9 @@ class UserError(Exception):
     def __init__(self, message: str, exit_code: int = 2) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+
+def data_dir_of(args: argparse.Namespace) -> Path:
+    """``--data-dir`` (every verb has it through the global options), for a ``Namespace`` built without it
+    (a test, another command) ``$INFRARSI_DATA_DIR`` or ``.infrarsi``."""
+    return Path(getattr(args, "data_dir", None) or os.environ.get("INFRARSI_DATA_DIR", ".infrarsi"))

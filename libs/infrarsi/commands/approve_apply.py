@@ -249,12 +249,6 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("study", help="study id")
     parser.add_argument("candidate", help="candidate key (or a unique prefix)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    parser.add_argument(
-        "--data-dir", type=Path, default=argparse.SUPPRESS, help="state directory (default .infrarsi)"
-    )
-    parser.add_argument(
-        "--nats-url", default=argparse.SUPPRESS, help="NATS server (default: $INFRARSI_NATS_URL or embedded)"
-    )
 
 
 def add_approve_arguments(parser: argparse.ArgumentParser) -> None:

@@ -35,9 +35,6 @@ FROM bank ORDER BY entry_id
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data-dir", type=Path, default=argparse.SUPPRESS, help="state directory (default .infrarsi)")
-    parser.add_argument("--nats-url", default=argparse.SUPPRESS,
-                        help="NATS server (default: $INFRARSI_NATS_URL or `infrarsi up`)")
     sub = parser.add_subparsers(dest="bank_command", required=True, metavar="COMMAND")
     sub.add_parser("list", help="one line per entry (local and shared)")
     show = sub.add_parser("show", help="one entry as JSON (an id or a unique id prefix)")

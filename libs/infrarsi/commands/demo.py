@@ -17,10 +17,11 @@ import time
 from pathlib import Path
 
 from infrarsi import events as ev
+from infrarsi.commands import data_dir_of
 from infrarsi.commands import doctor as doctor_cmd
 from infrarsi.commands import report as report_cmd
 from infrarsi.commands import run as run_cmd
-from infrarsi.commands.doctor import data_dir_of, read_study
+from infrarsi.commands.doctor import read_study
 from infrarsi.commands.init import prepare_study, study_created_event
 
 DEFAULT_CONTRACT = Path("workloads/gpt/contracts/dense-1node.yaml")

@@ -24,7 +24,6 @@ import os
 import sys
 import time
 from collections.abc import AsyncIterator, Iterable
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -32,6 +31,7 @@ import numpy as np
 
 from infrarsi import doctor
 from infrarsi import events as ev
+from infrarsi.commands import data_dir_of
 
 SOURCE = "cli.doctor"
 
@@ -39,16 +39,6 @@ SOURCE = "cli.doctor"
 # --------------------------------------------------------------------------------------------------
 # Study-log helpers (shared with the verify and report commands)
 # --------------------------------------------------------------------------------------------------
-
-
-def data_dir_of(args: argparse.Namespace) -> Path:
-    return Path(getattr(args, "data_dir", None) or os.environ.get("INFRARSI_DATA_DIR", ".infrarsi"))
-
-
-def add_bus_arguments(parser: argparse.ArgumentParser) -> None:
-    # SUPPRESS: a global --data-dir/--nats-url on the main parser is not overwritten by these defaults.
-    parser.add_argument("--data-dir", type=Path, default=argparse.SUPPRESS, help="state directory (default .infrarsi)")
-    parser.add_argument("--nats-url", default=argparse.SUPPRESS, help="NATS server (default: $INFRARSI_NATS_URL or `infrarsi up`)")
 
 
 @contextlib.asynccontextmanager
@@ -194,7 +184,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-peak", action="store_true", help="do not measure the CPU matmul peak")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for the runs")
     parser.add_argument("--json", action="store_true", help="print DoctorCompleted as JSON")
-    add_bus_arguments(parser)
 
 
 async def run(args: argparse.Namespace) -> int:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import NamedTuple
 import msgspec
 
 from infrarsi import events as ev
+from infrarsi.commands import data_dir_of
 from infrarsi.contract import Contract, ContractError, load_contract
 from infrarsi.workspace import Workspace, WorkspaceError, prepare_workspace
 
@@ -128,17 +128,6 @@ def study_created_event(prepared: PreparedStudy) -> ev.Event:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("contract", type=Path, help="the contract YAML")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    # SUPPRESS: a global --data-dir/--nats-url on the main parser is not overwritten by these defaults.
-    parser.add_argument(
-        "--data-dir", type=Path, default=argparse.SUPPRESS, help="state directory (default .infrarsi)"
-    )
-    parser.add_argument(
-        "--nats-url", default=argparse.SUPPRESS, help="NATS server (default: $INFRARSI_NATS_URL or embedded)"
-    )
-
-
-def data_dir_of(args: argparse.Namespace) -> Path:
-    return Path(getattr(args, "data_dir", None) or os.environ.get("INFRARSI_DATA_DIR", ".infrarsi"))
 
 
 async def run(args: argparse.Namespace) -> int:

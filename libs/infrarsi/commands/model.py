@@ -18,7 +18,7 @@ import sys
 import msgspec
 
 from infrarsi import events as ev
-from infrarsi.commands.doctor import add_bus_arguments, cli_bus, read_study, study_created
+from infrarsi.commands.doctor import cli_bus, read_study, study_created
 
 SOURCE = "cli.model"
 
@@ -27,7 +27,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("study", help="study id")
     parser.add_argument("--replay", action="store_true", help="refit from the study's events instead of reading ModelUpdated")
     parser.add_argument("--json", action="store_true", help="print the ModelUpdated as JSON")
-    add_bus_arguments(parser)
 
 
 async def run(args: argparse.Namespace) -> int:

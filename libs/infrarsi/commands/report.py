@@ -18,7 +18,7 @@ from pathlib import Path
 import duckdb
 
 from infrarsi import events as ev
-from infrarsi.commands.doctor import add_bus_arguments, cli_bus
+from infrarsi.commands.doctor import cli_bus
 from infrarsi.report import build_report, render_all
 from infrarsi.report.source import ReportSourceError, snapshot_lifecycle
 
@@ -51,7 +51,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fresh", action="store_true", help="replay into a new DB under --out instead of --db")
     parser.add_argument("--offline", action="store_true", help="read the DB as it is; no bus, nothing published")
     parser.add_argument("--format", action="append", choices=["html", "md", "pdf"], help="formats (default all)")
-    add_bus_arguments(parser)
 
 
 async def run(args: argparse.Namespace) -> int:

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 
 from infrarsi import events as ev
-from infrarsi.commands.doctor import add_bus_arguments, cli_bus, read_study, study_created
+from infrarsi.commands.doctor import cli_bus, read_study, study_created
 from infrarsi.contract import ContractError, contract_from_dict
 from infrarsi.study_space import TrialLedger
 
@@ -123,7 +123,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=24 * 3600.0, help="seconds to follow the search")
     parser.add_argument("--no-wait", action="store_true", help="publish RunRequested and return")
     parser.add_argument("--json", action="store_true", help="print a JSON summary at the end")
-    add_bus_arguments(parser)
 
 
 async def run(args: argparse.Namespace) -> int:

@@ -46,8 +46,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument("--timeout", type=float, default=None, help="seconds to wait for each trial's measurement")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    parser.add_argument("--data-dir", type=Path, default=argparse.SUPPRESS, help="state directory (default .infrarsi)")
-    parser.add_argument("--nats-url", default=argparse.SUPPRESS, help="NATS server (default: $INFRARSI_NATS_URL or embedded)")
 
 
 def parse_knobs(items: list[str]) -> dict[str, ev.KnobValue]:

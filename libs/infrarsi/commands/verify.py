@@ -19,7 +19,7 @@ import msgspec
 
 from infrarsi import events as ev
 from infrarsi import verification as vf
-from infrarsi.commands.doctor import add_bus_arguments, cli_bus, read_study, study_created
+from infrarsi.commands.doctor import cli_bus, read_study, study_created
 
 SOURCE = "cli.verify"
 
@@ -65,7 +65,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=6 * 3600.0, help="seconds to wait for the verdicts")
     parser.add_argument("--no-wait", action="store_true", help="publish VerifyRequested and return")
     parser.add_argument("--json", action="store_true", help="print the final VerifyCompleted events as JSON lines")
-    add_bus_arguments(parser)
 
 
 async def run(args: argparse.Namespace) -> int:
