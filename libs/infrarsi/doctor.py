@@ -184,9 +184,9 @@ class DoctorReport:
     step_time_s: float
     """Median over runs of each run's robust steady step time."""
     run_to_run_cv: float
-    """Sample std / mean of the per-run medians."""
+    """Sample std / mean of the per-run medians (runs in ``interfered_runs`` left out)."""
     sigma_log: float
-    """Sample std of log per-run medians: the σ of the power analysis."""
+    """Sample std of log per-run medians: the σ of the power analysis (same runs)."""
     step_to_step_cv: float
     """Median over runs of each run's robust within-run CV."""
     warmup_steps: int
@@ -200,6 +200,8 @@ class DoctorReport:
     mde_by_repeats: dict[int, float]
     peak_flops_measured: float | None = None
     mfu: float | None = None
+    interfered_runs: list[int] = field(default_factory=list)
+    """Indices of runs left out of the noise estimate: their median is ``INTERFERENCE_RATIO``× off the others."""
 
     def as_event_fields(self) -> dict[str, object]:
         """The fields of ``events.DoctorCompleted`` this report fills (trial ids and loss curve are the caller's)."""
@@ -213,6 +215,7 @@ class DoctorReport:
             "per_rank_step_s": self.per_rank_step_s,
             "stragglers": self.stragglers,
             "min_detectable_speedup": self.min_detectable_speedup,
+            "interfered_runs": self.interfered_runs,
             "repeats_per_trial": self.repeats_per_trial,
             "repeats_for_effect": self.repeats_for_effect,
             "peak_flops_measured": self.peak_flops_measured,
@@ -269,6 +272,24 @@ def find_stragglers(per_rank_step_s: Sequence[float], *, rel_tol: float = 0.05) 
     return [int(i) for i in np.flatnonzero(values > centre * (1.0 + rel_tol))]
 
 
+INTERFERENCE_RATIO = 1.5
+"""A baseline run whose median step is this far (×, either way) from the median of all runs was slowed (or
+sped up) by something outside the job — another job on the host, a throttled node — not by the job's own
+noise: calibrating on it would inflate the noise and with it every repeat count (one run 3× slower than
+its two peers once made the run-to-run CV 105%, the minimum detectable speed-up ×4)."""
+
+
+def interfered_runs(medians: Sequence[float], ratio: float = INTERFERENCE_RATIO) -> list[int]:
+    """Runs whose median is ``ratio``× off the median of all runs; never more than leaves two runs to compare
+    (with two runs, or two halves disagreeing, nothing says which is the odd one: none is dropped)."""
+    m = np.asarray(medians, dtype=float)
+    if m.size < 3 or np.any(m <= 0):
+        return []
+    off = np.abs(np.log(m / np.median(m)))
+    out = [int(i) for i in np.flatnonzero(off > np.log(ratio))]
+    return out if m.size - len(out) >= 2 and len(out) < m.size / 2 else []
+
+
 def analyse(
     runs: Sequence[RunSeries],
     *,
@@ -293,7 +314,9 @@ def analyse(
     per_run_warmup = [warmup_length(r.slowest_rank_series()) for r in runs]
     warmup = max(per_run_warmup)
     summaries = [summarise_run(r, warmup) for r in runs]
-    medians = np.array([s.step_time_s for s in summaries])  # (k,)
+    all_medians = np.array([s.step_time_s for s in summaries])  # (k,)
+    dropped = interfered_runs(all_medians)
+    medians = np.delete(all_medians, dropped)
     sigma_log = float(np.std(np.log(medians), ddof=1))
     run_cv = float(np.std(medians, ddof=1) / np.mean(medians))
     step_cv = float(np.median([s.step_to_step_cv for s in summaries]))
@@ -328,6 +351,7 @@ def analyse(
         mde_by_repeats={r: min_detectable_speedup(sigma_log, r, alpha=alpha, power=power) for r in (1, 2, 3, 5, 8, 13)},
         peak_flops_measured=peak_flops,
         mfu=mfu,
+        interfered_runs=dropped,
     )
 
 

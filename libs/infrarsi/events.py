@@ -205,6 +205,9 @@ class DoctorCompleted(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     peak_flops_measured: float | None = None
     mfu: float | None = None
     baseline_loss_curve: list[LossPoint] = []
+    interfered_runs: list[int] = []
+    """Baseline runs (0-based, in ``baseline_trial_ids`` order) left out of the noise estimate as interfered
+    with: their median step was ≥ 1.5× off the others' (``infrarsi.doctor.interfered_runs``)."""
 
 
 class RunRequested(msgspec.Struct, frozen=True, kw_only=True, tag=True):

@@ -106,3 +106,22 @@ def test_analyse_needs_two_runs_and_mfu():
 def test_measure_cpu_peak_flops_is_plausible():
     flops = doctor.measure_cpu_peak_flops(1, size=256, repeats=3)
     assert 1e8 < flops < 1e13
+
+
+def test_a_run_slowed_by_another_job_is_left_out_of_the_noise_estimate():
+    """The case seen on a shared host: 0.55, 0.56 and 1.76 s/step. The odd run is named and left out;
+    the σ, CV and baseline step time are those of the two undisturbed runs."""
+    rng = np.random.default_rng(5)
+    runs = [_run(rng, "a", level=0.55, step_cv=0.0), _run(rng, "b", level=0.56, step_cv=0.0),
+            _run(rng, "c", level=1.76, step_cv=0.0)]
+    report = doctor.analyse(runs)
+    assert report.interfered_runs == [2]
+    assert report.sigma_log == pytest.approx(np.std(np.log([0.55, 0.56]), ddof=1))
+    assert report.step_time_s == pytest.approx(0.555)
+    assert report.min_detectable_speedup < 1.1  # with the odd run in, it was ×4
+    assert report.as_event_fields()["interfered_runs"] == [2]
+    # Ordinary spread is noise, not interference; two runs, or a split down the middle, drop nothing.
+    assert doctor.interfered_runs([0.50, 0.56, 0.62]) == []
+    assert doctor.interfered_runs([0.5, 1.8]) == []
+    assert doctor.interfered_runs([0.5, 0.5, 1.8, 1.8]) == []
+    assert doctor.interfered_runs([0.5, 0.52, 0.51, 0.2]) == [3]  # too fast counts too

@@ -162,6 +162,10 @@ def summary_lines(done: ev.DoctorCompleted, report: doctor.DoctorReport, failed:
     if len(done.per_rank_step_s) > 1:
         lines.append("per rank             " + ", ".join(f"r{i} {t * 1e3:.2f}ms" for i, t in enumerate(done.per_rank_step_s)))
     lines.append(f"stragglers           {done.stragglers or 'none'}")
+    for i in done.interfered_runs:
+        run = report.runs[i]
+        lines.append(f"interfered run       {run.trial_id}: {run.step_time_s * 1e3:.2f} ms/step, ≥ ×{doctor.INTERFERENCE_RATIO}"
+                     " off the other runs — left out of the noise estimate (another job on the host?)")
     if done.peak_flops_measured:
         lines.append(f"peak FLOP/s          {done.peak_flops_measured:.3g} (measured)")
     if done.mfu is not None:
