@@ -364,16 +364,41 @@ class Runner:
             await asyncio.sleep(HEARTBEAT_S)
 
 
+PARENT_PID_ENV = "INFRARSI_PARENT_PID"
+"""Set by a stack (``infrarsi up``, or a command's own stack) on the services it starts: the process whose
+death must stop them. A service started by hand, systemd or compose has none and runs until signalled."""
+PARENT_POLL_S = 1.0
+
+
+async def _stop_when_orphaned(parent_pid: int, stopping: asyncio.Event) -> None:
+    """Stop gracefully (as on SIGTERM) once the stack that started us is gone.
+
+    A stack killed with SIGKILL cannot stop its services, which would go on consuming and launching trials
+    for nobody. Its death reparents us, so ``getppid`` changes; polled rather than ``PR_SET_PDEATHSIG``,
+    which fires when the forking *thread* exits and needs an unsafe ``preexec_fn``.
+    """
+    while not stopping.is_set():
+        if os.getppid() != parent_pid:
+            log.warning("the stack that started this service is gone; stopping", parent_pid=parent_pid)
+            stopping.set()
+            return
+        await asyncio.sleep(PARENT_POLL_S)
+
+
 async def serve(service: Service, nats_url: str) -> None:
-    """Run ``service`` until SIGTERM/SIGINT."""
+    """Run ``service`` until SIGTERM/SIGINT (or, started by a stack, until that stack's process is gone)."""
     bus = await Bus.connect(nats_url, service=service.name)
     runner = Runner(service, bus)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, runner.stopping.set)
+    parent = os.environ.get(PARENT_PID_ENV, "")
+    watch = asyncio.create_task(_stop_when_orphaned(int(parent), runner.stopping)) if parent.isdigit() else None
     try:
         await runner.run()
     finally:
+        if watch is not None:
+            watch.cancel()
         await bus.close()
         tracing.shutdown_tracing()
         log.info("service stopped")

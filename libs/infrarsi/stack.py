@@ -33,7 +33,7 @@ from nats.aio.client import Client as NATS
 from infrarsi.bus import Bus, BusError
 from infrarsi.embedded import SERVER_STATE_FILE, EmbeddedServer, resolve_nats_url, running_server_url
 from infrarsi.logs import get_logger
-from infrarsi.service import PING_SUBJECT
+from infrarsi.service import PARENT_PID_ENV, PING_SUBJECT
 
 log = get_logger(__name__)
 
@@ -237,6 +237,7 @@ class Stack:
             **self.env,
             "INFRARSI_DATA_DIR": str(self.data_dir),
             "PYTHONUNBUFFERED": "1",
+            PARENT_PID_ENV: str(os.getpid()),  # the service stops if this process dies, even by SIGKILL
         }
         command = [
             sys.executable,

@@ -143,3 +143,30 @@ async def test_up_status_tail_and_clean_interrupt(tmp_path: Path) -> None:
         assert "Traceback" not in after.stderr
     finally:
         up.close()
+
+
+@pytest.mark.integration
+def test_services_stop_when_up_is_killed(tmp_path: Path) -> None:
+    """SIGKILL gives `up` no chance to stop anything: the services notice their parent is gone and stop
+    themselves (gracefully), instead of consuming and launching trials for nobody. The NATS server, in its
+    own session and holding the log, is left for the next `up` (killed here by the test)."""
+    data_dir = tmp_path / "state"
+    up = Foreground(data_dir)
+    server_pid = None
+    try:
+        up.wait_for_line("services ready", timeout_s=60)
+        server_pid = json.loads((data_dir / "nats-server.json").read_text())["pid"]
+        services = [p for p in psutil.Process(up.process.pid).children() if p.pid != server_pid]
+        assert len(services) == len(SERVICES)
+        up.process.kill()
+        up.process.wait(10)
+        gone, alive = psutil.wait_procs(services, timeout=20)
+        assert not alive, f"services outlived a killed `up`: {[p.pid for p in alive]}"
+        for name in SERVICES:  # each stopped itself, through its graceful path
+            log_text = (data_dir / "logs" / f"{name}.log").read_text()
+            assert "the stack that started this service is gone" in log_text and "service stopped" in log_text, name
+    finally:
+        up.close()
+        if server_pid is not None:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                psutil.Process(server_pid).kill()
