@@ -8,6 +8,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from infrarsi import cli
 from infrarsi import events as ev
 from infrarsi.commands import bank as bank_cmd
 from infrarsi.embedded import EmbeddedServer
@@ -16,9 +17,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 
 def parse(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="infrarsi bank")
-    bank_cmd.add_arguments(parser)
-    return parser.parse_args(list(argv))
+    """``infrarsi bank ARGV…`` parsed as the CLI parses it (global options on the verb included)."""
+    parser, _ = cli.build_parser(load="bank")
+    return parser.parse_args(["bank", *argv])
 
 
 def entry(study: str, accelerator: str) -> ev.BankEntry:
