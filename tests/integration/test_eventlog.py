@@ -272,3 +272,31 @@ async def test_replay_command_rebuilds_atomically_and_refuses_a_held_file(
             capture_output=True, text=True, timeout=60,
         )
     assert held.returncode == 2 and held.stderr.startswith("error: cannot write") and "Traceback" not in held.stderr
+
+
+async def test_an_interrupted_read_resumes_from_the_stored_position(
+    bus: Bus, tmp_path: Path, payload_samples, monkeypatch
+) -> None:
+    """A read that stalls mid-stream (``StreamReadError``) after some batches were written: the catch-up
+    resumes from the position stored with the last written batch, and the result equals an uninterrupted replay."""
+    await publish(bus, study_log("s1", payload_samples, trials=6, steps=20) + study_log("s2", payload_samples))
+    await eventlog.replay(bus, tmp_path / "clean.duckdb", batch_size=50)
+
+    real_read_stream = eventlog.read_stream
+    failures: list[int] = []
+
+    async def flaky(bus_, stream, start_seq=1, **kwargs):
+        delivered = 0
+        async for chunk in real_read_stream(bus_, stream, start_seq, **kwargs):
+            for i in range(0, len(chunk), 25):  # small chunks: several batches are written before the stall
+                yield chunk[i:i + 25]
+                delivered += len(chunk[i:i + 25])
+                if stream == TELEMETRY_STREAM and not failures and delivered >= 150:
+                    failures.append(start_seq)
+                    raise eventlog.StreamReadError("stalled (test)")
+
+    monkeypatch.setattr(eventlog, "read_stream", flaky)
+    stats = await eventlog.replay(bus, tmp_path / "resumed.duckdb", batch_size=50)
+    assert failures == [1]
+    assert dump(tmp_path / "resumed.duckdb") == dump(tmp_path / "clean.duckdb")
+    assert stats.events == sum(counts(tmp_path / "clean.duckdb")[t] for t in ("events",))
