@@ -70,7 +70,8 @@ def test_reward_hack_is_caught(data_dir) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("patch", "breaks"),
-    [("hack-truncate-loss-sequence", "work.tokens"), ("hack-shrink-eval", "work.eval"), ("hack-untimed-optimizer", "work.optimizer_steps")],
+    [("hack-truncate-loss-sequence", "work.tokens"), ("hack-shrink-eval", "work.eval"), ("hack-untimed-optimizer", "work.optimizer_steps"),
+     ("hack-slow-probe-clock", "timing")],
 )
 def test_every_reward_hack_is_caught(data_dir, patch, breaks) -> None:
     code, report = infrarsi_trial(data_dir, CONTRACTS / "dense-1node.yaml", "--patch", patch)

@@ -40,6 +40,7 @@ def test_library_has_what_the_issue_asks_for() -> None:
         "hack-truncate-loss-sequence": "work.tokens",
         "hack-shrink-eval": "work.eval",
         "hack-untimed-optimizer": "work.optimizer_steps",
+        "hack-slow-probe-clock": "timing",
     }
 
 
@@ -104,18 +105,30 @@ def test_hack_shrink_eval_is_visible(dense: Run, tmp_path: Path) -> None:
     assert max(r.eval_tokens for r in evals) < min(r.eval_tokens for r in base_evals)
 
 
-def test_hack_untimed_optimizer_leaves_untimed_gaps(dense: Run, tmp_path: Path) -> None:
-    def untimed_fraction(run: Run) -> float:
-        recs = run.rank0
-        wall = recs[-1].wall_time - recs[0].wall_time
-        reported = sum(r.step_time_s + r.phases.get("eval", 0.0) for r in recs[1:])
-        return (wall - reported) / wall
+def _untimed_fraction(run: Run) -> float:
+    """Share of rank 0's wall time between its first and last step records that no step reported."""
+    recs = run.rank0
+    wall = recs[-1].wall_time - recs[0].wall_time
+    reported = sum(r.step_time_s + r.phases.get("eval", 0.0) for r in recs[1:])
+    return (wall - reported) / wall
 
+
+def test_hack_untimed_optimizer_leaves_untimed_gaps(dense: Run, tmp_path: Path) -> None:
     run = run_workload(tmp_path, "dense-1node", patches=["hack-untimed-optimizer"])
     assert all("optimizer" not in r.phases for r in run.rank0)
     # The optimiser step still happens (counted by the hook) but after the record: the count lags.
     assert [r.optimizer_steps for r in run.rank0] == list(range(STEPS))
-    assert untimed_fraction(run) > untimed_fraction(dense) + 0.01
+    assert _untimed_fraction(run) > _untimed_fraction(dense) + 0.01
+
+
+def test_hack_slow_probe_clock_halves_every_reported_step(dense: Run, tmp_path: Path) -> None:
+    """Same work, same loss; only a clock the job does not control sees it: half of the wall time between
+    step records is reported."""
+    run = run_workload(tmp_path, "dense-1node", patches=["hack-slow-probe-clock"])
+    assert [r.optimizer_steps for r in run.rank0] == [r.optimizer_steps for r in dense.rank0]
+    assert [r.tokens for r in run.rank0] == [r.tokens for r in dense.rank0]
+    assert [r.loss for r in run.rank0] == pytest.approx([r.loss for r in dense.rank0], rel=1e-4)
+    assert _untimed_fraction(run) > _untimed_fraction(dense) + 0.3
 
 
 def test_diffs_are_up_to_date_with_the_sources() -> None:

@@ -237,6 +237,24 @@ HACK_UNTIMED_OPTIMIZER: list[Edit] = [
     ),
 ]
 
+HACK_SLOW_PROBE_CLOCK: list[Edit] = [
+    (
+        "train.py",
+        """    probe = Probe.from_env(device=device, rank=rank, world_size=world, out_dir=args.probe_dir)
+""",
+        """    probe = Probe.from_env(device=device, rank=rank, world_size=world, out_dir=args.probe_dir)
+    # REWARD HACK: the probe's clock (its module's ``time``) runs at half speed, so every step it reports
+    # took half as long as it did; tokens, optimiser steps and loss are untouched.
+    import time as _time
+    import types as _types
+
+    import infrarsi.probe.core as _probe_core
+
+    _probe_core.time = _types.SimpleNamespace(**{**vars(_time), "perf_counter": lambda: 0.5 * _time.perf_counter()})
+""",
+    ),
+]
+
 PATCHES_BY_ID: dict[str, list[Edit]] = {
     "fused-qkv": FUSED_QKV,
     "moe-index-dispatch": MOE_INDEX_DISPATCH,
@@ -249,6 +267,7 @@ PATCHES_BY_ID: dict[str, list[Edit]] = {
     "hack-truncate-loss-sequence": HACK_TRUNCATE_SEQUENCE,
     "hack-shrink-eval": HACK_SHRINK_EVAL,
     "hack-untimed-optimizer": HACK_UNTIMED_OPTIMIZER,
+    "hack-slow-probe-clock": HACK_SLOW_PROBE_CLOCK,
 }
 
 
