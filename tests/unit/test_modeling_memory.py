@@ -5,7 +5,7 @@ import math
 import numpy as np
 from infrarsi.modeling.memory_model import MemoryModel
 from infrarsi.modeling.priors import KnowledgeBase
-from infrarsi.modeling.space import BoolKnob, Candidate, IntChoice, SearchSpace
+from infrarsi.modeling.space import BoolKnob, Candidate, Categorical, IntChoice, SearchSpace
 
 SPACE = SearchSpace(knobs=(IntChoice("micro_batch", (1, 2, 4, 8, 16, 32)), BoolKnob("checkpointing")))
 WIDE = KnowledgeBase(time={}, memory={}, default_memory=(0.0, 3.0), default_level=(0.0, 0.01))
@@ -66,3 +66,43 @@ def test_p_oom_ranks_and_gauss_newton_matches_lbfgs():
     prices = dict(((k, v), d) for k, v, d in mm.prices(Candidate.of({"micro_batch": 4, "checkpointing": False})))
     assert abs(prices[("micro_batch", 8)] - TRUE_SLOPE) < 0.1
     assert abs(prices[("checkpointing", True)] - TRUE_CKPT) < 0.1
+
+
+def _meta():
+    from infrarsi.modeling.memory_model import TransformerMeta
+
+    # a 7B-class dense model: 32 layers, hidden 4096, 2 x 32000 x 4096 embedding/head parameters
+    return TransformerMeta(layers=32, hidden=4096, heads=32, seq_len=4096, vocab=32000, dense_params=6_738_000_000,
+                           global_batch=512, capacity_bytes=80 * GIB)
+
+
+def test_structural_formula_counts_bucket_buffers_and_zero3_prefetch():
+    from infrarsi.modeling.memory_model import structural_components
+
+    meta = _meta()
+    base = {"tp": 1, "pp": 1, "dp": 64, "micro_batch": 1, "recompute": "full", "zero_stage": 2,
+            "bucket_mb": 200, "overlap_comm": False}
+    s_one, a_one = structural_components(meta, base)
+    s_two, a_two = structural_components(meta, base | {"overlap_comm": True})
+    assert abs((s_two - s_one) - 200 * 2**20) < 1.0  # a second bucket while overlapping
+    assert a_one == a_two
+    s3, _ = structural_components(meta, base | {"zero_stage": 3})
+    per_param_z2, per_param_z3 = 2 + 14 / 64, 16 / 64
+    layer_params = (meta.dense_params - 2 * meta.vocab * meta.hidden) / meta.layers
+    expected = (s_one - meta.dense_params * per_param_z2) + meta.dense_params * per_param_z3 + 2 * layer_params * 2
+    assert abs(s3 - expected) / expected < 1e-9
+
+
+def test_structured_priors_trust_the_exact_scalings():
+    # micro-batch scales every activation tensor exactly: only a small correction, bounded over its whole range;
+    # recompute is a weak spot of the formula and keeps a wide one
+    sp = SearchSpace(knobs=(IntChoice("dp", (1, 2, 4, 8, 16, 32, 64)), IntChoice("micro_batch", (1, 2, 4, 8)),
+                            Categorical("recompute", ("none", "selective", "full"))))
+    mm = MemoryModel(sp, 80 * GIB, meta=_meta())
+    p = mm.encoder.dim
+    act = mm.prior_std[p:2 * p]
+    assert abs(act[mm.encoder.index["dp:log2"]] - 0.02 / 6) < 1e-12
+    assert abs(act[mm.encoder.index["micro_batch:log2"]] - 0.02 / 3) < 1e-12
+    assert act[mm.encoder.index["micro_batch=4"]] == 0.02
+    assert act[mm.encoder.index["recompute=selective"]] == 0.12
+    assert mm.prior_std[-1] == 0.2

@@ -70,3 +70,18 @@ def test_neighbours_keep_equality_constraint_with_two_changes():
     assert c.key not in {n.key for n in nb}
     assert any(n["tp"] == 4 and n["dp"] == 1 for n in nb)  # needs two changes at once
     assert all(sp.is_feasible(n) for n in nb)
+
+
+def test_trend_columns_are_zero_at_the_smallest_value():
+    # an interaction column is a product of two trends; with log2(bucket_mb) in 4.6..7.6 the product with a bool
+    # was mostly a second copy of the bool's main effect
+    sp = SearchSpace(knobs=(IntChoice("bucket_mb", (25, 50, 200)), IntChoice("micro_batch", (1, 2, 4)),
+                            BoolKnob("overlap_comm")))
+    enc = FeatureEncoder(sp)
+    lo = enc.encode(Candidate.of({"bucket_mb": 25, "micro_batch": 1, "overlap_comm": True}))
+    hi = enc.encode(Candidate.of({"bucket_mb": 200, "micro_batch": 4, "overlap_comm": True}))
+    trend = enc.index["bucket_mb:log2"]
+    assert lo[trend] == 0.0 and abs(hi[trend] - 3.0) < 1e-12
+    assert lo[enc.index["bucket_mb:log2*overlap_comm"]] == 0.0
+    assert abs(hi[enc.index["micro_batch:log2"]] - 2.0) < 1e-12
+    assert abs(enc.trend_span("bucket_mb") - 3.0) < 1e-12 and enc.trend_span("overlap_comm") == 1.0

@@ -44,7 +44,8 @@ class TransformerMeta:
     top_k: int = 1
     roles: Mapping[str, str] = field(default_factory=dict)
     """Role -> knob name where the contract names knobs differently (roles: tp, pp, dp, ep, micro_batch,
-    recompute, zero_stage, sequence_parallel, flash_attention, offload_optimizer, capacity_factor)."""
+    recompute, zero_stage, sequence_parallel, flash_attention, offload_optimizer, capacity_factor, bucket_mb,
+    overlap_comm)."""
 
     def knob(self, c: Mapping[str, object], role: str, default: object) -> object:
         return c.get(self.roles.get(role, role), default)
@@ -63,6 +64,8 @@ def structural_components(meta: TransformerMeta, knobs: Mapping[str, object]) ->
     flash = bool(meta.knob(knobs, "flash_attention", True))
     offload = bool(meta.knob(knobs, "offload_optimizer", False))
     cf = float(meta.knob(knobs, "capacity_factor", 1.25))  # type: ignore[arg-type]
+    bucket_mb = float(meta.knob(knobs, "bucket_mb", 25))  # type: ignore[arg-type]
+    overlap = bool(meta.knob(knobs, "overlap_comm", False))
 
     def bytes_per_param(shards: int) -> float:  # bf16 param 2 + bf16 grad 2 + fp32 optimizer 12
         opt = 0.0 if offload else 12.0
@@ -71,6 +74,12 @@ def structural_components(meta: TransformerMeta, knobs: Mapping[str, object]) ->
     embed = 2 * meta.vocab * meta.hidden
     body = (meta.dense_params - embed) / pp + (embed if pp == 1 else embed / 2)
     static = body / tp * bytes_per_param(dp) + meta.expert_params / (pp * tp * ep) * bytes_per_param(max(dp // ep, 1))
+    if zero >= 3:
+        # ZeRO-3 gathers full (bf16) parameters ahead of use: about two layers live at once (DeepSpeed's prefetch
+        # and max-live-parameter defaults)
+        static += 2 * (meta.dense_params - embed + meta.expert_params / ep) / meta.layers / tp * 2
+    # gradient-reduction buckets: one bucket_mb buffer, two while communication overlaps the backward pass
+    static += bucket_mb * 2**20 * (2 if overlap else 1)
 
     s, h, a = meta.seq_len, meta.hidden, meta.heads
     sbh = s * mb * h
@@ -121,9 +130,12 @@ class MemoryModel:
         if self.structured:
             assert meta is not None
             # which knobs can correct which component: the formula's known weak spots are the activation
-            # footprint of recompute/attention/sequence-parallel choices and the model-state footprint of the
-            # sharding choices; every other knob gets only a small correction
-            act_roles = {"recompute", "flash_attention", "sequence_parallel", "micro_batch", "capacity_factor"}
+            # footprint of recompute/attention/sequence-parallel choices (which tensors each keeps) and the
+            # model-state footprint of the sharding choices. Every other knob gets only a small correction,
+            # micro-batch and capacity factor included: the formula scales activations by them exactly (b and
+            # the padded expert capacity are factors of every activation tensor), so a free per-value correction
+            # there only fits noise after ten trials.
+            act_roles = {"recompute", "flash_attention", "sequence_parallel"}
             static_roles = {"zero_stage", "offload_optimizer"}
             by_knob = {meta.roles.get(r, r): r for r in act_roles | static_roles}
             std_s = np.full(p, 0.02)
@@ -134,9 +146,17 @@ class MemoryModel:
                     std_a[i] = correction_std
                 if role in static_roles:
                     std_s[i] = correction_std
+                if spec.kind == "numeric" and role is None:
+                    # a small correction bounds the effect across the knob's whole range, not per unit of
+                    # log2(dp) (0..6 on 64 GPUs, where 0.02 per unit would allow 12%)
+                    span = self.encoder.trend_span(spec.knob)
+                    std_s[i] /= max(span, 1.0)
+                    std_a[i] /= max(span, 1.0)
             std_s[0] = std_a[0] = 0.3
             self.prior_mean = np.zeros(2 * p + 1)
-            self.prior_std = np.concatenate([std_s, std_a, [0.7]])
+            # workspace: CUDA context, cuBLAS/NCCL workspaces; known to within tens of per cent, and poorly
+            # identified next to tens of GB of states and activations, so a loose prior here lets it wander by GBs
+            self.prior_std = np.concatenate([std_s, std_a, [0.2]])
         else:
             mean, std = self.kb.memory_priors(self.encoder)
             mean[0] = math.log(self.capacity_bytes * 0.6)

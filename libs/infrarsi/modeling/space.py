@@ -408,10 +408,10 @@ def _is_pow2_choice(vals: Sequence[int]) -> bool:
 class FeatureEncoder:
     """Candidate -> feature vector.
 
-    Columns: an intercept; per numeric knob a trend column (log2 of the value for positive power-of-two/log
-    knobs, otherwise the value scaled to [0, 1]) plus, for discrete knobs, one indicator per value (shrunk
-    deviations from the trend, so a non-monotone effect can be learnt); per categorical one indicator per
-    level; per bool and per patch an indicator; and products of pairs of compact columns.
+    Columns: an intercept; per numeric knob a trend column (log2 of value / smallest value for positive
+    power-of-two/log knobs, otherwise the value scaled to [0, 1]) plus, for discrete knobs, one indicator per
+    value (shrunk deviations from the trend, so a non-monotone effect can be learnt); per categorical one
+    indicator per level; per bool and per patch an indicator; and products of pairs of compact columns.
     """
 
     def __init__(self, space: SearchSpace, interactions: bool = True) -> None:
@@ -480,14 +480,30 @@ class FeatureEncoder:
         return len(self.specs)
 
     def _trend(self, k: Knob, v: KnobValue) -> float:
-        if self._log_scale(k):
-            return math.log2(float(v))
+        """0 at the knob's smallest value: an interaction column (a product of two trends) is then zero wherever
+        either factor is at its low end, instead of acting as a scaled main effect of the other factor (with
+        log2(bucket_mb) in 4.6..7.6, ``recompute=none*bucket_mb:log2`` was mostly a second recompute column)."""
         if isinstance(k, FloatRange):
             lo, hi = k.low, k.high
         else:
             vs = k.values()
             lo, hi = min(vs), max(vs)  # type: ignore[type-var]
+        if self._log_scale(k):
+            return math.log2(float(v)) - math.log2(float(lo))
         return 0.0 if hi == lo else (float(v) - lo) / (hi - lo)
+
+    def trend_span(self, knob: str | None) -> float:
+        """Range of a numeric knob's trend column over its domain (log2 of max/min for log-scaled knobs, 1 for
+        linear ones); 1 for anything else."""
+        if knob is None:
+            return 1.0
+        k = self.space.knob(knob)
+        if not isinstance(k, IntRange | IntChoice | FloatRange):
+            return 1.0
+        if isinstance(k, FloatRange):
+            return math.log2(k.high / k.low) if self._log_scale(k) else 1.0
+        vals = [self._trend(k, v) for v in k.values()]
+        return max(vals) - min(vals)
 
     def encode_main(self, c: Candidate) -> np.ndarray:
         x = np.zeros(self.n_main)
