@@ -79,6 +79,11 @@ class BenchSpace:
     close: Callable[[], None] | None = None
     """Releases what the space holds (a real space: its temporary workload repo and trial directories)."""
 
+    @property
+    def has_oracle(self) -> bool:
+        """A known optimum and noise-free times (a simulator space); else scored against a measured reference."""
+        return self.true_time is not None and self.oracle_time is not None
+
 
 def sim_space(name: str) -> BenchSpace:
     from infrarsi.sim.scenarios import get_scenario, oracle
@@ -236,7 +241,7 @@ def score(bs: BenchSpace, trials: list[Trial], budget: int, reference: MeasuredR
     With an oracle (simulator): oracle time / noise-free time of the tuner's chosen best. Without one (a real
     space): ``reference.time_s`` / the measured time of the chosen best (0 when it never ran ok), where the
     reference comes from ``measured_reference`` over every tuner's trials on the space."""
-    has_oracle = bs.true_time is not None and bs.oracle_time is not None
+    has_oracle = bs.has_oracle
     if not has_oracle and reference is None and any(t.status == "ok" for t in trials):
         raise ValueError(f"{bs.name} has no oracle: score it against a measured_reference")
 
@@ -327,7 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 t0 = time.perf_counter()
                 runs[tuner] = [TUNERS[tuner](bs, seed, budget) for seed in range(n_seeds)]
                 elapsed[tuner] = time.perf_counter() - t0
-            has_oracle = bs.true_time is not None and bs.oracle_time is not None
+            has_oracle = bs.has_oracle
             reference = None if has_oracle else measured_reference(t for r in runs.values() for t in r)
             per_tuner: dict[str, Any] = {}
             for tuner, tuner_runs in runs.items():
