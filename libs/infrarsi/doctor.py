@@ -1,7 +1,8 @@
 """Doctor: the baseline's noise floor, phase profile and statistical power (pure numpy/scipy).
 
 Owns the numbers behind ``DoctorCompleted``: given k repeats of the untouched baseline (each a per-step
-step-time series per rank, optionally with phase times), it finds the warm-up length, each run's robust
+step-time series per rank, optionally with phase times), it finds the warm-up length (with the telemetry
+service's rule, `stats.detect_warmup`, so a trial and the baseline drop the same steps), each run's robust
 steady step time, run-to-run and step-to-step noise, phase fractions, per-rank medians and stragglers, the
 minimum detectable speed-up at r repeats per arm, and the repeats needed for given effects. It also
 measures a CPU host's matmul peak FLOP/s for MFU (``measure_cpu_peak_flops``; torch is imported there only).
@@ -25,11 +26,11 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import stats
 
+from infrarsi.stats import detect_warmup, robust_sigma
+
 ALPHA = 0.05
 POWER = 0.8
 DEFAULT_EFFECTS = (1.02, 1.05, 1.10, 1.20)
-MAD_TO_SIGMA = 1.4826
-"""Scale of the median absolute deviation to a normal σ."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -71,43 +72,6 @@ class RunSeries:
         ranks = sorted(self.step_s)
         n = min(len(self.step_s[r]) for r in ranks)
         return np.max(np.stack([self.step_s[r][:n] for r in ranks]), axis=0)  # (steps,)
-
-
-# --------------------------------------------------------------------------------------------------
-# Robust statistics
-# --------------------------------------------------------------------------------------------------
-
-
-def robust_sigma(x: np.ndarray) -> float:
-    """1.4826 · MAD: a normal σ that one GC pause or one slow step does not move."""
-    x = np.asarray(x, dtype=float)
-    if x.size == 0:
-        return 0.0
-    return float(MAD_TO_SIGMA * np.median(np.abs(x - np.median(x))))
-
-
-def warmup_length(step_s: np.ndarray, *, window: int = 5, k_sigma: float = 4.0, rel_floor: float = 0.05) -> int:
-    """Steps before the series settles (the change point from warm-up to steady state).
-
-    The steady level is the median m of the second half and its robust σ s; a step is "high" above
-    ``m + max(k_sigma·s, rel_floor·m)``. The change point is the first step from which ``window``
-    consecutive steps are all not high. A lone slow step later on (GC, checkpoint) does not move it,
-    whereas a plain mean-shift split would; a gradually decaying warm-up (compilation, allocator growth,
-    caches) is counted until it has really decayed, whereas a least-squares split stops half way.
-    """
-    x = np.asarray(step_s, dtype=float)
-    n = x.size
-    if n < 4:
-        return 0
-    ref = x[n // 2 :]
-    m = float(np.median(ref))
-    threshold = m + max(k_sigma * robust_sigma(ref), rel_floor * m)
-    high = x > threshold
-    win = max(1, min(window, n // 4))
-    for i in range(0, n // 2 + 1):
-        if not high[i : i + win].any():
-            return i
-    return n // 2
 
 
 # --------------------------------------------------------------------------------------------------
@@ -226,7 +190,7 @@ class DoctorReport:
 def summarise_run(run: RunSeries, warmup: int | None = None) -> RunSummary:
     """One run's steady statistics; ``warmup`` defaults to this run's own change point."""
     slowest = run.slowest_rank_series()  # (steps,)
-    w = warmup_length(slowest) if warmup is None else min(warmup, max(0, slowest.size - 1))
+    w = detect_warmup(slowest) if warmup is None else min(warmup, max(0, slowest.size - 1))
     steady = slowest[w:]
     median = float(np.median(steady))
     per_rank = {r: float(np.median(s[w:] if s.size > w else s)) for r, s in sorted(run.step_s.items())}
@@ -311,7 +275,7 @@ def analyse(
     """
     if len(runs) < 2:
         raise ValueError(f"doctor needs at least 2 baseline runs to measure run-to-run noise, got {len(runs)}")
-    per_run_warmup = [warmup_length(r.slowest_rank_series()) for r in runs]
+    per_run_warmup = [detect_warmup(r.slowest_rank_series()) for r in runs]
     warmup = max(per_run_warmup)
     summaries = [summarise_run(r, warmup) for r in runs]
     all_medians = np.array([s.step_time_s for s in summaries])  # (k,)

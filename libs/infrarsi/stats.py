@@ -59,6 +59,11 @@ def mad(values: Sequence[float]) -> float:
     return float(np.median(np.abs(x - np.median(x))))
 
 
+def robust_sigma(values: Sequence[float]) -> float:
+    """1.4826 · MAD: a normal σ that one GC pause or one slow step does not move (0 for no values)."""
+    return MAD_TO_SIGMA * mad(values) if len(values) else 0.0
+
+
 def detect_warmup(times: Sequence[float], *, k: float = WARMUP_K, max_fraction: float = 0.6, confirm: int = 3) -> int:
     """Number of leading warm-up steps of a step-time series (0 when none is detected).
 

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from infrarsi import doctor
+from infrarsi import doctor, stats
 from infrarsi.doctor import RunSeries
 
 
@@ -28,7 +28,7 @@ def test_warmup_change_point_found_exactly():
     rng = np.random.default_rng(0)
     for w in (0, 1, 3, 10, 25):
         run = _run(rng, "t", level=0.1, warmup=w)
-        assert doctor.warmup_length(run.slowest_rank_series()) == w
+        assert stats.detect_warmup(run.slowest_rank_series()) == w
 
 
 def test_warmup_ignores_a_lone_slow_step_later():
@@ -36,7 +36,7 @@ def test_warmup_ignores_a_lone_slow_step_later():
     x = 0.1 * (1 + 0.01 * rng.standard_normal(100))
     x[:2] = 1.0
     x[30] = 0.5  # a GC pause in the steady state
-    assert doctor.warmup_length(x) == 2
+    assert stats.detect_warmup(x) == 2
 
 
 def test_mde_formula_and_inverse():

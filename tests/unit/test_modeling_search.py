@@ -3,7 +3,7 @@
 import math
 
 import numpy as np
-from infrarsi.modeling.acquisition import InvariantModel, expected_improvement
+from infrarsi.modeling.acquisition import InvariantModel, acquisition, expected_improvement
 from infrarsi.modeling.priors import KnowledgeBase, default_knowledge_base
 from infrarsi.modeling.search import Observation, SearchConfig, Searcher
 from infrarsi.modeling.space import BoolKnob, Candidate, Categorical, IntChoice, Patch, SearchSpace
@@ -88,6 +88,25 @@ def test_invariant_model_learns_a_bad_patch_fast_and_a_pass_clears():
     assert inv.p_bad("fast") < 0.02
 
 
+def test_invariant_model_blames_the_one_bad_knob_setting_among_many_items():
+    # an MoE capacity factor of 1.0 drops tokens: every run with it breaks the loss invariant, whatever the other
+    # ten knobs are. The solver must blame that setting alone; the old all-at-once update oscillated and, after
+    # a dozen violations, ended with every other item "bad" and the culprit clean (a study then stopped early:
+    # no candidate left with P(invariants hold) >= 0.05)
+    rng = np.random.default_rng(0)
+    inv = InvariantModel({"grouped_gemm": (0.1, 1.9)})
+    others = {f"k{n}": (0, 1, 2) for n in range(10)}
+    for trial in range(30):
+        cf = "1.0" if trial % 3 else str(rng.choice(["1.25", "2.0"]))
+        knobs = {k: int(rng.choice(v)) for k, v in others.items()} | {"capacity_factor": cf}
+        inv.observe(Candidate.of(knobs, ["grouped_gemm"] if trial % 2 else []), violated=cf == "1.0")
+    assert inv.p_bad("capacity_factor=1.0") > 0.95
+    assert inv.p_bad("grouped_gemm") < 0.05
+    assert max(inv.p_bad(f"{k}={v}") for k, vals in others.items() for v in vals) < 0.05
+    good = Candidate.of({k: 0 for k in others} | {"capacity_factor": "1.25"}, ["grouped_gemm"])
+    assert inv.p_hold(good) > 0.8
+
+
 def test_replay_rebuilds_the_same_suggestions():
     s, log = run(3, 15)
     replayed = Searcher.replay(SPACE, CAP, [o for _, o in log], seed=3, kb=default_knowledge_base())
@@ -115,9 +134,34 @@ def test_expected_improvement_numbers():
     np.testing.assert_allclose(ei, [0.5, 0.5 * 0.691462 + 0.352065, 0.5 * 0.308538 * -1 + 0.352065], atol=1e-5)
 
 
+def test_acquisition_prices_the_oom_risk_as_well_as_the_lost_improvement():
+    # a 1.6x larger EI at P(OOM) 0.3 beats a sure fit when risk-neutral (1.6 x 0.7 = 1.12 > 1) and loses at the
+    # default power 2 (1.6 x 0.49 = 0.78 < 1); invariants and cost still divide in
+    ei, p_oom = np.array([1.6, 1.0]), np.array([0.3, 0.0])
+    hold, cost = np.ones(2), np.ones(2)
+    assert np.argmax(acquisition(ei, p_oom, hold, cost, oom_risk_power=1.0)) == 0
+    assert np.argmax(acquisition(ei, p_oom, hold, cost)) == 1
+    assert SearchConfig().oom_risk_power == 2.0
+    np.testing.assert_allclose(acquisition(np.array([1.0]), np.array([0.5]), np.array([0.5]), np.array([2.0])),
+                               [1.0 * 0.25 * 0.5 / 2.0])
+
+
 def test_enqueued_bank_suggestions_come_first():
     s = Searcher(SPACE, CAP, seed=0, config=SearchConfig(n_seeds=1), kb=KnowledgeBase(time={}, memory={}))
     c = Candidate.of({"micro_batch": 2, "recompute": "full", "zero_stage": 1, "flash_attention": True})
     s.enqueue([c], "bank", "worked on a similar cluster")
     first = s.suggest(1)[0]
     assert first.candidate == c and first.origin == "bank"
+
+
+def test_a_prior_that_fears_every_candidate_still_probes_the_least_risky_one():
+    # with the exclusion at 0 every candidate is "too risky": the study must not stall before its first measurement
+    s = Searcher(SPACE, CAP, seed=0, kb=default_knowledge_base(), config=SearchConfig(oom_exclude=0.0))
+    first = s.suggest(1)
+    assert len(first) == 1 and first[0].origin == "prior" and "least risky" in first[0].reason
+    assert first[0].p_oom == min(s._p_oom(np.arange(len(s.pool.candidates))))
+    obs = evaluate(first[0].candidate, np.random.default_rng(0))
+    assert obs.status == "ok"
+    s.observe(obs)
+    # once something fitted, the exclusion holds again: nothing above P(OOM) 0 is proposed
+    assert s.suggest(1) == []

@@ -23,6 +23,15 @@ def expected_improvement(mu: np.ndarray, sd: np.ndarray, best: float) -> np.ndar
     return (best - mu) * ndtr(z) + sd * np.exp(-0.5 * z**2) / np.sqrt(2 * np.pi)
 
 
+def acquisition(ei: np.ndarray, p_oom: np.ndarray, p_hold: np.ndarray, cost: np.ndarray,
+                oom_risk_power: float = 2.0) -> np.ndarray:
+    """What a trial is worth per unit cost: EI × P(no OOM)^power × P(invariants hold) / predicted cost.
+
+    Power 1 is risk-neutral EI; above 1 an OOM is priced as well as its lost improvement (see
+    ``SearchConfig.oom_risk_power``)."""
+    return ei * (1.0 - p_oom) ** oom_risk_power * p_hold / np.maximum(cost, 1e-9)
+
+
 @dataclass
 class InvariantModel:
     """P(a candidate keeps every invariant), learnt from invariant-violation outcomes.
@@ -65,27 +74,42 @@ class InvariantModel:
                 self._passes[i] = self._passes.get(i, 0) + 1
         self._stale = bool(self._suspects)
 
-    def _solve(self, iterations: int = 4) -> None:
+    def _solve(self, sweeps: int = 8) -> None:
         """Mean-field fixed point over suspects (items seen in a violation); other items only ever passed,
-        so their P(bad) is the prior times the pass likelihood ratio (see `p_bad`)."""
-        sus = self._suspects
-        rows = [(tuple(i for i in its if i in sus), v) for its, v in self.history]
+        so their P(bad) is the prior times the pass likelihood ratio (see `p_bad`).
+
+        Coordinate-wise (each item's update sees the others' latest values), in a fixed order: updating every
+        item at once from the previous sweep oscillates — all suspects look bad, so none is needed to explain
+        a violation, so all look good again — and stopped on whichever side the sweep count left it."""
+        sus = sorted(self._suspects)
+        rows = [(tuple(i for i in its if i in self._suspects), v) for its, v in self.history]
         rows = [(its, v) for its, v in rows if its]
+        rows_of: dict[str, list[tuple[tuple[str, ...], bool]]] = {i: [] for i in sus}
+        for its, violated in rows:
+            for i in its:
+                rows_of[i].append((its, violated))
         q = {i: self._q.get(i, self._prior(i)) for i in sus}
-        for _ in range(iterations):
-            logit = {i: math.log(self._prior(i) / (1 - self._prior(i))) for i in sus}
-            for its, violated in rows:
-                for i in its:
+        for _ in range(sweeps):
+            change = 0.0
+            for i in sus:
+                logit = math.log(self._prior(i) / (1 - self._prior(i)))
+                for its, violated in rows_of[i]:
                     others = 1.0
                     for j in its:
                         if j != i:
                             others *= 1.0 - q[j]
-                    p_v_good = 1.0 - (1.0 - self.flake) * others
+                    # i good: the run passes when no other item is bad and it did not flake, or, rarely, despite
+                    # a bad other item (at the rate ε = flake a bad item is let through); i bad: it passes at ε
+                    p_pass_good = (1.0 - self.flake) * others + self.flake * (1.0 - others)
                     if violated:
-                        logit[i] += math.log(1.0 / max(p_v_good, 1e-12))
+                        logit += math.log((1.0 - self.flake) / max(1.0 - p_pass_good, 1e-12))
                     else:
-                        logit[i] += math.log(self.flake / max(1.0 - p_v_good, 1e-12))
-            q = {i: 1.0 / (1.0 + math.exp(-max(min(z, 50.0), -50.0))) for i, z in logit.items()}
+                        logit += math.log(self.flake / max(p_pass_good, 1e-12))
+                new = 1.0 / (1.0 + math.exp(-max(min(logit, 50.0), -50.0)))
+                change = max(change, abs(new - q[i]))
+                q[i] = new
+            if change < 1e-4:
+                break
         self._q = q
 
     def p_bad(self, item: str) -> float:
