@@ -10,6 +10,9 @@ run, measures
 - ``replay_reader_events_per_s``: ``eventlog.read_stream`` counting only (the reader replay uses: its own
   minimal connection parsing a push consumer's deliveries in bulk, faster than nats-py), so
   ``replay_over_reader`` says what decoding and writing cost on top of reading;
+- ``stages_without_nats``: the same log read into memory, then the replay's decode, DuckDB writes and final
+  checkpoint timed one by one, and DuckDB's floor (the decoded log written in one batch per stream, plus
+  the checkpoint): what the analyst DB costs before any message is read;
 - ``replay_events_per_s``: ``eventlog.replay`` into a new DuckDB file (decode, validate, project, commit,
   final checkpoint).
 
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import math
@@ -30,6 +34,7 @@ import random
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -220,6 +225,73 @@ async def _timed(fn, *args) -> dict[str, float]:
     return {"events": n, "seconds": round(wall, 4), "cpu_seconds": round(cpu, 4), "events_per_s": round(n / wall, 1)}
 
 
+class _Stopwatch:
+    """Wall and CPU seconds summed over the ``with`` blocks it timed."""
+
+    def __init__(self) -> None:
+        self.wall = self.cpu = 0.0
+
+    @contextlib.contextmanager
+    def timing(self) -> Iterator[None]:
+        cpu, wall = time.process_time(), time.perf_counter()
+        try:
+            yield
+        finally:
+            self.wall += time.perf_counter() - wall
+            self.cpu += time.process_time() - cpu
+
+
+async def stage_costs(bus: Bus, workdir: Path, repeat: int) -> dict:
+    """Where a replay's time goes, without NATS: the log read into memory once, then per round the replay's
+    decode (validate + stage, ``eventlog.decode_batch``) and DuckDB write (``write_batch``) of every batch of
+    ``eventlog.DEFAULT_BATCH`` in turn, and the final checkpoint, each timed on its own (wall and CPU); and
+    DuckDB's own floor: the already-decoded log written as one batch per stream (one transaction each, the
+    cheapest way to hand DuckDB these rows) plus the checkpoint. The best round of each is kept."""
+    msgs = {}
+    for stream in await _stream_totals(bus):
+        msgs[stream] = [m async for chunk in eventlog.read_stream(bus, stream) for m in chunk]
+    n = sum(len(v) for v in msgs.values())
+    rounds = []
+    for attempt in range(repeat):
+        decode, write, checkpoint, floor = _Stopwatch(), _Stopwatch(), _Stopwatch(), _Stopwatch()
+        db = eventlog.AnalystDB.open(workdir / f"stages-{attempt}.duckdb")
+        try:
+            for stream, ms in msgs.items():
+                for k in range(0, len(ms), eventlog.DEFAULT_BATCH):
+                    with decode.timing():
+                        batch = eventlog.decode_batch(stream, ms[k:k + eventlog.DEFAULT_BATCH])
+                    with write.timing():
+                        db.write_batch(batch)
+            with checkpoint.timing():
+                db.checkpoint()
+        finally:
+            db.close()
+        whole = [eventlog.decode_batch(stream, ms) for stream, ms in msgs.items()]
+        floor_db = eventlog.AnalystDB.open(workdir / f"stages-floor-{attempt}.duckdb")
+        try:
+            with floor.timing():
+                for batch in whole:
+                    floor_db.write_batch(batch)
+                floor_db.checkpoint()
+        finally:
+            floor_db.close()
+        del whole, batch
+        r = {"decode_s": decode.wall, "decode_cpu_s": decode.cpu, "write_s": write.wall, "write_cpu_s": write.cpu,
+             "checkpoint_s": checkpoint.wall, "checkpoint_cpu_s": checkpoint.cpu, "duckdb_floor_s": floor.wall,
+             "duckdb_floor_cpu_s": floor.cpu}
+        rounds.append(r)
+        print(f"  stages {attempt + 1}: decode {r['decode_s']:.2f}s, write {r['write_s']:.2f}s, checkpoint "
+              f"{r['checkpoint_s']:.2f}s (no NATS: {n / (r['decode_s'] + r['write_s'] + r['checkpoint_s']):,.0f}/s "
+              f"in sequence); DuckDB floor {r['duckdb_floor_s']:.2f}s = {n / r['duckdb_floor_s']:,.0f}/s",
+              file=sys.stderr)
+    best: dict = {key: round(min(r[key] for r in rounds), 4) for key in rounds[0]}
+    best["events"] = n
+    best["decode_write_checkpoint_events_per_s"] = round(
+        n / (best["decode_s"] + best["write_s"] + best["checkpoint_s"]), 1)
+    best["duckdb_floor_events_per_s"] = round(n / best["duckdb_floor_s"], 1)
+    return best
+
+
 async def run_bench(n_events: int, repeat: int, workdir: Path) -> dict:
     log = synthetic_log(n_events)
     steps = sum(1 for e in log if e.type == "TrialStep")
@@ -251,6 +323,7 @@ async def run_bench(n_events: int, repeat: int, workdir: Path) -> dict:
                 print(f"  round {attempt + 1}: replay {stats.events_per_s:,.0f}/s; replay's reader alone "
                       f"{reader[-1]['events_per_s']:,.0f}/s; raw nats-py "
                       + ", ".join(f"{k} {v[-1]['events_per_s']:,.0f}/s" for k, v in raw.items()), file=sys.stderr)
+            stages = await stage_costs(bus, workdir, repeat)
         finally:
             await bus.close()
     best_raw = {k: max(v, key=lambda r: r["events_per_s"]) for k, v in raw.items()}
@@ -272,6 +345,7 @@ async def run_bench(n_events: int, repeat: int, workdir: Path) -> dict:
         "replay_rounds": replays,
         "raw_rounds": raw,
         "replay_reader_rounds": reader,
+        "stages_without_nats": stages,
         "publish_seconds": round(publish_s, 2),
         "load_average_after": list(__import__("os").getloadavg()),
         "cpu_count": __import__("os").cpu_count(),

@@ -80,37 +80,49 @@ class InvariantModel:
 
         Coordinate-wise (each item's update sees the others' latest values), in a fixed order: updating every
         item at once from the previous sweep oscillates — all suspects look bad, so none is needed to explain
-        a violation, so all look good again — and stopped on whichever side the sweep count left it."""
+        a violation, so all look good again — and stopped on whichever side the sweep count left it. Each
+        run keeps Σ log(1 - q) over its suspects, so an item's update is one vector operation over its runs."""
         sus = sorted(self._suspects)
-        rows = [(tuple(i for i in its if i in self._suspects), v) for its, v in self.history]
-        rows = [(its, v) for its, v in rows if its]
-        rows_of: dict[str, list[tuple[tuple[str, ...], bool]]] = {i: [] for i in sus}
-        for its, violated in rows:
-            for i in its:
-                rows_of[i].append((its, violated))
-        q = {i: self._q.get(i, self._prior(i)) for i in sus}
+        col = {item: k for k, item in enumerate(sus)}
+        run_of: list[int] = []  # (run, suspect) incidence, flattened
+        item_of: list[int] = []
+        violated: list[bool] = []
+        for its, v in self.history:
+            cols = [col[i] for i in its if i in col]
+            if cols:
+                run_of.extend([len(violated)] * len(cols))
+                item_of.extend(cols)
+                violated.append(v)
+        if not violated:
+            self._q = {}
+            return
+        runs, items, viol = np.array(run_of), np.array(item_of), np.array(violated)
+        runs_of = [runs[items == k] for k in range(len(sus))]
+        prior = np.array([self._prior(i) for i in sus])
+        prior_logit = np.log(prior / (1.0 - prior))
+        q = np.array([self._q.get(i, self._prior(i)) for i in sus])
+        log_good = np.log1p(-np.clip(q, 0.0, 1.0 - 1e-12))  # log(1 - q) per suspect
+        run_log_good = np.zeros(len(violated))
+        np.add.at(run_log_good, runs, log_good[items])
+        f = self.flake
         for _ in range(sweeps):
             change = 0.0
-            for i in sus:
-                logit = math.log(self._prior(i) / (1 - self._prior(i)))
-                for its, violated in rows_of[i]:
-                    others = 1.0
-                    for j in its:
-                        if j != i:
-                            others *= 1.0 - q[j]
-                    # i good: the run passes when no other item is bad and it did not flake, or, rarely, despite
-                    # a bad other item (at the rate ε = flake a bad item is let through); i bad: it passes at ε
-                    p_pass_good = (1.0 - self.flake) * others + self.flake * (1.0 - others)
-                    if violated:
-                        logit += math.log((1.0 - self.flake) / max(1.0 - p_pass_good, 1e-12))
-                    else:
-                        logit += math.log(self.flake / max(p_pass_good, 1e-12))
-                new = 1.0 / (1.0 + math.exp(-max(min(logit, 50.0), -50.0)))
-                change = max(change, abs(new - q[i]))
-                q[i] = new
+            for k, r in enumerate(runs_of):
+                others = np.exp(run_log_good[r] - log_good[k])  # P(no other suspect of the run is bad)
+                # i good: the run passes when no other item is bad and it did not flake, or, rarely, despite
+                # a bad other item (at the rate ε = flake a bad item is let through); i bad: it passes at ε
+                p_pass_good = (1.0 - f) * others + f * (1.0 - others)
+                evidence = np.where(viol[r], np.log((1.0 - f) / np.maximum(1.0 - p_pass_good, 1e-12)),
+                                    np.log(f / np.maximum(p_pass_good, 1e-12)))
+                new = 1.0 / (1.0 + math.exp(-min(max(prior_logit[k] + float(evidence.sum()), -50.0), 50.0)))
+                new_log_good = math.log1p(-min(new, 1.0 - 1e-12))
+                run_log_good[r] += new_log_good - log_good[k]
+                log_good[k] = new_log_good
+                change = max(change, abs(new - q[k]))
+                q[k] = new
             if change < 1e-4:
                 break
-        self._q = q
+        self._q = dict(zip(sus, q.tolist(), strict=True))
 
     def p_bad(self, item: str) -> float:
         if self._stale:

@@ -21,8 +21,13 @@ from typing import Literal
 
 import numpy as np
 
-from infrarsi.modeling.acquisition import (CostModel, DominationIndex, InvariantModel, acquisition,
-                                          expected_improvement)
+from infrarsi.modeling.acquisition import (
+    CostModel,
+    DominationIndex,
+    InvariantModel,
+    acquisition,
+    expected_improvement,
+)
 from infrarsi.modeling.memory_model import MemoryModel, TransformerMeta, structural_components
 from infrarsi.modeling.priors import KnowledgeBase, default_knowledge_base
 from infrarsi.modeling.space import Candidate, Categorical, FeatureEncoder, SearchSpace, maximin_select
