@@ -124,10 +124,14 @@ class InvariantModel:
                 break
         self._q = dict(zip(sus, q.tolist(), strict=True))
 
-    def p_bad(self, item: str) -> float:
+    def fit(self) -> None:
+        """Solve the posterior if an observation arrived since the last solve (else a no-op)."""
         if self._stale:
             self._solve()
             self._stale = False
+
+    def p_bad(self, item: str) -> float:
+        self.fit()
         if item in self._q:
             return self._q[item]
         prior = self._prior(item)

@@ -233,6 +233,7 @@ class Searcher:
         if self._dirty:
             self.time_model.fit()
             self.memory_model.fit()
+            self.invariants.fit()
             self._dirty = False
 
     # --------------------------------------------------------------------------------------- predictions
