@@ -46,9 +46,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             s.observe(Observation(c, o.status, o.step_time_s, o.peak_bytes, o.cost_seconds))
         s.refit()  # cold fit
         # the timed trial breaks an invariant, so the invariant model re-solves too (the costlier case)
-        c, o = next((c, o) for c, o in ((c, sc.evaluate(c, rng)) for c in (
-            pool.candidates[int(j)] for j in rng.integers(len(pool.candidates), size=10_000)))
-            if o.status == "invariant_violation")
+        for j in rng.integers(len(pool.candidates), size=10_000):
+            c = pool.candidates[int(j)]
+            o = sc.evaluate(c, rng)
+            if o.status == "invariant_violation":
+                break
         s.observe(Observation(c, o.status, o.step_time_s, o.peak_bytes, o.cost_seconds))
         t0 = time.perf_counter()
         s.refit()  # warm refit after one more trial: what the modeler does per event

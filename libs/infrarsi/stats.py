@@ -76,7 +76,7 @@ def detect_warmup(times: Sequence[float], *, k: float = WARMUP_K, max_fraction: 
         return 1 if n == 2 and x[0] > x[1] * (1 + RELATIVE_FLOOR) else 0
     tail = x[n // 2 :]
     centre = float(np.median(tail))
-    sigma = MAD_TO_SIGMA * float(np.median(np.abs(tail - centre)))
+    sigma = robust_sigma(tail)
     threshold = centre + max(k * sigma, RELATIVE_FLOOR * centre)
     limit = max(1, int(max_fraction * n))
     for i in range(limit + 1):

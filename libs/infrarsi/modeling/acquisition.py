@@ -93,9 +93,6 @@ class InvariantModel:
                 run_of.extend([len(violated)] * len(cols))
                 item_of.extend(cols)
                 violated.append(v)
-        if not violated:
-            self._q = {}
-            return
         runs, items, viol = np.array(run_of), np.array(item_of), np.array(violated)
         runs_of = [runs[items == k] for k in range(len(sus))]
         prior = np.array([self._prior(i) for i in sus])

@@ -337,8 +337,9 @@ class Searcher:
         usable = (p_oom <= self.config.oom_exclude) & (p_hold >= self.config.invariant_exclude)
         if not usable.any() and not any(o.status == "ok" for o in self.observations):
             # nothing has fitted yet and the prior puts every candidate above the exclusion: probe the least
-            # risky one (not inside a known-OOM region) rather than stall the study before its first measurement
-            probe = (p_hold >= self.config.invariant_exclude) & ~self._domination().mask[idx]
+            # risky one (the shortlist holds no known-OOM region) rather than stall the study before its first
+            # measurement
+            probe = p_hold >= self.config.invariant_exclude
             if probe.any():
                 j = int(np.argmin(np.where(probe, p_oom, np.inf)))
                 out.append(Suggestion(self.pool.candidates[idx[j]], "prior", f"every candidate has P(oom) > "
