@@ -66,6 +66,8 @@ async def run(args: argparse.Namespace) -> int:
     try:
         contract = load_contract(args.contract)
         knobs = parse_knobs(args.knobs)
+        if contract.workload.knobs_via == "argv":  # a flag may be named as written: --set=--bf16=true
+            knobs = {key.removeprefix("--"): value for key, value in knobs.items()}
     except ContractError as exc:
         for line in exc.lines():
             print(f"error: {line}", file=sys.stderr)
