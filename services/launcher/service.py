@@ -40,11 +40,11 @@ import yaml
 from infrarsi import events as ev
 from infrarsi import stats, tracing, workspace
 from infrarsi.backends import Backend, JobHandle, JobResult, JobSpec, make_backend
-from infrarsi.bus import TELEMETRY_STREAM
 from infrarsi.contract import Contract, ContractError, contract_from_dict, load_patch_library
 from infrarsi.launch import LaunchValueError
 from infrarsi.logs import get_logger
 from infrarsi.service import Outbox, Service
+from infrarsi.subjects import TELEMETRY_STREAM, step_msg_id, telemetry_subject
 
 log = get_logger(__name__)
 
@@ -422,7 +422,7 @@ class LauncherService(Service):
         """Every probe record on the bus, with the probe's msg id: steps a killed job never sent arrive now."""
         if not probe_dir.is_dir():
             return
-        subject = f"irsi.telemetry.{study_id}.{trial_id}"
+        subject = telemetry_subject(study_id, trial_id)
         for path in sorted(probe_dir.glob("probe-rank*.jsonl")):
             rank = path.stem.removeprefix("probe-rank")
             for line in path.read_bytes().splitlines():
@@ -435,7 +435,7 @@ class LauncherService(Service):
                 await self.bus.js.publish(
                     subject,
                     line,
-                    headers={"Nats-Msg-Id": f"{trial_id}:{rank}:step:{record.payload.step}"},
+                    headers={"Nats-Msg-Id": step_msg_id(trial_id, rank, record.payload.step)},
                     stream=TELEMETRY_STREAM,
                 )
 

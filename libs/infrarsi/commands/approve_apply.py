@@ -288,10 +288,10 @@ async def load_study_events(bus, study_id: str) -> list[ev.Event]:
     Stand-in until the bus grows a shared helper for this; it reads the ``IRSI`` stream filtered to
     ``irsi.<study>.*`` with an ephemeral consumer.
     """
-    from infrarsi.bus import LIFECYCLE_STREAM
+    from infrarsi.subjects import LIFECYCLE_STREAM, lifecycle_subject
 
     found: list[ev.Event] = []
-    async for batch in bus.iter_stream(LIFECYCLE_STREAM, subjects=f"irsi.{study_id}.*"):
+    async for batch in bus.iter_stream(LIFECYCLE_STREAM, subjects=lifecycle_subject(study_id, "*")):
         for msg in batch:
             try:
                 found.append(ev.decode(msg.data))
