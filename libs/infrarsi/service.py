@@ -241,6 +241,8 @@ class _ConsumerHealth:
     rebinds: int = 0
     last_error: str = ""
     task: asyncio.Task | None = None
+    sub: object | None = None
+    """The pull subscription the loop holds now (unsubscribed on stop: a drain waits on a bound one)."""
 
     def stalled(self, now: float) -> bool:
         if self.task is not None and self.task.done():
@@ -281,7 +283,7 @@ class Runner:
         for stream, types in sorted(by_stream.items()):
             durable = service.name if stream == LIFECYCLE_STREAM else f"{service.name}-{stream.lower()}"
             sub = await self._bind(durable, types)
-            health = self.consumers[durable] = _ConsumerHealth(durable)
+            health = self.consumers[durable] = _ConsumerHealth(durable, sub=sub)
             health.task = asyncio.create_task(self._consume(durable, types, sub, health), name=f"consume-{durable}")
             consumers.append(health.task)
         ping = await self.bus.nc.subscribe(PING_SUBJECT, cb=self._on_ping)
@@ -299,6 +301,9 @@ class Runner:
             await asyncio.gather(*pending, return_exceptions=True)
         heartbeat.cancel()
         await ping.unsubscribe()
+        for health in self.consumers.values():
+            with contextlib.suppress(Exception):
+                await health.sub.unsubscribe()  # type: ignore[union-attr]
         await service.stop()
 
     async def _bind(self, durable: str, types: list[str]):
@@ -316,6 +321,7 @@ class Runner:
             try:
                 if sub is None or empty >= RECHECK_EMPTY_FETCHES:
                     sub, empty = await self._rebound(durable, types, sub, health), 0
+                    health.sub = sub
                 await self._slots.acquire()
                 self._slots.release()
                 deliveries = await self.bus.fetch(sub, batch=self.batch, timeout_s=1.0)
@@ -329,6 +335,9 @@ class Runner:
                 health.errors += 1
                 health.last_error = f"{type(exc).__name__}: {exc}"[:300]
                 log.warning("consume loop error; backing off", durable=durable, error=health.last_error)
+                if sub is not None:
+                    with contextlib.suppress(Exception):
+                        await sub.unsubscribe()
                 sub = None  # bind again: the consumer or its leader may be gone
                 await asyncio.sleep(min(0.5 * 2 ** min(health.errors, 4), CONSUME_BACKOFF_MAX_S))
 

@@ -17,7 +17,8 @@ import msgspec
 import pytest
 from infrarsi import events as ev
 from infrarsi import service as service_module
-from infrarsi.bus import DEADLETTER_RAW_MAX, LIFECYCLE_STREAM, Bus
+from infrarsi import subjects
+from infrarsi.bus import DEADLETTER_RAW_MAX, Bus
 from infrarsi.commands.status import collect, render
 from infrarsi.service import Runner
 from infrarsi.stack import ping_services
@@ -47,7 +48,7 @@ async def _status(bus: Bus, name: str) -> dict | None:
 
 async def _letters(bus: Bus, service: str) -> list[ev.DeadLetter]:
     letters = []
-    async for batch in bus.iter_stream(LIFECYCLE_STREAM, subjects=ev.deadletter_subject(service)):
+    async for batch in bus.iter_stream(subjects.LIFECYCLE_STREAM, subjects=subjects.deadletter_subject(service)):
         letters += [msgspec.json.decode(m.data, type=ev.DeadLetter) for m in batch]
     return letters
 
@@ -98,7 +99,7 @@ async def test_a_deleted_consumer_is_bound_again_and_the_next_event_handled(
         first = ev.new_id()
         await bus.publish(_study_created(first, payload_samples))
         await wait_for(lambda: runner.stats.handled == 1)
-        await bus.js.delete_consumer(LIFECYCLE_STREAM, "proposer")
+        await bus.js.delete_consumer(subjects.LIFECYCLE_STREAM, "proposer")
         second = ev.new_id()
         await bus.publish(_study_created(second, payload_samples))
         await wait_for(lambda: second in runner.service.status()["studies"], timeout_s=40.0)
@@ -135,7 +136,7 @@ async def test_a_consumer_that_stops_pulling_is_reported_stalled(fresh_nats_serv
 
         doc = await wait_for(reported, timeout_s=15.0)
         assert "STALL" in render(doc)
-        heartbeat = await bus.nc.subscribe(service_module.heartbeat_subject("proposer"))
+        heartbeat = await bus.nc.subscribe(subjects.heartbeat_subject("proposer"))
         beat = json.loads((await heartbeat.next_msg(timeout=5.0)).data)
         assert beat["stalled"] == ["proposer"]
     finally:
