@@ -26,7 +26,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import torch
 from lightning.pytorch import Callback
 
 from infrarsi.probe.core import Probe, TokenCounter, count_tokens_default, model_inputs
