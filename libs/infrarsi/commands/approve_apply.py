@@ -134,7 +134,10 @@ def plan_apply(
     repo = Path(created.workload_dir)
     patch_ids = verification.candidate.patches
     library, texts = _golden_patches(repo, created.baseline_ref, contract.workload.patch_dir, patch_ids)
-    baseline = yaml.safe_load(_golden_file(repo, created.baseline_ref, contract.workload.launch_file)) or {}
+    if contract.workload.launch_file is not None:
+        baseline = yaml.safe_load(_golden_file(repo, created.baseline_ref, contract.workload.launch_file)) or {}
+    else:  # flags, overrides or variables: the golden values are in the locked contract itself
+        baseline = contract.golden_values()
     changes = launch_changes(baseline, verification.candidate.knobs)
     classes = contract.action_classes(changes, verification.candidate.patches, library)
     approvals = [a for a in _payloads(events, ev.ApprovalGranted) if a.candidate_key == key]
@@ -231,6 +234,7 @@ def execute_apply(plan: ApplyPlan) -> ev.PatchPromoted:
             plan.branch,
             editable=plan.contract.editable,
             locked=plan.created.locked_files,
+            golden_values=plan.contract.golden_values() if plan.contract.workload.launch_file is None else None,
         )
     return ev.PatchPromoted(
         candidate_key=plan.verification.candidate_key,

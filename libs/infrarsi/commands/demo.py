@@ -20,7 +20,7 @@ from infrarsi.commands import data_dir_of
 from infrarsi.commands import doctor as doctor_cmd
 from infrarsi.commands import report as report_cmd
 from infrarsi.commands import run as run_cmd
-from infrarsi.commands.init import prepare_study, study_created_event
+from infrarsi.commands.init import prepare_study, publish_study
 from infrarsi.commands.study_log import read_study
 from infrarsi.errors import EXIT_OK, EXIT_REFUSED, UserError
 
@@ -115,7 +115,7 @@ async def run(args: argparse.Namespace) -> int:
         study = prepared.study_id
         bus = await Bus.connect(url, service=SOURCE)
         try:
-            await bus.publish(study_created_event(prepared))
+            await publish_study(bus, prepared)
         finally:
             await bus.close()
         print(f"study {study}: {len(prepared.created.locked_files)} locked files hashed, "

@@ -21,7 +21,7 @@ import msgspec
 from infrarsi import events as ev
 from infrarsi.commands import UserError, data_dir_of
 from infrarsi.contract import Contract, load_contract
-from infrarsi.workspace import Workspace, WorkspaceError, prepare_workspace
+from infrarsi.workspace import Workspace, WorkspaceError, discard_workspace, prepare_workspace
 
 SOURCE = "cli.init"
 
@@ -54,18 +54,34 @@ def prepare_study(
     contract = load_contract(contract_path)
     study_id = study_id or ev.new_id()
     workspace = prepare_workspace(contract, study_id, data_dir)
-    created = ev.StudyCreated(
-        name=contract.name,
-        goal=contract.goal,
-        contract=contract.to_dict(),
-        contract_sha256=contract.sha256(),
-        workload_dir=str(workspace.repo),
-        baseline_ref=workspace.baseline_ref,
-        locked_files=contract.locked_files(workspace.repo),
-        cluster=contract.cluster.info(),
-    )
-    created, notes = with_bank(created, bank_entries)
+    try:
+        created = ev.StudyCreated(
+            name=contract.name,
+            goal=contract.goal,
+            contract=contract.to_dict(),
+            contract_sha256=contract.sha256(),
+            workload_dir=str(workspace.repo),
+            baseline_ref=workspace.baseline_ref,
+            locked_files=contract.locked_files(workspace.repo),
+            cluster=contract.cluster.info(),
+        )
+        created, notes = with_bank(created, bank_entries)
+    except BaseException:
+        discard_workspace(workspace)  # no study, so no golden tag left in the user's repo
+        raise
     return PreparedStudy(study_id, created, workspace, contract, notes)
+
+
+async def publish_study(bus, prepared: PreparedStudy, created: ev.StudyCreated | None = None) -> ev.Event:
+    """Publish the study's ``StudyCreated`` (``created`` replacing the prepared one); if the publish fails, the
+    study does not exist, and its golden tag or snapshot is removed again."""
+    event = study_created_event(prepared._replace(created=created) if created is not None else prepared)
+    try:
+        await bus.publish(event)
+    except BaseException:
+        discard_workspace(prepared.workspace)
+        raise
+    return event
 
 
 def with_bank(created: ev.StudyCreated, bank_entries: Sequence[ev.BankEntry]) -> tuple[ev.StudyCreated, tuple[str, ...]]:
@@ -143,8 +159,7 @@ async def run(args: argparse.Namespace) -> int:
             prepared = prepare_study(args.contract, data_dir, bank_entries=bank_entries)
         except WorkspaceError as exc:
             raise UserError(f"{args.contract}: workload.repo: {exc}") from None
-        event = study_created_event(prepared)
-        await bus.publish(event)
+        event = await publish_study(bus, prepared)
 
     if args.json:
         print(
