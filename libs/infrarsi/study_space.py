@@ -45,8 +45,8 @@ from infrarsi.contract import (
     FloatKnob,
     IntKnob,
     PatchInfo,
-    contract_from_dict,
     get_dotted,
+    locked_contract,
 )
 from infrarsi.modeling.acquisition import expected_improvement
 from infrarsi.modeling.memory_model import TransformerMeta, structural_components
@@ -317,7 +317,7 @@ def prediction(searcher: Any, c: Candidate) -> ev.Prediction:
 def load_study_space(created: ev.StudyCreated) -> StudySpace:
     """``StudySpace`` of a study: the locked contract, its golden launch file and patch library from the
     workload repo. A launch file or library that cannot be read is noted, not fatal (flat priors)."""
-    contract = contract_from_dict(created.contract, check=False)
+    contract = locked_contract(created)
     notes = []
     launch: dict[str, Any] | None = None
     try:

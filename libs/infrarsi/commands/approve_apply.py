@@ -29,7 +29,7 @@ from pydantic import ValidationError
 from infrarsi import events as ev
 from infrarsi.bus import Bus
 from infrarsi.commands.study_log import read_study, recording_bus
-from infrarsi.contract import Contract, PatchIndex, PatchInfo, contract_from_dict
+from infrarsi.contract import Contract, PatchIndex, PatchInfo, locked_contract
 from infrarsi.errors import EXIT_FAILED, EXIT_REFUSED, UserError
 from infrarsi.policy import ACTION_CLASSES, Operation, check
 from infrarsi.workspace import (
@@ -114,7 +114,7 @@ def plan_apply(
     if not created_list:
         raise ApplyRefused([f"study {study_id} not found (no StudyCreated)"])
     created: ev.StudyCreated = created_list[0]
-    contract = contract_from_dict(created.contract, check=False)
+    contract = locked_contract(created)
     key = resolve_candidate_key(events, candidate)
 
     verifications = [v for v in _payloads(events, ev.VerifyCompleted) if v.candidate_key == key]
