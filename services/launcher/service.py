@@ -162,6 +162,19 @@ class LauncherService(Service):
             case ev.TrialProposed() as proposed:
                 await self._trial(event, proposed, out)
 
+    async def give_up(self, event: ev.Event, out: Outbox, reason: str) -> None:
+        """A ``TrialProposed`` whose handling kept failing ends as a crashed trial: nobody waits forever."""
+        if not isinstance(event.payload, ev.TrialProposed) or not event.trial_id:
+            await super().give_up(event, out, reason)
+            return
+        study = self.studies.get(event.study_id)
+        capacity = study.cluster.memory_capacity_bytes if study is not None else 0
+        tdir = self.state_root / event.trial_id
+        tdir.mkdir(parents=True, exist_ok=True)
+        finished = ev.TrialFinished(status="crash", reason=reason, memory_capacity_bytes=capacity)
+        await self._finish(out, tdir, finished, republish_from=tdir / "probe", trial_id=event.trial_id,
+                           study_id=event.study_id)  # fmt: skip
+
     def _remember_study(self, event: ev.Event) -> None:
         created = event.payload
         assert isinstance(created, ev.StudyCreated)
@@ -289,7 +302,12 @@ class LauncherService(Service):
             memory_capacity_bytes=_emulated_capacity(study.cluster),
         )
         backend = self.backend(contract.backend.kind)
-        handle = await asyncio.to_thread(backend.submit, spec)
+        try:
+            handle = await asyncio.to_thread(backend.submit, spec)
+        except OSError as exc:
+            # e.g. a command item that is not an executable (``"{launch_file}; touch x"``: no shell, so one
+            # literal path): nothing ran, and retrying cannot help.
+            raise Refused("crash", f"the job could not be started: {type(exc).__name__}: {exc} (argv {spec.argv[:4]!r})") from None
         t0 = time.monotonic()
         self.running[spec.name] = (backend, handle)
         try:
@@ -426,11 +444,8 @@ class LauncherService(Service):
         for path in sorted(probe_dir.glob("probe-rank*.jsonl")):
             rank = path.stem.removeprefix("probe-rank")
             for line in path.read_bytes().splitlines():
-                try:
-                    record = ev.decode(line)
-                except (msgspec.DecodeError, msgspec.ValidationError):
-                    continue  # a torn last line of a killed job
-                if not isinstance(record.payload, ev.TrialStep):
+                record = ev.decode_or_none(line, (ev.TrialStep,))  # None: a torn last line of a killed job
+                if record is None:
                     continue
                 await self.bus.js.publish(
                     subject,
@@ -474,13 +489,7 @@ def _rank0_records(probe_dir: Path) -> list[ev.TrialStep]:
 
 
 def _decode_records(path: Path) -> list[ev.TrialStep]:
-    out = []
-    for line in path.read_bytes().splitlines():
-        with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
-            event = ev.decode(line)
-            if isinstance(event.payload, ev.TrialStep):
-                out.append(event.payload)
-    return out
+    return [e.payload for e in ev.decode_each(path.read_bytes().splitlines()) if isinstance(e.payload, ev.TrialStep)]
 
 
 def _last_error_line(output: str) -> str:

@@ -173,3 +173,12 @@ def test_agent_exchanges_pair_each_question_with_its_answer(tmp_path: Path) -> N
         _cols, rows = db.query("SELECT ask_id, ok, prompt_tokens, completion_tokens, refused, answer, "
                                "messages->0->>'content' FROM agent_exchanges")
     assert rows == [("q1", True, 30, 5, 1, "{}", "make it faster")]
+
+
+def test_deeply_nested_messages_go_to_undecodable_on_both_streams(tmp_path: Path) -> None:
+    deep = b'{"deep": ' + b"[" * 5000 + b"]" * 5000 + b', "type": "TrialStep"}'
+    with eventlog.AnalystDB.open(tmp_path / "db.duckdb") as db:
+        assert db.apply_batch(eventlog.TELEMETRY_STREAM, [(1, "irsi.telemetry.s1.t1", deep), *_messages([_step(2)], 2)]) == 2
+        assert db.apply_batch(eventlog.LIFECYCLE_STREAM, [(1, "irsi.s1.StudyCreated", deep), (2, "irsi.deadletter.x", deep)]) == 2
+        assert db.query("SELECT count(*) FROM undecodable")[1] == [(3,)]
+        assert db.query("SELECT count(*) FROM steps")[1] == [(1,)]
