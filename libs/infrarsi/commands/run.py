@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from infrarsi import events as ev
 from infrarsi.commands.doctor import cli_bus, read_study, study_created
 from infrarsi.contract import ContractError, contract_from_dict
-from infrarsi.study_space import TrialLedger
+from infrarsi.trial_ledger import TrialLedger
 
 SOURCE = "cli.run"
 BAR_WIDTH = 24
