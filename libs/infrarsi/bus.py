@@ -26,14 +26,16 @@ from nats.aio.msg import Msg
 from nats.js import api
 
 from infrarsi import events as ev
-from infrarsi import tracing
+from infrarsi import subjects, tracing
 from infrarsi.logs import get_logger
 
 log = get_logger(__name__)
 
-LIFECYCLE_STREAM = "IRSI"
-TELEMETRY_STREAM = "IRSI_TELEMETRY"
-BANK_STREAM = "IRSI_BANK"
+# Re-exported for callers that address streams through the bus; the names live in ``infrarsi.subjects``.
+LIFECYCLE_STREAM = subjects.LIFECYCLE_STREAM
+TELEMETRY_STREAM = subjects.TELEMETRY_STREAM
+BANK_STREAM = subjects.BANK_STREAM
+stream_for_type = subjects.stream_for_type
 
 
 class BusError(RuntimeError):
@@ -64,27 +66,17 @@ class StreamSpec:
         )
 
 
-# ``irsi.*.*`` (three tokens) and ``irsi.telemetry.*.*`` (four tokens) never overlap, which JetStream
-# requires of two streams; dead letters (``irsi.deadletter.<service>``) land in the lifecycle stream
-# but no consumer's per-type filter ever selects them.
+# Their subjects (and why they never overlap): ``infrarsi.subjects``.
 STREAMS: tuple[StreamSpec, ...] = (
-    StreamSpec(LIFECYCLE_STREAM, ("irsi.*.*",), "InfraRSI lifecycle events (system of record)"),
+    StreamSpec(LIFECYCLE_STREAM, subjects.STREAM_SUBJECTS[LIFECYCLE_STREAM], "InfraRSI lifecycle events (system of record)"),
     StreamSpec(
         TELEMETRY_STREAM,
-        ("irsi.telemetry.*.*",),
+        subjects.STREAM_SUBJECTS[TELEMETRY_STREAM],
         "Per-step samples from the probe",
         max_age_s=90 * 24 * 3600.0,
     ),
-    StreamSpec(BANK_STREAM, ("bank.>",), "Experience bank entries"),
+    StreamSpec(BANK_STREAM, subjects.STREAM_SUBJECTS[BANK_STREAM], "Experience bank entries"),
 )
-
-
-def stream_for_type(event_type: str) -> str:
-    if event_type == "TrialStep":
-        return TELEMETRY_STREAM
-    if event_type == "BankEntry":
-        return BANK_STREAM
-    return LIFECYCLE_STREAM
 
 
 def replicas_from_env() -> int:
@@ -211,7 +203,7 @@ class Bus:
         """Publish one event and wait for JetStream's ack. A duplicate id is acked with ``duplicate=True``."""
         try:
             return await self.js.publish(
-                ev.subject_for(event),
+                subjects.subject_for(event),
                 ev.encode(event),
                 headers=self._headers(event),
                 stream=stream_for_type(event.type),
@@ -225,7 +217,7 @@ class Bus:
         for event in events:
             futures.append(
                 await self.js.publish_async(
-                    ev.subject_for(event),
+                    subjects.subject_for(event),
                     ev.encode(event),
                     headers=self._headers(event),
                     stream=stream_for_type(event.type),
@@ -257,7 +249,7 @@ class Bus:
             ts=datetime.now(UTC),
         )
         await self.publish_raw(
-            ev.deadletter_subject(self.service),
+            subjects.deadletter_subject(self.service),
             msgspec.json.encode(letter),
             msg_id=f"deadletter:{self.service}:{delivery.msg.metadata.stream}:{delivery.stream_seq}",
         )
@@ -280,7 +272,7 @@ class Bus:
         if len(streams) != 1:
             raise ValueError(f"event types {types} span streams {sorted(streams)}; use one consumer per stream")
         stream = streams.pop()
-        subjects = [ev.lifecycle_subject(t) for t in types]
+        filters = [subjects.filter_for(t) for t in types]
         config = api.ConsumerConfig(
             durable_name=durable,
             name=durable,
@@ -288,12 +280,12 @@ class Bus:
             ack_wait=ack_wait_s,
             max_ack_pending=max_ack_pending,
             deliver_policy=api.DeliverPolicy.NEW if deliver_new_only else api.DeliverPolicy.ALL,
-            filter_subjects=subjects if len(subjects) > 1 else None,
-            filter_subject=subjects[0] if len(subjects) == 1 else None,
+            filter_subjects=filters if len(filters) > 1 else None,
+            filter_subject=filters[0] if len(filters) == 1 else None,
         )
         try:
             info = await self.js.consumer_info(stream, durable)
-            wanted = set(subjects)
+            wanted = set(filters)
             have = set(info.config.filter_subjects or ([info.config.filter_subject] if info.config.filter_subject else []))
             if have != wanted:
                 await self.js.add_consumer(stream, config)  # updates filters of an existing durable

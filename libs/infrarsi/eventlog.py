@@ -51,6 +51,7 @@ from nats.aio.msg import Msg
 from nats.js import api
 
 from infrarsi import events as ev
+from infrarsi import subjects
 from infrarsi.bus import BANK_STREAM, LIFECYCLE_STREAM, TELEMETRY_STREAM, Bus
 from infrarsi.logs import get_logger
 
@@ -313,7 +314,6 @@ _dead_letter_decoder = msgspec.json.Decoder(ev.DeadLetter)
 _json = msgspec.json.Encoder()
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
-_DEADLETTER_PREFIX = "irsi.deadletter."
 
 
 def _micros(ts: datetime) -> int:
@@ -544,7 +544,7 @@ def _decode_into(batch: Batch, msgs: Sequence[StreamMessage], after_seq: int) ->
 
 def _decode_one(batch: Batch, seq: int, subject: str, data: bytes) -> None:
     """One message by the general path: dead letter, event (lifecycle row, or a step), or undecodable."""
-    if subject.startswith(_DEADLETTER_PREFIX):
+    if subjects.is_deadletter(subject):
         _stage_dead_letter(batch, seq, subject, data)
         return
     try:

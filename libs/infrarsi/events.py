@@ -4,12 +4,7 @@ This module is the single source of the wire format. Each payload is a ``msgspec
 its class name; all payloads form one union, ``Payload``; every message is one ``Event`` envelope.
 JSON Schema in ``schemas/`` is generated from here (``make schemas``), never written by hand.
 
-Subjects (ARCHITECTURE.md §4):
-
-- ``irsi.<study>.<Type>``            lifecycle events, stream ``IRSI``
-- ``irsi.telemetry.<study>.<trial>`` per-step samples (``TrialStep``), stream ``IRSI_TELEMETRY``
-- ``bank.<cluster>.<entry>``          experience-bank entries, stream ``IRSI_BANK``
-- ``irsi.deadletter.<service>``       messages a service could not decode (not an ``Event``), stream ``IRSI``
+Which subject and stream each event travels on, and who publishes and consumes it: ``infrarsi.subjects``.
 
 This module owns the types and their encoding only; it must not do I/O.
 """
@@ -571,32 +566,6 @@ def decode(data: bytes) -> Event:
             f"envelope type {event.type!r} does not match payload type {type(event.payload).__name__!r}"
         )
     return event
-
-
-def subject_for(event: Event) -> str:
-    """The subject an event is published on (see the module docstring)."""
-    match event.payload:
-        case TrialStep():
-            return f"irsi.telemetry.{event.study_id}.{event.trial_id}"
-        case BankEntry(entry_id=entry_id):
-            return f"bank.{event.cluster_id}.{entry_id}"
-        case _:
-            return f"irsi.{event.study_id}.{event.type}"
-
-
-def lifecycle_subject(event_type: str, study_id: str = "*") -> str:
-    """Subject filter for one lifecycle event type, e.g. ``irsi.*.TrialProposed``."""
-    if event_type not in EVENT_TYPES:
-        raise ValueError(f"unknown event type {event_type!r}")
-    if event_type == "TrialStep":
-        return f"irsi.telemetry.{study_id}.*"
-    if event_type == "BankEntry":
-        return "bank.>"
-    return f"irsi.{study_id}.{event_type}"
-
-
-def deadletter_subject(service: str) -> str:
-    return f"irsi.deadletter.{service}"
 
 
 def json_schema() -> dict[str, Any]:

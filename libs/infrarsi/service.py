@@ -38,19 +38,15 @@ import structlog
 
 from infrarsi import events as ev
 from infrarsi import tracing
-from infrarsi.bus import LIFECYCLE_STREAM, Bus, Delivery, stream_for_type
+from infrarsi.bus import Bus, Delivery
 from infrarsi.embedded import resolve_nats_url
 from infrarsi.logs import get_logger, setup_logging
+from infrarsi.subjects import LIFECYCLE_STREAM, PING_SUBJECT, heartbeat_subject, stream_for_type
 
 log = get_logger(__name__)
 
 MAX_DELIVER = 5
 HEARTBEAT_S = 2.0
-PING_SUBJECT = "irsi-svc.ping"
-
-
-def heartbeat_subject(name: str) -> str:
-    return f"irsi-svc.heartbeat.{name}"
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from infrarsi import eventlog
+from infrarsi import eventlog, subjects
 from infrarsi import events as ev
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)
@@ -23,7 +23,7 @@ def _step(n: int, trial: str = "t1", **changes) -> ev.Event:
 
 
 def _messages(events: list[ev.Event], first_seq: int = 1) -> list[eventlog.StreamMessage]:
-    return [(first_seq + i, ev.subject_for(e), ev.encode(e)) for i, e in enumerate(events)]
+    return [(first_seq + i, subjects.subject_for(e), ev.encode(e)) for i, e in enumerate(events)]
 
 
 def dump(db: eventlog.AnalystDB) -> dict[str, list[tuple]]:
@@ -118,7 +118,7 @@ def test_events_view_rebuilds_step_payloads(tmp_path: Path) -> None:
         rows, steps, strict=True
     ):
         assert (stream, subject, event_id, type_, study, trial, cluster, source, ts, version) == (
-            eventlog.TELEMETRY_STREAM, ev.subject_for(e), e.event_id, "TrialStep", e.study_id, e.trial_id,
+            eventlog.TELEMETRY_STREAM, subjects.subject_for(e), e.event_id, "TrialStep", e.study_id, e.trial_id,
             e.cluster_id, e.source, e.ts, e.schema_version)
         assert msgspec.json.decode(payload) == msgspec.json.decode(msgspec.json.encode(e.payload))
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from infrarsi import events
+from infrarsi import events, subjects
 from infrarsi.probe import Probe, read_records
 from torch import nn
 
@@ -90,7 +90,7 @@ def test_envelope_is_a_trial_step_event_with_deterministic_ids(probe: Probe) -> 
     assert event.type == "TrialStep" and event.study_id == "s1" and event.trial_id == "t1"
     assert event.source == "probe"
     assert event.event_id == events.derived_id("t1", "0", "step", "0")
-    assert events.subject_for(event) == probe.subject == "irsi.telemetry.s1.t1"
+    assert subjects.subject_for(event) == probe.subject == "irsi.telemetry.s1.t1"
     assert probe.msg_id(0) == "t1:0:step:0"
     assert event.payload.loss == 2.5
 

@@ -132,7 +132,10 @@ def plan_apply(
     repo = Path(created.workload_dir)
     patch_ids = verification.candidate.patches
     library, texts = _golden_patches(repo, created.baseline_ref, contract.workload.patch_dir, patch_ids)
-    baseline = yaml.safe_load(_golden_file(repo, created.baseline_ref, contract.workload.launch_file)) or {}
+    if contract.workload.launch_file is not None:
+        baseline = yaml.safe_load(_golden_file(repo, created.baseline_ref, contract.workload.launch_file)) or {}
+    else:  # flags, overrides or variables: the golden values are in the locked contract itself
+        baseline = contract.golden_values()
     changes = launch_changes(baseline, verification.candidate.knobs)
     classes = contract.action_classes(changes, verification.candidate.patches, library)
     approvals = [a for a in _payloads(events, ev.ApprovalGranted) if a.candidate_key == key]
@@ -229,6 +232,7 @@ def execute_apply(plan: ApplyPlan) -> ev.PatchPromoted:
             plan.branch,
             editable=plan.contract.editable,
             locked=plan.created.locked_files,
+            golden_values=plan.contract.golden_values() if plan.contract.workload.launch_file is None else None,
         )
     return ev.PatchPromoted(
         candidate_key=plan.verification.candidate_key,
@@ -284,10 +288,10 @@ async def load_study_events(bus, study_id: str) -> list[ev.Event]:
     Stand-in until the bus grows a shared helper for this; it reads the ``IRSI`` stream filtered to
     ``irsi.<study>.*`` with an ephemeral consumer.
     """
-    from infrarsi.bus import LIFECYCLE_STREAM
+    from infrarsi.subjects import LIFECYCLE_STREAM, lifecycle_subject
 
     found: list[ev.Event] = []
-    async for batch in bus.iter_stream(LIFECYCLE_STREAM, subjects=f"irsi.{study_id}.*"):
+    async for batch in bus.iter_stream(LIFECYCLE_STREAM, subjects=lifecycle_subject(study_id, "*")):
         for msg in batch:
             try:
                 found.append(ev.decode(msg.data))

@@ -27,6 +27,7 @@ import yaml
 from infrarsi import events as ev
 from infrarsi.contract import Contract, ContractError, load_contract
 from infrarsi.doctor import measure_cpu_peak_flops
+from infrarsi.subjects import LIFECYCLE_STREAM, lifecycle_subject
 
 SOURCE = "cli.trial"
 
@@ -66,6 +67,8 @@ async def run(args: argparse.Namespace) -> int:
     try:
         contract = load_contract(args.contract)
         knobs = parse_knobs(args.knobs)
+        if contract.workload.knobs_via == "argv":  # a flag may be named as written: --set=--bf16=true
+            knobs = {key.removeprefix("--"): value for key, value in knobs.items()}
     except ContractError as exc:
         for line in exc.lines():
             print(f"error: {line}", file=sys.stderr)
@@ -156,7 +159,7 @@ async def _run_one(bus, study_id: str, contract: Contract, proposal: ev.TrialPro
                 done.set()
 
     subs = [
-        await bus.nc.subscribe(f"irsi.{study_id}.{name}", cb=on_msg)
+        await bus.nc.subscribe(lifecycle_subject(study_id, name), cb=on_msg)
         for name in ("TrialLaunched", "TrialFinished", "TrialMeasured")
     ]
     started = time.monotonic()
@@ -182,7 +185,7 @@ async def _study(bus, contract_path: Path, contract: Contract, data_dir: Path) -
     """The latest study of this exact contract, or a new one (with a measured peak on CPU hosts)."""
     sha = contract.sha256()
     found: tuple[str, float | None] | None = None
-    async for batch in bus.iter_stream("IRSI", subjects="irsi.*.StudyCreated"):
+    async for batch in bus.iter_stream(LIFECYCLE_STREAM, subjects=lifecycle_subject("*", "StudyCreated")):
         for msg in batch:
             try:
                 event = ev.decode(msg.data)
@@ -210,7 +213,7 @@ async def _study(bus, contract_path: Path, contract: Contract, data_dir: Path) -
 async def _baseline_at(bus, study_id: str, horizon: int) -> str | None:
     """A trial of the study that measured ``ok`` as a baseline at this horizon, if any."""
     proposed_steps: dict[str, int | None] = {}
-    async for batch in bus.iter_stream("IRSI", subjects=f"irsi.{study_id}.*"):
+    async for batch in bus.iter_stream(LIFECYCLE_STREAM, subjects=lifecycle_subject(study_id, "*")):
         for msg in batch:
             try:
                 event = ev.decode(msg.data)

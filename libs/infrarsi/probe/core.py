@@ -45,6 +45,7 @@ import torch
 
 from infrarsi import events
 from infrarsi.probe.sinks import JsonlSink, NatsPublisher
+from infrarsi.subjects import step_msg_id, telemetry_subject
 
 log = logging.getLogger("infrarsi.probe")
 
@@ -171,7 +172,7 @@ class Probe:
         self.traceparent = traceparent
         self.reduce_across_ranks = reduce_across_ranks
         self.path = out_dir / f"probe-rank{rank}.jsonl"
-        self.subject = f"irsi.telemetry.{study_id}.{trial_id}"
+        self.subject = telemetry_subject(study_id, trial_id)
         self.flops_per_step: float | None = None
         """This rank's FLOPs per optimiser step, from ``count_flops``."""
         self.optimizer_steps = 0
@@ -357,7 +358,7 @@ class Probe:
 
     def msg_id(self, step: int) -> str:
         """Deterministic ``Nats-Msg-Id``: a re-published step is dropped by JetStream's dedup window."""
-        return f"{self.trial_id}:{self.rank}:step:{step}"
+        return step_msg_id(self.trial_id, self.rank, step)
 
     def _emit(self, record: events.TrialStep) -> None:
         event = events.make_event(
