@@ -248,7 +248,9 @@ class TrialStep(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     rank: int
     world_size: int
     step: int
-    loss: float
+    loss: float | None
+    """This step's mean training loss (all ranks); ``None`` when the job reported none for it (a Trainer
+    that logs every k steps)."""
     step_time_s: float
     """Synchronised wall time of the whole step (data, forward, backward, optimiser, communication)."""
     phases: dict[str, float] = {}
