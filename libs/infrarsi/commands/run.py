@@ -22,7 +22,7 @@ from infrarsi import events as ev
 from infrarsi.commands.study_log import cli_bus, follow_study, read_study, require_study
 from infrarsi.contract import ContractError, contract_from_dict
 from infrarsi.errors import UserError
-from infrarsi.study_space import TrialLedger
+from infrarsi.trial_ledger import TrialLedger
 
 SOURCE = "cli.run"
 BAR_WIDTH = 24
