@@ -25,7 +25,7 @@ Reads the disk only in ``load_study_space`` (the golden launch file and the patc
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
