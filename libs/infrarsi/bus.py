@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
@@ -36,6 +37,17 @@ LIFECYCLE_STREAM = subjects.LIFECYCLE_STREAM
 TELEMETRY_STREAM = subjects.TELEMETRY_STREAM
 BANK_STREAM = subjects.BANK_STREAM
 stream_for_type = subjects.stream_for_type
+
+
+DEADLETTER_RAW_MAX = 64 * 1024
+"""Bytes of a bad message kept in its dead letter: a copy of the whole (up to the server's max payload,
+less base64's third) would itself be refused, and a consumer that cannot park a message cannot move on."""
+DEADLETTER_ERROR_MAX = 2000
+
+
+def server_urls(url: str) -> list[str]:
+    """``nats://a:4222,nats://b:4222`` (a cluster, as ``INFRARSI_NATS_URL`` may name it) as a server list."""
+    return [part.strip() for part in url.split(",") if part.strip()]
 
 
 class BusError(RuntimeError):
@@ -148,7 +160,7 @@ class Bus:
         try:
             await asyncio.wait_for(
                 nc.connect(
-                    url,
+                    server_urls(url),
                     name=f"infrarsi-{service}",
                     connect_timeout=connect_timeout_s,
                     allow_reconnect=True,
@@ -239,21 +251,24 @@ class Bus:
         return await self.js.publish(subject, data, headers=headers)
 
     async def dead_letter(self, delivery: Delivery) -> None:
-        """Park an undecodable message on ``irsi.deadletter.<service>`` with the error and raw bytes."""
+        """Park a message on ``irsi.deadletter.<service>`` with the error, its first bytes and its digest."""
+        raw = delivery.msg.data or b""
         letter = ev.DeadLetter(
             service=self.service,
             subject=delivery.msg.subject,
-            error=delivery.error or "",
-            raw=delivery.msg.data,
+            error=(delivery.error or "")[:DEADLETTER_ERROR_MAX],
+            raw=raw[:DEADLETTER_RAW_MAX],
             stream_seq=delivery.stream_seq,
             ts=datetime.now(UTC),
+            raw_size=len(raw),
+            raw_sha256=hashlib.sha256(raw).hexdigest(),
         )
         await self.publish_raw(
             subjects.deadletter_subject(self.service),
             msgspec.json.encode(letter),
             msg_id=f"deadletter:{self.service}:{delivery.msg.metadata.stream}:{delivery.stream_seq}",
         )
-        log.warning("dead-lettered message", subject=delivery.msg.subject, error=delivery.error)
+        log.warning("dead-lettered message", subject=delivery.msg.subject, error=letter.error[:300])
 
     # ---------------------------------------------------------------- consuming
 
@@ -360,3 +375,5 @@ def decode_delivery(msg: Msg) -> Delivery:
         return Delivery(msg=msg, event=ev.decode(msg.data), error=None)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         return Delivery(msg=msg, event=None, error=f"{type(exc).__name__}: {exc}")
+    except Exception as exc:  # noqa: BLE001 — whatever a message can make a decoder raise, it is a bad message
+        return Delivery(msg=msg, event=None, error=f"undecodable ({type(exc).__name__}): {exc}")

@@ -30,7 +30,6 @@ from functools import cached_property
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -46,7 +45,7 @@ from pydantic import (
     model_validator,
 )
 
-from infrarsi import launch
+from infrarsi import launch, userfiles
 from infrarsi.events import ClusterInfo
 from infrarsi.launch import KnobsVia, LaunchValueError, SwitchOff
 from infrarsi.policy import Policy
@@ -623,11 +622,9 @@ class Contract(_Model):
         base = Path((info.context or {}).get("base_dir") or ".")
         path = base / value
         try:
-            data = yaml.safe_load(path.read_text())
+            data = userfiles.load_yaml(path, what="the policy file")
         except FileNotFoundError:
             raise ValueError(f"policy file {path} not found") from None
-        except yaml.YAMLError as exc:
-            raise ValueError(f"policy file {path} is not valid YAML: {exc}") from None
         if not isinstance(data, dict):
             raise ValueError(f"policy file {path} must hold a mapping")
         return data
@@ -890,11 +887,11 @@ def load_patch_library(patch_dir: Path | str) -> dict[str, PatchInfo]:
     patch_dir = Path(patch_dir)
     index = patch_dir / "index.yaml"
     try:
-        data = yaml.safe_load(index.read_text())
+        data = userfiles.load_yaml(index, what="the patch index")
     except FileNotFoundError:
         raise ContractError([Problem("", "patch library index not found")], index) from None
-    except yaml.YAMLError as exc:
-        raise ContractError([Problem("", f"invalid YAML: {exc}")], index) from None
+    except userfiles.UserFileError as exc:
+        raise ContractError([Problem("", exc.problem)], index) from None
     try:
         parsed = PatchIndex.model_validate(data)
     except ValidationError as exc:
@@ -924,11 +921,11 @@ def load_contract(path: Path | str) -> Contract:
     """Load, validate and check a contract file; raises ``ContractError`` naming the file and field paths."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
+        data = userfiles.load_yaml(path, what="the contract")
+    except (FileNotFoundError, IsADirectoryError):
         raise ContractError([Problem("", "contract file not found")], path) from None
-    except yaml.YAMLError as exc:
-        raise ContractError([Problem("", f"invalid YAML: {exc}")], path) from None
+    except userfiles.UserFileError as exc:
+        raise ContractError([Problem("", exc.problem)], path) from None
     if not isinstance(data, dict):
         raise ContractError([Problem("", "a contract must be a YAML mapping")], path)
     return contract_from_dict(data, base_dir=path.resolve().parent, source=path)
@@ -1241,10 +1238,7 @@ def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
 
 
 def _read_launch(path: Path) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path} is not valid YAML: {exc}") from None
+    data = userfiles.load_yaml(path, what="the launch file")
     if not isinstance(data, dict):
         raise ValueError(f"{path} must hold a mapping of launch keys")
     return data

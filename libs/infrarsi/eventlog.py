@@ -536,7 +536,7 @@ def _decode_into(batch: Batch, msgs: Sequence[StreamMessage], after_seq: int) ->
                     json_(text)
                     ts_(ts_us)
                     continue
-            except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
+            except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError):
                 pass
         _decode_one(batch, seq, subject, data)
     batch.first_seq, batch.last_seq = first, last
@@ -559,7 +559,8 @@ def _decode_one(batch: Batch, seq: int, subject: str, data: bytes) -> None:
         else:
             event = ev.decode(data)  # full validation; lifecycle events are the rare ones
         ts_us = _micros(envelope.ts)
-    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError) as exc:
+        # RecursionError: a message nested thousands deep (msgspec recurses per level it skips)
         batch.undecodable.add(seq=seq, subject=subject, error=f"{type(exc).__name__}: {exc}", raw=data)
         return
     if event is None and batch.stream == TELEMETRY_STREAM:
@@ -588,7 +589,7 @@ def _decode_one(batch: Batch, seq: int, subject: str, data: bytes) -> None:
 def _stage_dead_letter(batch: Batch, seq: int, subject: str, data: bytes) -> None:
     try:
         letter = _dead_letter_decoder.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
         batch.undecodable.add(seq=seq, subject=subject, error=f"{type(exc).__name__}: {exc}", raw=data)
         return
     batch.dead_letters.add(

@@ -268,7 +268,9 @@ class TrialStep(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     rank: int
     world_size: int
     step: int
-    loss: float
+    loss: float | None
+    """This step's mean training loss (all ranks); ``None`` when the job reported none for it (a Trainer
+    that logs every k steps)."""
     step_time_s: float
     """Synchronised wall time of the whole step (data, forward, backward, optimiser, communication)."""
     phases: dict[str, float] = {}
@@ -547,9 +549,13 @@ class DeadLetter(msgspec.Struct, frozen=True, kw_only=True):
     subject: str
     error: str
     raw: bytes
-    """The undecodable message, byte for byte (base64 in JSON)."""
+    """The message, byte for byte (base64 in JSON), cut to its first ``DEADLETTER_RAW_MAX`` bytes."""
     stream_seq: int | None = None
     ts: datetime
+    raw_size: int | None = None
+    """The whole message's size in bytes (``None`` in letters written before copies were cut)."""
+    raw_sha256: str = ""
+    """SHA-256 of the whole message: identifies it when ``raw`` holds only its start."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -592,7 +598,12 @@ def decode(data: bytes) -> Event:
 
     The envelope's ``type`` must agree with its payload's tag.
     """
-    event = _decoder.decode(data)
+    try:
+        event = _decoder.decode(data)
+    except RecursionError:
+        # msgspec recurses once per nesting level of a field it skips: a deep array is a bad message,
+        # not a crash of the consumer (or of every replay that meets it again).
+        raise msgspec.DecodeError("JSON nested too deeply") from None
     if event.type != type(event.payload).__name__:
         raise msgspec.ValidationError(
             f"envelope type {event.type!r} does not match payload type {type(event.payload).__name__!r}"

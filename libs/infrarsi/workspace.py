@@ -140,6 +140,15 @@ def prepare_workspace(contract: Contract, study_id: str, data_dir: Path | str) -
     return Workspace(repo=dest, baseline_ref=baseline, tag=tag, snapshot=True)
 
 
+def discard_workspace(workspace: Workspace) -> None:
+    """Undo ``prepare_workspace`` for a study that was never created (its ``StudyCreated`` not published):
+    the golden tag leaves the user's repo, a snapshot is removed. Best effort: it runs on an error path."""
+    if workspace.snapshot:
+        shutil.rmtree(workspace.repo.parent, ignore_errors=True)
+    else:
+        git(workspace.repo, "tag", "-d", workspace.tag, check=False)
+
+
 def snapshot_directory(src: Path, dest: Path, *, exclude_dir: Path | None = None) -> None:
     """Copy a workload directory (symlinks kept as links) without VCS data, caches and InfraRSI's own data."""
     src = src.resolve()

@@ -151,6 +151,19 @@ class LauncherService(Service):
             case ev.TrialProposed() as proposed:
                 await self._trial(event, proposed, out)
 
+    async def give_up(self, event: ev.Event, out: Outbox, reason: str) -> None:
+        """A ``TrialProposed`` whose handling kept failing ends as a crashed trial: nobody waits forever."""
+        if not isinstance(event.payload, ev.TrialProposed) or not event.trial_id:
+            await super().give_up(event, out, reason)
+            return
+        study = self.studies.get(event.study_id)
+        capacity = study.cluster.memory_capacity_bytes if study is not None else 0
+        tdir = self.state_root / event.trial_id
+        tdir.mkdir(parents=True, exist_ok=True)
+        finished = ev.TrialFinished(status="crash", reason=reason, memory_capacity_bytes=capacity)
+        await self._finish(out, tdir, finished, republish_from=tdir / "probe", trial_id=event.trial_id,
+                           study_id=event.study_id)  # fmt: skip
+
     def _remember_study(self, event: ev.Event) -> None:
         created = event.payload
         assert isinstance(created, ev.StudyCreated)
@@ -278,7 +291,12 @@ class LauncherService(Service):
             memory_capacity_bytes=_emulated_capacity(study.cluster),
         )
         backend = self.backend(contract.backend.kind)
-        handle = await asyncio.to_thread(backend.submit, spec)
+        try:
+            handle = await asyncio.to_thread(backend.submit, spec)
+        except OSError as exc:
+            # e.g. a command item that is not an executable (``"{launch_file}; touch x"``: no shell, so one
+            # literal path): nothing ran, and retrying cannot help.
+            raise Refused("crash", f"the job could not be started: {type(exc).__name__}: {exc} (argv {spec.argv[:4]!r})") from None
         t0 = time.monotonic()
         self.running[spec.name] = (backend, handle)
         try:

@@ -159,3 +159,12 @@ def test_step_columns_are_what_events_decode_reads_from_any_valid_spelling(tmp_p
         for name in ("rank", "world_size", "step", "loss", "step_time_s", "tokens", "optimizer_steps", "loss_tokens",
                      "peak_memory_bytes", "flops", "mfu", "eval_loss", "eval_tokens", "wall_time"):
             assert got[name] == getattr(p, name) and type(got[name]) is type(getattr(p, name)), name
+
+
+def test_deeply_nested_messages_go_to_undecodable_on_both_streams(tmp_path: Path) -> None:
+    deep = b'{"deep": ' + b"[" * 5000 + b"]" * 5000 + b', "type": "TrialStep"}'
+    with eventlog.AnalystDB.open(tmp_path / "db.duckdb") as db:
+        assert db.apply_batch(eventlog.TELEMETRY_STREAM, [(1, "irsi.telemetry.s1.t1", deep), *_messages([_step(2)], 2)]) == 2
+        assert db.apply_batch(eventlog.LIFECYCLE_STREAM, [(1, "irsi.s1.StudyCreated", deep), (2, "irsi.deadletter.x", deep)]) == 2
+        assert db.query("SELECT count(*) FROM undecodable")[1] == [(3,)]
+        assert db.query("SELECT count(*) FROM steps")[1] == [(1,)]

@@ -22,12 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import yaml
 
 from infrarsi import events as ev
+from infrarsi import userfiles
 from infrarsi.contract import Contract, ContractError, load_contract
 from infrarsi.doctor import measure_cpu_peak_flops
 from infrarsi.subjects import LIFECYCLE_STREAM, lifecycle_subject
+from infrarsi.workspace import discard_workspace
 
 SOURCE = "cli.trial"
 
@@ -55,7 +56,7 @@ def parse_knobs(items: list[str]) -> dict[str, ev.KnobValue]:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"--set {item!r} is not KEY=VALUE")
-        value = yaml.safe_load(raw)
+        value = userfiles.parse_yaml(raw, source=f"--set {item!r}", what="the value")
         if not isinstance(value, bool | int | float | str):
             raise ValueError(f"--set {item!r}: value must be a scalar, got {type(value).__name__}")
         knobs[key.strip()] = value
@@ -196,17 +197,20 @@ async def _study(bus, contract_path: Path, contract: Contract, data_dir: Path) -
     if found is not None:
         return found[0], False, found[1]
 
-    from infrarsi.commands.init import prepare_study, study_created_event
+    from infrarsi.commands.init import prepare_study, publish_study
 
     prepared = await asyncio.to_thread(prepare_study, contract_path, data_dir)
     created = prepared.created
     peak = created.cluster.peak_flops
     if peak is None and created.cluster.accelerator.lower() == "cpu":
         ranks = contract.workload.launcher.nnodes * contract.workload.launcher.nproc_per_node
-        peak = await asyncio.to_thread(measure_cpu_peak_flops, os.cpu_count() or 1) / ranks
+        try:
+            peak = await asyncio.to_thread(measure_cpu_peak_flops, os.cpu_count() or 1) / ranks
+        except BaseException:
+            discard_workspace(prepared.workspace)
+            raise
         created = msgspec.structs.replace(created, cluster=msgspec.structs.replace(created.cluster, peak_flops=peak))
-        prepared = prepared._replace(created=created)
-    await bus.publish(study_created_event(prepared))
+    await publish_study(bus, prepared, created)
     return prepared.study_id, True, peak
 
 
