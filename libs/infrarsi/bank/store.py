@@ -26,6 +26,7 @@ import duckdb
 import msgspec
 
 from infrarsi import events as ev
+from infrarsi import userfiles
 from infrarsi.bank.distil import bank_event
 from infrarsi.bus import Bus
 
@@ -129,15 +130,8 @@ async def replay_bank(bus: Bus, con: duckdb.DuckDBPyConnection, streams: Sequenc
     written = 0
     for name in names:
         have = con.execute("SELECT last_seq FROM bank_positions WHERE stream = ?", [name]).fetchone()
-        async for msgs in bus.iter_stream(name, start_seq=(have[0] if have else 0) + 1):
-            batch = []
-            for msg in msgs:
-                try:
-                    batch.append((msg.metadata.sequence.stream, ev.decode(msg.data)))
-                except (msgspec.DecodeError, msgspec.ValidationError):
-                    continue  # a dead letter, not a bank entry
-            if batch:
-                written += project_bank(con, name, batch)
+        async for batch in bus.event_batches(name, start_seq=(have[0] if have else 0) + 1):
+            written += project_bank(con, name, batch)
     return written
 
 
@@ -195,7 +189,8 @@ def parse_import_file(path: Path | str, *, cluster_id: str, source: str = "bank-
         finally:
             con.close()
     else:
-        texts = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        text = userfiles.read_text(path, what="the bank import", max_bytes=userfiles.MAX_IMPORT_BYTES)
+        texts = [line for line in text.splitlines() if line.strip()]
     entry_decoder = msgspec.json.Decoder(ev.BankEntry)
     out: list[ev.Event] = []
     for n, text in enumerate(texts, 1):

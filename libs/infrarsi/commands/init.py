@@ -10,7 +10,6 @@ publishing so it can be used and tested without NATS; ``run`` reads the bank (lo
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 from collections.abc import Sequence
@@ -20,9 +19,9 @@ from typing import NamedTuple
 import msgspec
 
 from infrarsi import events as ev
-from infrarsi.commands import data_dir_of
-from infrarsi.contract import Contract, ContractError, load_contract
-from infrarsi.workspace import Workspace, WorkspaceError, prepare_workspace
+from infrarsi.commands import UserError, data_dir_of
+from infrarsi.contract import Contract, load_contract
+from infrarsi.workspace import Workspace, WorkspaceError, discard_workspace, prepare_workspace
 
 SOURCE = "cli.init"
 
@@ -55,18 +54,34 @@ def prepare_study(
     contract = load_contract(contract_path)
     study_id = study_id or ev.new_id()
     workspace = prepare_workspace(contract, study_id, data_dir)
-    created = ev.StudyCreated(
-        name=contract.name,
-        goal=contract.goal,
-        contract=contract.to_dict(),
-        contract_sha256=contract.sha256(),
-        workload_dir=str(workspace.repo),
-        baseline_ref=workspace.baseline_ref,
-        locked_files=contract.locked_files(workspace.repo),
-        cluster=contract.cluster.info(),
-    )
-    created, notes = with_bank(created, bank_entries)
+    try:
+        created = ev.StudyCreated(
+            name=contract.name,
+            goal=contract.goal,
+            contract=contract.to_dict(),
+            contract_sha256=contract.sha256(),
+            workload_dir=str(workspace.repo),
+            baseline_ref=workspace.baseline_ref,
+            locked_files=contract.locked_files(workspace.repo),
+            cluster=contract.cluster.info(),
+        )
+        created, notes = with_bank(created, bank_entries)
+    except BaseException:
+        discard_workspace(workspace)  # no study, so no golden tag left in the user's repo
+        raise
     return PreparedStudy(study_id, created, workspace, contract, notes)
+
+
+async def publish_study(bus, prepared: PreparedStudy, created: ev.StudyCreated | None = None) -> ev.Event:
+    """Publish the study's ``StudyCreated`` (``created`` replacing the prepared one); if the publish fails, the
+    study does not exist, and its golden tag or snapshot is removed again."""
+    event = study_created_event(prepared._replace(created=created) if created is not None else prepared)
+    try:
+        await bus.publish(event)
+    except BaseException:
+        discard_workspace(prepared.workspace)
+        raise
+    return event
 
 
 def with_bank(created: ev.StudyCreated, bank_entries: Sequence[ev.BankEntry]) -> tuple[ev.StudyCreated, tuple[str, ...]]:
@@ -132,35 +147,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 async def run(args: argparse.Namespace) -> int:
     data_dir = data_dir_of(args)
-    try:
-        load_contract(args.contract)  # validate before starting or reaching any server
-    except ContractError as exc:
-        for line in exc.lines():
-            print(f"error: {line}", file=sys.stderr)
-        return 2
+    load_contract(args.contract)  # validate before starting or reaching any server (ContractError: EXIT_USAGE)
 
     # Imported late: validating a contract must work where NATS is not installed or reachable.
     from infrarsi.bank.federation import read_bank_entries
-    from infrarsi.bus import BusError
-    from infrarsi.embedded import EmbeddedServerError
+    from infrarsi.commands.study_log import recording_bus
 
-    try:
-        async with connected_bus(getattr(args, "nats_url", None), data_dir) as bus:
-            bank_entries = await read_bank_entries(bus)
-            try:
-                prepared = prepare_study(args.contract, data_dir, bank_entries=bank_entries)
-            except ContractError as exc:  # the workload changed between the two loads
-                for line in exc.lines():
-                    print(f"error: {line}", file=sys.stderr)
-                return 2
-            except WorkspaceError as exc:
-                print(f"error: {args.contract}: workload.repo: {exc}", file=sys.stderr)
-                return 2
-            event = study_created_event(prepared)
-            await bus.publish(event)
-    except (BusError, EmbeddedServerError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    async with recording_bus(args, SOURCE) as bus:
+        bank_entries = await read_bank_entries(bus)
+        try:  # a ContractError here: the workload changed between the two loads
+            prepared = prepare_study(args.contract, data_dir, bank_entries=bank_entries)
+        except WorkspaceError as exc:
+            raise UserError(f"{args.contract}: workload.repo: {exc}") from None
+        event = await publish_study(bus, prepared)
 
     if args.json:
         print(
@@ -185,27 +184,3 @@ async def run(args: argparse.Namespace) -> int:
         for line in [*bank_lines(prepared.created, len(bank_entries)), *(f"note: {n}" for n in prepared.notes)]:
             print(line, file=sys.stderr)
     return 0
-
-
-@contextlib.asynccontextmanager
-async def connected_bus(nats_url: str | None, data_dir: Path):
-    """A bus connection: to ``--nats-url``/``$INFRARSI_NATS_URL``/a running ``infrarsi up``, else to a
-    temporary embedded server over the same data directory (the event lands in the store ``up`` uses)."""
-    from infrarsi.bus import Bus
-    from infrarsi.embedded import EmbeddedServer, resolve_nats_url
-
-    url = resolve_nats_url(nats_url, data_dir)
-    server = None
-    if url is None:
-        print(f"note: no NATS server running; starting a temporary one over {data_dir}", file=sys.stderr)
-        server = EmbeddedServer.start(data_dir)
-        url = server.url
-    try:
-        bus = await Bus.connect(url, service=SOURCE)
-        try:
-            yield bus
-        finally:
-            await bus.close()
-    finally:
-        if server is not None:
-            server.stop()
