@@ -81,7 +81,9 @@ class NetnsNetwork:
         if self.network.num_addresses < 16 + hosts:
             raise ValueError(f"subnet {subnet} is too small for {hosts} hosts")
         self.gateway = str(self.network.network_address + 1)
-        self.hosts = [Host(f"{prefix}{i}", str(self.network.network_address + 10 + i)) for i in range(1, hosts + 1)]
+        self.hosts = [
+            Host(f"{prefix}{i}", str(self.network.network_address + 10 + i)) for i in range(1, hosts + 1)
+        ]
 
     def __enter__(self) -> NetnsNetwork:
         self.up()
@@ -136,4 +138,3 @@ def _ip(args: list[str]) -> str:
 
 def _quiet(args: list[str]) -> None:
     subprocess.run(["ip", *args], capture_output=True, timeout=30)
-
