@@ -583,12 +583,15 @@ def apply_candidate(
     *,
     editable: EditablePredicate | None = None,
     locked: Mapping[str, str] | None = None,
+    signing_key: Path | str | None = None,
 ) -> AppliedCandidate:
     """Write a candidate (``events.Candidate``: knobs + patches) to a new branch from ``baseline_ref``.
 
     Works in a temporary worktree, so the user's checkout (branch, index, files) is never touched; the
     branch must not exist yet; nothing is merged. ``editable``/``locked`` repeat the trial-time scope checks
     (default: every path editable, nothing locked — the patches were already checked at trial time).
+    ``signing_key`` (an OpenSSH private key) signs the commit as git does with ``gpg.format=ssh``
+    (``git verify-commit`` checks it against an allowed-signers file).
     Returns the branch, the new commit and the files that differ from the baseline.
     """
     repo = Path(study_repo)
@@ -624,7 +627,13 @@ def apply_candidate(
             f"Patches: {patches}\nLaunch changes ({launch_file}): {launch}\n\n"
             f"{evidence_text.strip()}\n"
         )
-        git(worktree, "commit", "--quiet", "--no-verify", "-m", message, commit=True)
+        sign = (
+            ("-c", "gpg.format=ssh", "-c", f"user.signingkey={Path(signing_key).expanduser().resolve()}")
+            if signing_key is not None
+            else ()
+        )
+        signed = ("-S",) if signing_key is not None else ()
+        git(worktree, *sign, "commit", *signed, "--quiet", "--no-verify", "-m", message, commit=True)
         commit = git(worktree, "rev-parse", "HEAD").stdout.strip()
         files = git(repo, "diff", "--name-only", "--no-renames", baseline_ref, commit).stdout.split()
         return AppliedCandidate(branch=branch_name, commit=commit, files_changed=sorted(files))
