@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
@@ -26,14 +27,27 @@ from nats.aio.msg import Msg
 from nats.js import api
 
 from infrarsi import events as ev
-from infrarsi import tracing
+from infrarsi import subjects, tracing
 from infrarsi.logs import get_logger
 
 log = get_logger(__name__)
 
-LIFECYCLE_STREAM = "IRSI"
-TELEMETRY_STREAM = "IRSI_TELEMETRY"
-BANK_STREAM = "IRSI_BANK"
+# Re-exported for callers that address streams through the bus; the names live in ``infrarsi.subjects``.
+LIFECYCLE_STREAM = subjects.LIFECYCLE_STREAM
+TELEMETRY_STREAM = subjects.TELEMETRY_STREAM
+BANK_STREAM = subjects.BANK_STREAM
+stream_for_type = subjects.stream_for_type
+
+
+DEADLETTER_RAW_MAX = 64 * 1024
+"""Bytes of a bad message kept in its dead letter: a copy of the whole (up to the server's max payload,
+less base64's third) would itself be refused, and a consumer that cannot park a message cannot move on."""
+DEADLETTER_ERROR_MAX = 2000
+
+
+def server_urls(url: str) -> list[str]:
+    """``nats://a:4222,nats://b:4222`` (a cluster, as ``INFRARSI_NATS_URL`` may name it) as a server list."""
+    return [part.strip() for part in url.split(",") if part.strip()]
 
 
 class BusError(RuntimeError):
@@ -64,27 +78,17 @@ class StreamSpec:
         )
 
 
-# ``irsi.*.*`` (three tokens) and ``irsi.telemetry.*.*`` (four tokens) never overlap, which JetStream
-# requires of two streams; dead letters (``irsi.deadletter.<service>``) land in the lifecycle stream
-# but no consumer's per-type filter ever selects them.
+# Their subjects (and why they never overlap): ``infrarsi.subjects``.
 STREAMS: tuple[StreamSpec, ...] = (
-    StreamSpec(LIFECYCLE_STREAM, ("irsi.*.*",), "InfraRSI lifecycle events (system of record)"),
+    StreamSpec(LIFECYCLE_STREAM, subjects.STREAM_SUBJECTS[LIFECYCLE_STREAM], "InfraRSI lifecycle events (system of record)"),
     StreamSpec(
         TELEMETRY_STREAM,
-        ("irsi.telemetry.*.*",),
+        subjects.STREAM_SUBJECTS[TELEMETRY_STREAM],
         "Per-step samples from the probe",
         max_age_s=90 * 24 * 3600.0,
     ),
-    StreamSpec(BANK_STREAM, ("bank.>",), "Experience bank entries"),
+    StreamSpec(BANK_STREAM, subjects.STREAM_SUBJECTS[BANK_STREAM], "Experience bank entries"),
 )
-
-
-def stream_for_type(event_type: str) -> str:
-    if event_type == "TrialStep":
-        return TELEMETRY_STREAM
-    if event_type == "BankEntry":
-        return BANK_STREAM
-    return LIFECYCLE_STREAM
 
 
 def replicas_from_env() -> int:
@@ -156,7 +160,7 @@ class Bus:
         try:
             await asyncio.wait_for(
                 nc.connect(
-                    url,
+                    server_urls(url),
                     name=f"infrarsi-{service}",
                     connect_timeout=connect_timeout_s,
                     allow_reconnect=True,
@@ -211,7 +215,7 @@ class Bus:
         """Publish one event and wait for JetStream's ack. A duplicate id is acked with ``duplicate=True``."""
         try:
             return await self.js.publish(
-                ev.subject_for(event),
+                subjects.subject_for(event),
                 ev.encode(event),
                 headers=self._headers(event),
                 stream=stream_for_type(event.type),
@@ -225,7 +229,7 @@ class Bus:
         for event in events:
             futures.append(
                 await self.js.publish_async(
-                    ev.subject_for(event),
+                    subjects.subject_for(event),
                     ev.encode(event),
                     headers=self._headers(event),
                     stream=stream_for_type(event.type),
@@ -247,21 +251,24 @@ class Bus:
         return await self.js.publish(subject, data, headers=headers)
 
     async def dead_letter(self, delivery: Delivery) -> None:
-        """Park an undecodable message on ``irsi.deadletter.<service>`` with the error and raw bytes."""
+        """Park a message on ``irsi.deadletter.<service>`` with the error, its first bytes and its digest."""
+        raw = delivery.msg.data or b""
         letter = ev.DeadLetter(
             service=self.service,
             subject=delivery.msg.subject,
-            error=delivery.error or "",
-            raw=delivery.msg.data,
+            error=(delivery.error or "")[:DEADLETTER_ERROR_MAX],
+            raw=raw[:DEADLETTER_RAW_MAX],
             stream_seq=delivery.stream_seq,
             ts=datetime.now(UTC),
+            raw_size=len(raw),
+            raw_sha256=hashlib.sha256(raw).hexdigest(),
         )
         await self.publish_raw(
-            ev.deadletter_subject(self.service),
+            subjects.deadletter_subject(self.service),
             msgspec.json.encode(letter),
             msg_id=f"deadletter:{self.service}:{delivery.msg.metadata.stream}:{delivery.stream_seq}",
         )
-        log.warning("dead-lettered message", subject=delivery.msg.subject, error=delivery.error)
+        log.warning("dead-lettered message", subject=delivery.msg.subject, error=letter.error[:300])
 
     # ---------------------------------------------------------------- consuming
 
@@ -280,7 +287,7 @@ class Bus:
         if len(streams) != 1:
             raise ValueError(f"event types {types} span streams {sorted(streams)}; use one consumer per stream")
         stream = streams.pop()
-        subjects = [ev.lifecycle_subject(t) for t in types]
+        filters = [subjects.filter_for(t) for t in types]
         config = api.ConsumerConfig(
             durable_name=durable,
             name=durable,
@@ -288,12 +295,12 @@ class Bus:
             ack_wait=ack_wait_s,
             max_ack_pending=max_ack_pending,
             deliver_policy=api.DeliverPolicy.NEW if deliver_new_only else api.DeliverPolicy.ALL,
-            filter_subjects=subjects if len(subjects) > 1 else None,
-            filter_subject=subjects[0] if len(subjects) == 1 else None,
+            filter_subjects=filters if len(filters) > 1 else None,
+            filter_subject=filters[0] if len(filters) == 1 else None,
         )
         try:
             info = await self.js.consumer_info(stream, durable)
-            wanted = set(subjects)
+            wanted = set(filters)
             have = set(info.config.filter_subjects or ([info.config.filter_subject] if info.config.filter_subject else []))
             if have != wanted:
                 await self.js.add_consumer(stream, config)  # updates filters of an existing durable
@@ -368,3 +375,5 @@ def decode_delivery(msg: Msg) -> Delivery:
         return Delivery(msg=msg, event=ev.decode(msg.data), error=None)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         return Delivery(msg=msg, event=None, error=f"{type(exc).__name__}: {exc}")
+    except Exception as exc:  # noqa: BLE001 — whatever a message can make a decoder raise, it is a bad message
+        return Delivery(msg=msg, event=None, error=f"undecodable ({type(exc).__name__}): {exc}")

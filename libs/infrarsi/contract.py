@@ -16,6 +16,8 @@ This module reads files; it never writes, runs git, or talks to the bus.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import hashlib
 import json
 import os
@@ -28,7 +30,6 @@ from functools import cached_property
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -44,7 +45,9 @@ from pydantic import (
     model_validator,
 )
 
+from infrarsi import launch, userfiles
 from infrarsi.events import ClusterInfo
+from infrarsi.launch import KnobsVia, LaunchValueError, SwitchOff
 from infrarsi.policy import Policy
 
 COMMAND_PLACEHOLDERS = frozenset({"python", "launch_file", "probe_dir"})
@@ -54,6 +57,22 @@ INVARIANT_NAMES = ("scope", "work.optimizer_steps", "work.tokens", "work.eval", 
 """Names of ``events.InvariantResult``; a reward-hack patch's ``breaks`` must be one of them."""
 
 _IGNORED_DIRS = frozenset({".git", "__pycache__"})
+
+
+@dataclass(frozen=True)
+class TrialLaunch:
+    """What the launcher starts for one trial (``Contract.trial_launch``)."""
+
+    argv: list[str]
+    """The job's command line, one list element per argument (never a shell string)."""
+    env: dict[str, str]
+    """The workload's environment variables, knob variables included (``knobs_via: env``)."""
+    launch_file: dict[str, Any] | None
+    """The launch mapping to write for the job (``knobs_via: launch_file``), else ``None``."""
+
+
+def _strip_flag_dashes(key: str) -> str:
+    return key[2:] if key.startswith("--") else key
 
 
 # --------------------------------------------------------------------------------------------------
@@ -153,9 +172,19 @@ class WorkloadSpec(_Model):
     repo: Path
     """Directory of the workload, relative to the contract file; stored resolved (absolute)."""
     command: list[str] = Field(min_length=1)
-    """The job's argv (no shell). Placeholders: ``{python}``, ``{launch_file}``, ``{probe_dir}``."""
-    launch_file: str
-    """Golden baseline launch YAML, relative to ``repo``. Knob values reach the job through a copy of it."""
+    """The job's argv (no shell). Placeholders: ``{python}``, ``{launch_file}``, ``{probe_dir}``. With
+    ``knobs_via: argv`` or ``overrides`` it is also the golden baseline of the knobs' flags or items."""
+    knobs_via: KnobsVia = "launch_file"
+    """How knob values reach the job: ``launch_file`` (a copy of the golden launch YAML), ``argv``
+    (``--flag value`` of the command line), ``env`` (environment variables) or ``overrides``
+    (Hydra/OmegaConf-style ``a.b=value`` items of the command line). See ``infrarsi.launch``."""
+    launch_file: str | None = None
+    """Golden baseline launch YAML, relative to ``repo``; required with (and only with) ``knobs_via:
+    launch_file``. Knob values reach the job through a copy of it."""
+    argv_switch_off: SwitchOff = "drop"
+    """With ``knobs_via: argv``: how a switch-style boolean flag the golden command has no negation for is
+    turned off: ``drop`` (left out; the job's default must be off), ``no-`` (``--no-bf16``) or ``no_``
+    (``--no_bf16``, Hugging Face's spelling)."""
     launcher: LauncherSpec = LauncherSpec()
     """Process layout of one trial."""
     env: dict[str, str] = {}
@@ -163,7 +192,8 @@ class WorkloadSpec(_Model):
     steps: int = Field(ge=1)
     """Trial horizon in optimiser steps, written to the launch key ``steps_key``."""
     steps_key: str = "steps"
-    """Launch key (dotted for nested sections, e.g. ``run.steps``) that receives the horizon."""
+    """Knob-style key that receives the horizon: a launch key (dotted for nested sections, e.g.
+    ``run.steps``), a flag (``max_steps`` or ``--max_steps``), a variable or an override path."""
     verify_steps: int = Field(ge=1)
     """Longer horizon used at verify, to catch slow divergence."""
     patch_dir: str = "patches"
@@ -189,6 +219,14 @@ class WorkloadSpec(_Model):
     def _verify_not_shorter(self) -> WorkloadSpec:
         if self.verify_steps < self.steps:
             raise ValueError(f"verify_steps ({self.verify_steps}) must be at least steps ({self.steps})")
+        return self
+
+    @model_validator(mode="after")
+    def _launch_file_iff_file_delivery(self) -> WorkloadSpec:
+        if self.knobs_via == "launch_file" and self.launch_file is None:
+            raise ValueError("launch_file is required with knobs_via: launch_file")
+        if self.knobs_via != "launch_file" and self.launch_file is not None:
+            raise ValueError(f"launch_file is only used with knobs_via: launch_file (this workload: {self.knobs_via})")
         return self
 
 
@@ -514,6 +552,35 @@ class Contract(_Model):
 
     _source: Path | None = PrivateAttr(default=None)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _flags_without_dashes(cls, data: Any) -> Any:
+        """With ``knobs_via: argv`` a key may be written as the flag (``--max_steps``); it is stored as the
+        flag's name (``max_steps``), so every field that names it agrees."""
+        if not isinstance(data, Mapping):
+            return data
+        workload = data.get("workload")
+        if not isinstance(workload, Mapping) or workload.get("knobs_via") != "argv":
+            return data
+        data = copy.deepcopy(dict(data))
+        strip = _strip_flag_dashes
+        workload = data["workload"] = dict(workload)
+        if isinstance(workload.get("steps_key"), str):
+            workload["steps_key"] = strip(workload["steps_key"])
+        scope = data.get("scope")
+        if isinstance(scope, Mapping) and isinstance(scope.get("launch_keys"), list):
+            data["scope"] = {**scope, "launch_keys": [strip(k) for k in scope["launch_keys"]]}
+        space = data.get("search_space")
+        if isinstance(space, Mapping):
+            space = data["search_space"] = dict(space)
+            if isinstance(space.get("knobs"), Mapping):
+                space["knobs"] = {strip(k): v for k, v in space["knobs"].items()}
+            gb = (space.get("constraints") or {}).get("global_batch") if isinstance(space.get("constraints"), Mapping) else None
+            if isinstance(gb, Mapping):
+                gb = {k: strip(v) if k.endswith("_key") and isinstance(v, str) else v for k, v in gb.items()}
+                space["constraints"] = {**space["constraints"], "global_batch": gb}
+        return data
+
     @field_validator("policy", mode="before")
     @classmethod
     def _load_policy_file(cls, value: Any, info: ValidationInfo) -> Any:
@@ -522,11 +589,9 @@ class Contract(_Model):
         base = Path((info.context or {}).get("base_dir") or ".")
         path = base / value
         try:
-            data = yaml.safe_load(path.read_text())
+            data = userfiles.load_yaml(path, what="the policy file")
         except FileNotFoundError:
             raise ValueError(f"policy file {path} not found") from None
-        except yaml.YAMLError as exc:
-            raise ValueError(f"policy file {path} is not valid YAML: {exc}") from None
         if not isinstance(data, dict):
             raise ValueError(f"policy file {path} must hold a mapping")
         return data
@@ -555,11 +620,12 @@ class Contract(_Model):
         return any(p.fullmatch(rel) for p in self._scope_patterns)
 
     def knob_value_ok(self, key: str, value: Any) -> str | None:
-        """``None`` if ``value`` is legal for knob ``key``, else the reason (unknown key, type, range)."""
+        """``None`` if ``value`` is legal for knob ``key``, else the reason (unknown key, type, range, or a
+        value that could become an extra argument of the job)."""
         knob = self.search_space.knobs.get(key)
         if knob is None:
             return f"{key!r} is not a knob of the search space"
-        return knob.problem(value)
+        return launch.value_problem(key, value, self.workload.knobs_via) or knob.problem(value)
 
     def candidate_problems(self, knobs: Mapping[str, Any], patches: Sequence[str] = ()) -> list[str]:
         """Every reason a knob vector + patch set is outside the contract (empty = inside)."""
@@ -595,26 +661,100 @@ class Contract(_Model):
         return sorted(classes)
 
     def baseline_launch(self) -> dict[str, Any]:
-        """The golden launch file as a dict (read from the workload repo)."""
+        """The golden launch values: the launch file as a dict (read from the workload repo), or for the
+        other deliveries the flat ``key → value`` of ``golden_values``."""
+        if self.workload.launch_file is None:
+            return self.golden_values()
         return _read_launch(self.workload.repo / self.workload.launch_file)
+
+    def golden_values(self) -> dict[str, Any]:
+        """Every value the golden launch gives, by key, typed by the knob of that key where there is one.
+
+        ``launch_file``: the launch file's mapping (nested; read keys with ``get_dotted``). ``argv``: each
+        flag of the golden command (a switch is ``True``, its negation ``False``); ``env``: ``workload.env``;
+        ``overrides``: each ``key=value`` item of the command. A written value the knob cannot read is kept
+        as text, so ``check_contract`` names it."""
+        workload = self.workload
+        raw: Mapping[str, str | bool]
+        match workload.knobs_via:
+            case "launch_file":
+                return self.baseline_launch()
+            case "argv":
+                raw = launch.argv_golden(workload.command)
+            case "env":
+                raw = workload.env
+            case "overrides":
+                raw = launch.overrides_golden(workload.command)
+        return {key: self._typed(key, text) for key, text in raw.items()}
+
+    def _typed(self, key: str, text: str | bool) -> Any:
+        if isinstance(text, bool):
+            return text
+        match self.search_space.knobs.get(key):
+            case BoolKnob():
+                parsed = launch.parse_bool(text)
+                return text if parsed is None else parsed
+            case IntKnob():
+                with contextlib.suppress(ValueError):
+                    return int(text)
+                return text
+            case FloatKnob():
+                with contextlib.suppress(ValueError):
+                    return float(text)
+                return text
+            case ChoiceKnob(choices=choices):
+                return next((c for c in choices if text in (str(c), launch.written(c, text))), text)
+        return launch.scalar(text)
+
+    def launch_values(self, knobs: Mapping[str, Any], steps: int | None = None) -> dict[str, Any]:
+        """Every key a trial sets, in order: the knobs, the derived accumulation, the ``steps`` horizon."""
+        values = dict(knobs)
+        gb = self.search_space.constraints.global_batch
+        if gb is not None and gb.accumulation_key is not None:
+            micro_batch = values.get(gb.micro_batch_key)
+            if micro_batch is None:
+                found, micro_batch = get_dotted(self.baseline_launch(), gb.micro_batch_key)
+                micro_batch = micro_batch if found else None
+            if isinstance(micro_batch, int) and not isinstance(micro_batch, bool) and micro_batch > 0:
+                values[gb.accumulation_key] = gb.accumulation(micro_batch)
+        values[self.workload.steps_key] = steps if steps is not None else self.workload.steps
+        return values
 
     def launch_for(self, knobs: Mapping[str, Any], steps: int | None = None) -> dict[str, Any]:
         """The launch dict of a trial: golden file ← knobs ← derived accumulation ← ``steps`` horizon."""
-        launch = self.baseline_launch()
-        for key, value in knobs.items():
-            set_dotted(launch, key, value)
-        gb = self.search_space.constraints.global_batch
-        if gb is not None and gb.accumulation_key is not None:
-            found, micro_batch = get_dotted(launch, gb.micro_batch_key)
-            if found:
-                set_dotted(launch, gb.accumulation_key, gb.accumulation(int(micro_batch)))
-        set_dotted(launch, self.workload.steps_key, steps if steps is not None else self.workload.steps)
-        return launch
+        launch_dict = self.baseline_launch()
+        for key, value in self.launch_values(knobs, steps).items():
+            set_dotted(launch_dict, key, value)
+        return launch_dict
 
-    def command_for(self, *, python: str, launch_file: str, probe_dir: str) -> list[str]:
-        """The job's argv with placeholders filled in (each element formatted alone; no shell)."""
-        values = {"python": python, "launch_file": launch_file, "probe_dir": probe_dir}
+    def command_for(self, *, python: str, launch_file: str | None = None, probe_dir: str) -> list[str]:
+        """The job's golden argv with placeholders filled in (each element formatted alone; no shell)."""
+        values = {"python": python, "launch_file": launch_file or "", "probe_dir": probe_dir}
         return [arg.format_map(values) for arg in self.workload.command]
+
+    def trial_launch(
+        self, knobs: Mapping[str, Any], steps: int | None, *, python: str, launch_file: str | None, probe_dir: str
+    ) -> TrialLaunch:
+        """What the launcher starts for a trial: argv, the workload's environment and (for ``launch_file``
+        delivery) the launch mapping to write at ``launch_file``, with the knob values delivered
+        ``workload.knobs_via``. Raises ``LaunchValueError`` naming the knob whose value could become an
+        extra argument (a string starting with ``-``, a newline or NUL)."""
+        workload = self.workload
+        values = self.launch_values(knobs, steps)
+        problems = [p for key, value in values.items() if (p := launch.value_problem(key, value, workload.knobs_via))]
+        if problems:
+            raise LaunchValueError("; ".join(problems))
+        argv = self.command_for(python=python, launch_file=launch_file, probe_dir=probe_dir)
+        match workload.knobs_via:
+            case "launch_file":
+                return TrialLaunch(argv, dict(workload.env), self.launch_for(knobs, steps))
+            case "argv":
+                argv = launch.argv_with(argv, values, switch_off=workload.argv_switch_off)
+                return TrialLaunch(argv, dict(workload.env), None)
+            case "env":
+                return TrialLaunch(argv, launch.env_with(workload.env, values), None)
+            case "overrides":
+                return TrialLaunch(launch.overrides_with(argv, values), dict(workload.env), None)
 
     def locked_files(self, repo: Path | str | None = None) -> dict[str, str]:
         """sha256 of every non-editable tracked file of ``repo`` (default: the workload repo), by path.
@@ -714,11 +854,11 @@ def load_patch_library(patch_dir: Path | str) -> dict[str, PatchInfo]:
     patch_dir = Path(patch_dir)
     index = patch_dir / "index.yaml"
     try:
-        data = yaml.safe_load(index.read_text())
+        data = userfiles.load_yaml(index, what="the patch index")
     except FileNotFoundError:
         raise ContractError([Problem("", "patch library index not found")], index) from None
-    except yaml.YAMLError as exc:
-        raise ContractError([Problem("", f"invalid YAML: {exc}")], index) from None
+    except userfiles.UserFileError as exc:
+        raise ContractError([Problem("", exc.problem)], index) from None
     try:
         parsed = PatchIndex.model_validate(data)
     except ValidationError as exc:
@@ -748,11 +888,11 @@ def load_contract(path: Path | str) -> Contract:
     """Load, validate and check a contract file; raises ``ContractError`` naming the file and field paths."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
+        data = userfiles.load_yaml(path, what="the contract")
+    except (FileNotFoundError, IsADirectoryError):
         raise ContractError([Problem("", "contract file not found")], path) from None
-    except yaml.YAMLError as exc:
-        raise ContractError([Problem("", f"invalid YAML: {exc}")], path) from None
+    except userfiles.UserFileError as exc:
+        raise ContractError([Problem("", exc.problem)], path) from None
     if not isinstance(data, dict):
         raise ContractError([Problem("", "a contract must be a YAML mapping")], path)
     return contract_from_dict(data, base_dir=path.resolve().parent, source=path)
@@ -795,21 +935,27 @@ def check_contract(contract: Contract) -> list[Problem]:
     # command placeholders
     for i, arg in enumerate(workload.command):
         reason = _placeholder_problem(arg)
+        if reason is None and workload.knobs_via != "launch_file" and "{launch_file}" in arg:
+            reason = f"{{launch_file}} has no file to name with knobs_via: {workload.knobs_via}"
         if reason:
             problems.append(Problem(f"workload.command[{i}]", reason))
 
-    # launch file
+    # where the golden values are
     baseline: dict[str, Any] | None = None
-    launch_reason = _inside_problem(repo, workload.launch_file)
-    if launch_reason:
-        problems.append(Problem("workload.launch_file", launch_reason))
-    elif not (repo / workload.launch_file).is_file():
-        problems.append(Problem("workload.launch_file", f"{workload.launch_file} not found in {repo}"))
+    if workload.launch_file is not None:
+        launch_reason = _inside_problem(repo, workload.launch_file)
+        if launch_reason:
+            problems.append(Problem("workload.launch_file", launch_reason))
+        elif not (repo / workload.launch_file).is_file():
+            problems.append(Problem("workload.launch_file", f"{workload.launch_file} not found in {repo}"))
+        else:
+            try:
+                baseline = _read_launch(repo / workload.launch_file)
+            except ValueError as exc:
+                problems.append(Problem("workload.launch_file", str(exc)))
     else:
-        try:
-            baseline = _read_launch(repo / workload.launch_file)
-        except ValueError as exc:
-            problems.append(Problem("workload.launch_file", str(exc)))
+        baseline = contract.golden_values()
+    problems += _delivery_problems(contract)
 
     # editable scope
     for i, pattern in enumerate(contract.scope.files):
@@ -867,6 +1013,26 @@ def check_contract(contract: Contract) -> list[Problem]:
             problems.append(
                 Problem("invariants.loss.at", f"steps {late} are beyond verify_steps {workload.verify_steps}")
             )
+    return problems
+
+
+def _delivery_problems(contract: Contract) -> list[Problem]:
+    """Keys the delivery cannot carry, and choices that could become an extra argument of the job."""
+    via = contract.workload.knobs_via
+    space = contract.search_space
+    named: list[tuple[str, str]] = [("workload.steps_key", contract.workload.steps_key)]
+    named += [(f"search_space.knobs.{key}", key) for key in space.knobs]
+    gb = space.constraints.global_batch
+    if gb is not None:
+        where = "search_space.constraints.global_batch"
+        named += [(f"{where}.{field}", key) for field in ("micro_batch_key", "size_key", "accumulation_key")
+                  if (key := getattr(gb, field)) is not None]  # fmt: skip
+    problems = [Problem(where, reason) for where, key in named if (reason := launch.key_problem(key, via))]
+    for key, knob in space.knobs.items():
+        for choice in getattr(knob, "choices", None) or []:
+            reason = launch.value_problem(key, choice, via)
+            if reason:
+                problems.append(Problem(f"search_space.knobs.{key}.choices", reason))
     return problems
 
 
@@ -1039,10 +1205,7 @@ def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
 
 
 def _read_launch(path: Path) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path} is not valid YAML: {exc}") from None
+    data = userfiles.load_yaml(path, what="the launch file")
     if not isinstance(data, dict):
         raise ValueError(f"{path} must hold a mapping of launch keys")
     return data

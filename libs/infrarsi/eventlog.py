@@ -51,6 +51,7 @@ from nats.aio.msg import Msg
 from nats.js import api
 
 from infrarsi import events as ev
+from infrarsi import subjects
 from infrarsi.bus import BANK_STREAM, LIFECYCLE_STREAM, TELEMETRY_STREAM, Bus
 from infrarsi.logs import get_logger
 
@@ -313,7 +314,6 @@ _dead_letter_decoder = msgspec.json.Decoder(ev.DeadLetter)
 _json = msgspec.json.Encoder()
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
-_DEADLETTER_PREFIX = "irsi.deadletter."
 
 
 def _micros(ts: datetime) -> int:
@@ -536,7 +536,7 @@ def _decode_into(batch: Batch, msgs: Sequence[StreamMessage], after_seq: int) ->
                     json_(text)
                     ts_(ts_us)
                     continue
-            except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
+            except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError):
                 pass
         _decode_one(batch, seq, subject, data)
     batch.first_seq, batch.last_seq = first, last
@@ -544,7 +544,7 @@ def _decode_into(batch: Batch, msgs: Sequence[StreamMessage], after_seq: int) ->
 
 def _decode_one(batch: Batch, seq: int, subject: str, data: bytes) -> None:
     """One message by the general path: dead letter, event (lifecycle row, or a step), or undecodable."""
-    if subject.startswith(_DEADLETTER_PREFIX):
+    if subjects.is_deadletter(subject):
         _stage_dead_letter(batch, seq, subject, data)
         return
     try:
@@ -559,7 +559,8 @@ def _decode_one(batch: Batch, seq: int, subject: str, data: bytes) -> None:
         else:
             event = ev.decode(data)  # full validation; lifecycle events are the rare ones
         ts_us = _micros(envelope.ts)
-    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError) as exc:
+        # RecursionError: a message nested thousands deep (msgspec recurses per level it skips)
         batch.undecodable.add(seq=seq, subject=subject, error=f"{type(exc).__name__}: {exc}", raw=data)
         return
     if event is None and batch.stream == TELEMETRY_STREAM:
@@ -588,7 +589,7 @@ def _decode_one(batch: Batch, seq: int, subject: str, data: bytes) -> None:
 def _stage_dead_letter(batch: Batch, seq: int, subject: str, data: bytes) -> None:
     try:
         letter = _dead_letter_decoder.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
         batch.undecodable.add(seq=seq, subject=subject, error=f"{type(exc).__name__}: {exc}", raw=data)
         return
     batch.dead_letters.add(

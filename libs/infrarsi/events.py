@@ -4,12 +4,7 @@ This module is the single source of the wire format. Each payload is a ``msgspec
 its class name; all payloads form one union, ``Payload``; every message is one ``Event`` envelope.
 JSON Schema in ``schemas/`` is generated from here (``make schemas``), never written by hand.
 
-Subjects (ARCHITECTURE.md §4):
-
-- ``irsi.<study>.<Type>``            lifecycle events, stream ``IRSI``
-- ``irsi.telemetry.<study>.<trial>`` per-step samples (``TrialStep``), stream ``IRSI_TELEMETRY``
-- ``bank.<cluster>.<entry>``          experience-bank entries, stream ``IRSI_BANK``
-- ``irsi.deadletter.<service>``       messages a service could not decode (not an ``Event``), stream ``IRSI``
+Which subject and stream each event travels on, and who publishes and consumes it: ``infrarsi.subjects``.
 
 This module owns the types and their encoding only; it must not do I/O.
 """
@@ -253,7 +248,9 @@ class TrialStep(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     rank: int
     world_size: int
     step: int
-    loss: float
+    loss: float | None
+    """This step's mean training loss (all ranks); ``None`` when the job reported none for it (a Trainer
+    that logs every k steps)."""
     step_time_s: float
     """Synchronised wall time of the whole step (data, forward, backward, optimiser, communication)."""
     phases: dict[str, float] = {}
@@ -526,9 +523,13 @@ class DeadLetter(msgspec.Struct, frozen=True, kw_only=True):
     subject: str
     error: str
     raw: bytes
-    """The undecodable message, byte for byte (base64 in JSON)."""
+    """The message, byte for byte (base64 in JSON), cut to its first ``DEADLETTER_RAW_MAX`` bytes."""
     stream_seq: int | None = None
     ts: datetime
+    raw_size: int | None = None
+    """The whole message's size in bytes (``None`` in letters written before copies were cut)."""
+    raw_sha256: str = ""
+    """SHA-256 of the whole message: identifies it when ``raw`` holds only its start."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -571,38 +572,17 @@ def decode(data: bytes) -> Event:
 
     The envelope's ``type`` must agree with its payload's tag.
     """
-    event = _decoder.decode(data)
+    try:
+        event = _decoder.decode(data)
+    except RecursionError:
+        # msgspec recurses once per nesting level of a field it skips: a deep array is a bad message,
+        # not a crash of the consumer (or of every replay that meets it again).
+        raise msgspec.DecodeError("JSON nested too deeply") from None
     if event.type != type(event.payload).__name__:
         raise msgspec.ValidationError(
             f"envelope type {event.type!r} does not match payload type {type(event.payload).__name__!r}"
         )
     return event
-
-
-def subject_for(event: Event) -> str:
-    """The subject an event is published on (see the module docstring)."""
-    match event.payload:
-        case TrialStep():
-            return f"irsi.telemetry.{event.study_id}.{event.trial_id}"
-        case BankEntry(entry_id=entry_id):
-            return f"bank.{event.cluster_id}.{entry_id}"
-        case _:
-            return f"irsi.{event.study_id}.{event.type}"
-
-
-def lifecycle_subject(event_type: str, study_id: str = "*") -> str:
-    """Subject filter for one lifecycle event type, e.g. ``irsi.*.TrialProposed``."""
-    if event_type not in EVENT_TYPES:
-        raise ValueError(f"unknown event type {event_type!r}")
-    if event_type == "TrialStep":
-        return f"irsi.telemetry.{study_id}.*"
-    if event_type == "BankEntry":
-        return "bank.>"
-    return f"irsi.{study_id}.{event_type}"
-
-
-def deadletter_subject(service: str) -> str:
-    return f"irsi.deadletter.{service}"
 
 
 def json_schema() -> dict[str, Any]:

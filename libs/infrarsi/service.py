@@ -9,9 +9,14 @@ A service is a subclass of ``Service`` that names the event types it consumes an
    the ``traceparent`` in the message headers; bind study/trial ids into the logs; call ``handle``;
    publish what it emits (ids derived from the input event, so a redelivery publishes nothing new);
    **ack only after** the outputs are acknowledged by JetStream;
-4. a handler that raises is retried (nak with delay) and dead-lettered after ``MAX_DELIVER`` tries;
-5. heartbeats on ``irsi-svc.heartbeat.<name>``, and a reply on ``irsi-svc.ping`` for ``infrarsi status``;
-6. SIGTERM/SIGINT set an ``asyncio.Event``: stop fetching, let in-flight handlers finish within the grace
+4. a handler that raises is retried (nak with a doubling delay); after ``MAX_DELIVER`` tries the service's
+   ``give_up`` reports the failure on the bus and the event is acked (a valid event is never dead-lettered);
+5. no error ends a consume loop: it backs off and binds its consumer again, and re-binds one that has
+   pending messages but fetches none; dead letters keep a bounded copy and a digest, so any message can be
+   parked;
+6. heartbeats on ``irsi-svc.heartbeat.<name>``, and a reply on ``irsi-svc.ping`` for ``infrarsi status``,
+   naming any consume loop that stopped pulling (``stalled``);
+7. SIGTERM/SIGINT set an ``asyncio.Event``: stop fetching, let in-flight handlers finish within the grace
    period (then cancel them — unacked, they are redelivered to the next life), ``stop()``, drain, close.
 
 Calling order of the hooks: ``start`` once → ``handle`` many times (concurrently up to ``concurrency``)
@@ -38,19 +43,15 @@ import structlog
 
 from infrarsi import events as ev
 from infrarsi import tracing
-from infrarsi.bus import LIFECYCLE_STREAM, Bus, Delivery, stream_for_type
+from infrarsi.bus import Bus, Delivery
 from infrarsi.embedded import resolve_nats_url
 from infrarsi.logs import get_logger, setup_logging
+from infrarsi.subjects import LIFECYCLE_STREAM, PING_SUBJECT, heartbeat_subject, stream_for_type
 
 log = get_logger(__name__)
 
 MAX_DELIVER = 5
 HEARTBEAT_S = 2.0
-PING_SUBJECT = "irsi-svc.ping"
-
-
-def heartbeat_subject(name: str) -> str:
-    return f"irsi-svc.heartbeat.{name}"
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,8 @@ class Service(ABC):
     concurrency: ClassVar[int] = 1
     """How many events may be handled at once (the launcher's parallel trial slots)."""
     ack_wait_s: ClassVar[float] = 30.0
+    retry_delay_s: ClassVar[float] = 1.0
+    """Delay before the first retry of a failed handler; it doubles with each try (1, 2, 4, 8 s)."""
 
     bus: Bus
 
@@ -156,6 +159,12 @@ class Service(ABC):
         """Extra fields for ``infrarsi status``."""
         return {}
 
+    async def give_up(self, event: ev.Event, out: Outbox, reason: str) -> None:
+        """Called once when ``handle`` failed ``MAX_DELIVER`` times on a valid event: publish what ends it
+        as a failure (the launcher: a ``TrialFinished`` with status ``crash``). Default: log it (counted as
+        ``given_up`` in ``infrarsi status``); nothing downstream waits on the other services' events alone."""
+        log.error("gave up on an event", event_id=event.event_id, reason=reason)
+
     async def replay(self, event_types: tuple[type, ...] | None = None) -> AsyncIterator[ev.Event]:
         """Every decodable event of the given types, in stream order, for read-model rebuilds."""
         types = event_types or self.consumes
@@ -167,7 +176,7 @@ class Service(ABC):
                     try:
                         event = ev.decode(msg.data)
                     except (msgspec.DecodeError, msgspec.ValidationError):
-                        continue
+                        continue  # poison is skipped here as the live consumer dead-letters it
                     if event.type in names:
                         yield event
 
@@ -189,10 +198,16 @@ class ReactiveService(Service):
     async def start(self) -> None:
         self.state = self.make_state()
         replayed = 0
+        skipped = 0
         async for event in self.replay():
-            self.state.apply(event)
+            try:
+                self.state.apply(event)
+            except Exception:  # noqa: BLE001 — one event the fold cannot take must not crash-loop the service
+                log.exception("replay skipped an event the state cannot apply", event_id=event.event_id)
+                skipped += 1
+                continue
             replayed += 1
-        log.info("state rebuilt by replay", events=replayed)
+        log.info("state rebuilt by replay", events=replayed, skipped=skipped)
 
     async def handle(self, event: ev.Event, out: Outbox) -> None:
         for emission in self.state.apply(event):
@@ -210,8 +225,37 @@ class _Stats:
     handled: int = 0
     dead_lettered: int = 0
     failed: int = 0
+    given_up: int = 0
     in_flight: int = 0
     last_event_at: float | None = None
+
+
+@dataclass
+class _ConsumerHealth:
+    """What the heartbeat tells of one consume loop: is it still pulling?"""
+
+    durable: str
+    progress_at: float = field(default_factory=time.monotonic)
+    """Last time the loop fetched (even nothing) or finished waiting for a handler."""
+    errors: int = 0
+    rebinds: int = 0
+    last_error: str = ""
+    task: asyncio.Task | None = None
+    sub: object | None = None
+    """The pull subscription the loop holds now (unsubscribed on stop: a drain waits on a bound one)."""
+
+    def stalled(self, now: float) -> bool:
+        if self.task is not None and self.task.done():
+            return True  # the loop is gone: nothing will ever pull again
+        return now - self.progress_at > STALL_S
+
+
+STALL_S = 30.0
+"""A consume loop with no fetch for this long, not waiting for a handler, is reported stalled."""
+RECHECK_EMPTY_FETCHES = 10
+"""After this many empty fetches in a row the loop asks the server whether its consumer has pending messages:
+a pull subscription orphaned by a cluster leader change fetches nothing forever while the log fills."""
+CONSUME_BACKOFF_MAX_S = 5.0
 
 
 class Runner:
@@ -224,6 +268,7 @@ class Runner:
         self.batch = batch
         self.stopping = asyncio.Event()
         self.stats = _Stats()
+        self.consumers: dict[str, _ConsumerHealth] = {}
         self._slots = asyncio.Semaphore(service.concurrency)
         self._tasks: set[asyncio.Task] = set()
 
@@ -235,17 +280,12 @@ class Runner:
         for payload_type in service.consumes:
             by_stream.setdefault(stream_for_type(payload_type.__name__), []).append(payload_type.__name__)
         consumers = []
-        subs = []
         for stream, types in sorted(by_stream.items()):
             durable = service.name if stream == LIFECYCLE_STREAM else f"{service.name}-{stream.lower()}"
-            sub = await self.bus.durable_consumer(
-                durable,
-                types,
-                max_ack_pending=max(64, 4 * service.concurrency),
-                ack_wait_s=service.ack_wait_s,
-            )
-            subs.append(sub)
-            consumers.append(asyncio.create_task(self._consume(sub), name=f"consume-{durable}"))
+            sub = await self._bind(durable, types)
+            health = self.consumers[durable] = _ConsumerHealth(durable, sub=sub)
+            health.task = asyncio.create_task(self._consume(durable, types, sub, health), name=f"consume-{durable}")
+            consumers.append(health.task)
         ping = await self.bus.nc.subscribe(PING_SUBJECT, cb=self._on_ping)
         heartbeat = asyncio.create_task(self._heartbeat(), name="heartbeat")
         log.info("service started", consumes=[t.__name__ for t in service.consumes])
@@ -261,29 +301,73 @@ class Runner:
             await asyncio.gather(*pending, return_exceptions=True)
         heartbeat.cancel()
         await ping.unsubscribe()
-        for sub in subs:
+        for health in self.consumers.values():
             with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+                await health.sub.unsubscribe()  # type: ignore[union-attr]
         await service.stop()
 
-    async def _consume(self, sub) -> None:
+    async def _bind(self, durable: str, types: list[str]):
+        return await self.bus.durable_consumer(
+            durable,
+            types,
+            max_ack_pending=max(64, 4 * self.service.concurrency),
+            ack_wait_s=self.service.ack_wait_s,
+        )
+
+    async def _consume(self, durable: str, types: list[str], sub, health: _ConsumerHealth) -> None:
+        """Fetch and dispatch until stopping; no error ends the loop (it backs off, re-binds and goes on)."""
+        empty = 0
         while not self.stopping.is_set():
-            await self._slots.acquire()
-            self._slots.release()
-            deliveries = await self.bus.fetch(sub, batch=self.batch, timeout_s=1.0)
-            for delivery in deliveries:
-                if delivery.event is None:
-                    await self.bus.dead_letter(delivery)
-                    await delivery.msg.ack_sync()
-                    self.stats.dead_lettered += 1
-                    continue
+            try:
+                if sub is None or empty >= RECHECK_EMPTY_FETCHES:
+                    sub, empty = await self._rebound(durable, types, sub, health), 0
+                    health.sub = sub
                 await self._slots.acquire()
-                task = asyncio.create_task(self._process(delivery))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-                if self.service.concurrency == 1:
-                    # Strict order for single-slot services: finish one event before the next.
-                    await asyncio.wait({task})
+                self._slots.release()
+                deliveries = await self.bus.fetch(sub, batch=self.batch, timeout_s=1.0)
+                health.progress_at = time.monotonic()
+                empty = 0 if deliveries else empty + 1
+                for delivery in deliveries:
+                    await self._dispatch(delivery, health)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 — a consume loop that dies stalls the service silently
+                health.errors += 1
+                health.last_error = f"{type(exc).__name__}: {exc}"[:300]
+                log.warning("consume loop error; backing off", durable=durable, error=health.last_error)
+                if sub is not None:
+                    with contextlib.suppress(Exception):
+                        await sub.unsubscribe()
+                sub = None  # bind again: the consumer or its leader may be gone
+                await asyncio.sleep(min(0.5 * 2 ** min(health.errors, 4), CONSUME_BACKOFF_MAX_S))
+
+    async def _rebound(self, durable: str, types: list[str], sub, health: _ConsumerHealth):
+        """``sub`` if it still delivers what its consumer holds; else a fresh binding (re-creating the consumer)."""
+        if sub is not None:
+            info = await sub.consumer_info()
+            if not info.num_pending:
+                return sub
+            log.warning("consumer has pending messages but fetches none; re-binding", durable=durable,
+                        pending=info.num_pending)  # fmt: skip
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        health.rebinds += 1
+        return await self._bind(durable, types)
+
+    async def _dispatch(self, delivery: Delivery, health: _ConsumerHealth) -> None:
+        if delivery.event is None:
+            await self.bus.dead_letter(delivery)
+            await delivery.msg.ack_sync()
+            self.stats.dead_lettered += 1
+            return
+        await self._slots.acquire()
+        task = asyncio.create_task(self._process(delivery))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        if self.service.concurrency == 1:
+            # Strict order for single-slot services: finish one event before the next.
+            await asyncio.wait({task})
+            health.progress_at = time.monotonic()
 
     async def _process(self, delivery: Delivery) -> None:
         event = delivery.event
@@ -317,21 +401,34 @@ class Runner:
             self.stats.last_event_at = time.time()
         except asyncio.CancelledError:
             raise  # shutdown: leave it unacked, the next life gets it again
-        except Exception as exc:
-            self.stats.failed += 1
-            attempts = delivery.msg.metadata.num_delivered
-            log.exception("handler failed", attempts=attempts)
-            if attempts >= MAX_DELIVER:
-                failed = Delivery(msg=delivery.msg, event=None, error=f"handler failed {attempts}x: {exc!r}")
-                await self.bus.dead_letter(failed)
-                await delivery.msg.ack_sync()
-                self.stats.dead_lettered += 1
-            else:
-                await delivery.msg.nak(delay=min(2.0 * attempts, 10.0))
+        except Exception as exc:  # noqa: BLE001 — one event's failure must not end the service
+            await self._failed(delivery, exc)
         finally:
             keepalive.cancel()
             self.stats.in_flight -= 1
             self._slots.release()
+
+    async def _failed(self, delivery: Delivery, exc: Exception) -> None:
+        """A valid event whose handler raised: retry with backoff; after ``MAX_DELIVER`` tries, give up on it
+        through the service's ``give_up`` (which reports the failure on the bus), then ack.
+
+        The event is valid, so it is never dead-lettered: a dead letter is for what cannot be read.
+        """
+        event = delivery.event
+        assert event is not None
+        self.stats.failed += 1
+        try:
+            attempts = delivery.msg.metadata.num_delivered
+            log.exception("handler failed", attempts=attempts)
+            if attempts < MAX_DELIVER:
+                await delivery.msg.nak(delay=self.service.retry_delay_s * 2.0 ** (attempts - 1))
+                return
+            reason = f"{self.service.name} failed {attempts}x handling {event.type}: {type(exc).__name__}: {exc}"
+            await self.service.give_up(event, Outbox(self.bus, self.service.name, event), reason[:2000])
+            await delivery.msg.ack_sync()
+            self.stats.given_up += 1
+        except Exception:  # noqa: BLE001 — the bus itself failed: left unacked, JetStream redelivers it
+            log.exception("could not settle a failed event; it will be redelivered")
 
     async def _keep_alive(self, delivery: Delivery) -> None:
         """Long handlers (a trial runs for minutes) tell JetStream they are still working on it."""
@@ -348,7 +445,14 @@ class Runner:
             "handled": self.stats.handled,
             "dead_lettered": self.stats.dead_lettered,
             "failed": self.stats.failed,
+            "given_up": self.stats.given_up,
             "in_flight": self.stats.in_flight,
+            "stalled": sorted(d for d, h in self.consumers.items() if h.stalled(time.monotonic())),
+            "consumers": {
+                d: {"errors": h.errors, "rebinds": h.rebinds, "last_error": h.last_error,
+                    "since_progress_s": round(time.monotonic() - h.progress_at, 1)}
+                for d, h in self.consumers.items()
+            },  # fmt: skip
             "last_event_at": self.stats.last_event_at,
             **self.service.status(),
         }

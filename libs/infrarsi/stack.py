@@ -30,14 +30,16 @@ import nats
 import nats.errors
 from nats.aio.client import Client as NATS
 
+from infrarsi import subjects
 from infrarsi.bus import Bus, BusError
 from infrarsi.embedded import SERVER_STATE_FILE, EmbeddedServer, resolve_nats_url, running_server_url
 from infrarsi.logs import get_logger
-from infrarsi.service import PARENT_PID_ENV, PING_SUBJECT
+from infrarsi.service import PARENT_PID_ENV
+from infrarsi.subjects import PING_SUBJECT
 
 log = get_logger(__name__)
 
-SERVICES: tuple[str, ...] = ("proposer", "launcher", "telemetry", "modeler", "verifier", "reporter")
+SERVICES = subjects.SERVICES
 STACK_STATE_FILE = "stack.json"
 PING_WINDOW_S = 0.5
 """How long a ping collects replies: every live service answers within milliseconds on a healthy bus."""

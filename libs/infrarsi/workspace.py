@@ -140,6 +140,15 @@ def prepare_workspace(contract: Contract, study_id: str, data_dir: Path | str) -
     return Workspace(repo=dest, baseline_ref=baseline, tag=tag, snapshot=True)
 
 
+def discard_workspace(workspace: Workspace) -> None:
+    """Undo ``prepare_workspace`` for a study that was never created (its ``StudyCreated`` not published):
+    the golden tag leaves the user's repo, a snapshot is removed. Best effort: it runs on an error path."""
+    if workspace.snapshot:
+        shutil.rmtree(workspace.repo.parent, ignore_errors=True)
+    else:
+        git(workspace.repo, "tag", "-d", workspace.tag, check=False)
+
+
 def snapshot_directory(src: Path, dest: Path, *, exclude_dir: Path | None = None) -> None:
     """Copy a workload directory (symlinks kept as links) without VCS data, caches and InfraRSI's own data."""
     src = src.resolve()
@@ -577,12 +586,13 @@ def apply_candidate(
     baseline_ref: str,
     candidate: Any,
     patch_paths: Sequence[Path | str],
-    launch_file: str,
+    launch_file: str | None,
     evidence_text: str,
     branch_name: str,
     *,
     editable: EditablePredicate | None = None,
     locked: Mapping[str, str] | None = None,
+    golden_values: Mapping[str, Any] | None = None,
     signing_key: Path | str | None = None,
 ) -> AppliedCandidate:
     """Write a candidate (``events.Candidate``: knobs + patches) to a new branch from ``baseline_ref``.
@@ -590,6 +600,9 @@ def apply_candidate(
     Works in a temporary worktree, so the user's checkout (branch, index, files) is never touched; the
     branch must not exist yet; nothing is merged. ``editable``/``locked`` repeat the trial-time scope checks
     (default: every path editable, nothing locked — the patches were already checked at trial time).
+    ``launch_file`` ``None``: the knobs reach the job as flags, overrides or variables (``golden_values``
+    are their golden values); the commit then carries the changed values in its message and may change no
+    file (an empty commit, for review all the same).
     ``signing_key`` (an OpenSSH private key) signs the commit as git does with ``gpg.format=ssh``
     (``git verify-commit`` checks it against an allowed-signers file).
     Returns the branch, the new commit and the files that differ from the baseline.
@@ -611,20 +624,24 @@ def apply_candidate(
         if not result.ok:
             raise WorkspaceError(f"{result.kind}: {result.patch or ''}: {result.reason}")
         knobs = dict(getattr(candidate, "knobs", {}) or {})
-        launch_path = worktree / launch_file
-        original = launch_path.read_text()
-        changes = launch_changes(yaml.safe_load(original) or {}, knobs)
-        if changes:
-            launch_path.write_text(edit_launch_yaml(original, changes))
+        if launch_file is not None:
+            launch_path = worktree / launch_file
+            original = launch_path.read_text()
+            changes = launch_changes(yaml.safe_load(original) or {}, knobs)
+            if changes:
+                launch_path.write_text(edit_launch_yaml(original, changes))
+        else:  # knobs delivered as flags/overrides/variables: no file holds them; the message says them
+            changes = launch_changes(golden_values or {}, knobs)
         git(worktree, "add", "--all", ".")
-        if git(worktree, "diff", "--cached", "--quiet", check=False).returncode == 0:
+        nothing_staged = git(worktree, "diff", "--cached", "--quiet", check=False).returncode == 0
+        if nothing_staged and not (launch_file is None and changes):
             raise WorkspaceError("the candidate changes nothing relative to the golden baseline")
         patches = ", ".join(Path(p).stem for p in patch_paths) or "none"
         launch = ", ".join(f"{k}={v!r}" for k, v in changes.items()) or "none"
         key = candidate.key() if hasattr(candidate, "key") else ""
         message = (
             f"infrarsi: candidate {key}\n\n"
-            f"Patches: {patches}\nLaunch changes ({launch_file}): {launch}\n\n"
+            f"Patches: {patches}\nLaunch changes ({launch_file or 'the command line or environment'}): {launch}\n\n"
             f"{evidence_text.strip()}\n"
         )
         sign = (
@@ -633,7 +650,7 @@ def apply_candidate(
             else ()
         )
         signed = ("-S",) if signing_key is not None else ()
-        git(worktree, *sign, "commit", *signed, "--quiet", "--no-verify", "-m", message, commit=True)
+        git(worktree, *sign, "commit", *signed, "--quiet", "--no-verify", "--allow-empty", "-m", message, commit=True)
         commit = git(worktree, "rev-parse", "HEAD").stdout.strip()
         files = git(repo, "diff", "--name-only", "--no-renames", baseline_ref, commit).stdout.split()
         return AppliedCandidate(branch=branch_name, commit=commit, files_changed=sorted(files))

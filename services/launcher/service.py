@@ -8,8 +8,10 @@ Per trial, in this order, nothing running before the checks pass:
 2. a git worktree of the golden baseline (``workspace.materialise``), the patches applied by
    ``workspace.apply_patches`` (path, symlink, binary and locked-file checks → ``scope_violation``;
    ``git apply --check`` of the sequence → ``patch_conflict``);
-3. the launch file written as YAML into the trial's state directory; the job's argv from the contract's
-   command (no shell); the environment variables of docs/trials.md;
+3. the knob values delivered as the contract says (``Contract.trial_launch``: a launch file written as
+   YAML into the trial's state directory, flags or overrides in the argv, environment variables); the
+   job's argv is a list (no shell); a value that could become an extra argument is refused
+   (``scope_violation``); the environment variables of docs/trials.md;
 4. submit → ``TrialLaunched`` → poll (tailing rank 0's probe file for ``step_seen_s``; timeout) → collect;
 5. every probe record re-published with the probe's own ``Nats-Msg-Id`` (dedup makes it idempotent);
 6. ``TrialFinished`` with the status, cost and evidence; the worktree is removed.
@@ -38,10 +40,11 @@ import yaml
 from infrarsi import events as ev
 from infrarsi import stats, tracing, workspace
 from infrarsi.backends import Backend, JobHandle, JobResult, JobSpec, make_backend
-from infrarsi.bus import TELEMETRY_STREAM
 from infrarsi.contract import Contract, ContractError, contract_from_dict, load_patch_library
+from infrarsi.launch import LaunchValueError
 from infrarsi.logs import get_logger
 from infrarsi.service import Outbox, Service
+from infrarsi.subjects import TELEMETRY_STREAM, step_msg_id, telemetry_subject
 
 log = get_logger(__name__)
 
@@ -159,6 +162,19 @@ class LauncherService(Service):
             case ev.TrialProposed() as proposed:
                 await self._trial(event, proposed, out)
 
+    async def give_up(self, event: ev.Event, out: Outbox, reason: str) -> None:
+        """A ``TrialProposed`` whose handling kept failing ends as a crashed trial: nobody waits forever."""
+        if not isinstance(event.payload, ev.TrialProposed) or not event.trial_id:
+            await super().give_up(event, out, reason)
+            return
+        study = self.studies.get(event.study_id)
+        capacity = study.cluster.memory_capacity_bytes if study is not None else 0
+        tdir = self.state_root / event.trial_id
+        tdir.mkdir(parents=True, exist_ok=True)
+        finished = ev.TrialFinished(status="crash", reason=reason, memory_capacity_bytes=capacity)
+        await self._finish(out, tdir, finished, republish_from=tdir / "probe", trial_id=event.trial_id,
+                           study_id=event.study_id)  # fmt: skip
+
     def _remember_study(self, event: ev.Event) -> None:
         created = event.payload
         assert isinstance(created, ev.StudyCreated)
@@ -261,18 +277,24 @@ class LauncherService(Service):
         trial_contract = contract.model_copy(
             update={"workload": contract.workload.model_copy(update={"repo": worktree})}
         )
-        launch = trial_contract.launch_for(candidate.knobs, steps=proposed.steps)
         launch_path = tdir / "launch.yaml"
-        launch_path.write_text(yaml.safe_dump(launch, sort_keys=False))
         probe_dir = tdir / "probe"
+        try:
+            launch = trial_contract.trial_launch(
+                candidate.knobs, proposed.steps, python=sys.executable, launch_file=str(launch_path),
+                probe_dir=str(probe_dir),
+            )  # fmt: skip
+        except (LaunchValueError, OSError) as exc:
+            raise Refused("scope_violation", str(exc)) from None
+        if launch.launch_file is not None:
+            launch_path.write_text(yaml.safe_dump(launch.launch_file, sort_keys=False))
         shutil.rmtree(probe_dir, ignore_errors=True)
         probe_dir.mkdir(parents=True)
-        argv = contract.command_for(python=sys.executable, launch_file=str(launch_path), probe_dir=str(probe_dir))
         spec = JobSpec(
             name=event.trial_id or "",
-            argv=argv,
+            argv=launch.argv,
             workdir=worktree,
-            env=self._job_env(event, study, probe_dir),
+            env=self._job_env(event, study, probe_dir, launch.env),
             state_dir=tdir,
             launcher=contract.workload.launcher.kind,
             nnodes=contract.workload.launcher.nnodes,
@@ -280,7 +302,12 @@ class LauncherService(Service):
             memory_capacity_bytes=_emulated_capacity(study.cluster),
         )
         backend = self.backend(contract.backend.kind)
-        handle = await asyncio.to_thread(backend.submit, spec)
+        try:
+            handle = await asyncio.to_thread(backend.submit, spec)
+        except OSError as exc:
+            # e.g. a command item that is not an executable (``"{launch_file}; touch x"``: no shell, so one
+            # literal path): nothing ran, and retrying cannot help.
+            raise Refused("crash", f"the job could not be started: {type(exc).__name__}: {exc} (argv {spec.argv[:4]!r})") from None
         t0 = time.monotonic()
         self.running[spec.name] = (backend, handle)
         try:
@@ -326,11 +353,11 @@ class LauncherService(Service):
             paths.append(target)
         return paths
 
-    def _job_env(self, event: ev.Event, study: Study, probe_dir: Path) -> dict[str, str]:
+    def _job_env(self, event: ev.Event, study: Study, probe_dir: Path, workload_env: dict[str, str]) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("INFRARSI_")}
         keep = ("INFRARSI_LOG_LEVEL",)
         env.update({k: os.environ[k] for k in keep if k in os.environ})
-        env.update(study.contract.workload.env)
+        env.update(workload_env)
         env.update(
             {
                 "INFRARSI_PROBE_DIR": str(probe_dir),
@@ -413,7 +440,7 @@ class LauncherService(Service):
         """Every probe record on the bus, with the probe's msg id: steps a killed job never sent arrive now."""
         if not probe_dir.is_dir():
             return
-        subject = f"irsi.telemetry.{study_id}.{trial_id}"
+        subject = telemetry_subject(study_id, trial_id)
         for path in sorted(probe_dir.glob("probe-rank*.jsonl")):
             rank = path.stem.removeprefix("probe-rank")
             for line in path.read_bytes().splitlines():
@@ -426,7 +453,7 @@ class LauncherService(Service):
                 await self.bus.js.publish(
                     subject,
                     line,
-                    headers={"Nats-Msg-Id": f"{trial_id}:{rank}:step:{record.payload.step}"},
+                    headers={"Nats-Msg-Id": step_msg_id(trial_id, rank, record.payload.step)},
                     stream=TELEMETRY_STREAM,
                 )
 

@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 import msgspec
 from infrarsi import events as ev
 from infrarsi import stats
-from infrarsi.bus import TELEMETRY_STREAM
 from infrarsi.contract import ContractError, contract_from_dict
 from infrarsi.logs import get_logger
 from infrarsi.service import Outbox, Service
+from infrarsi.subjects import TELEMETRY_STREAM, telemetry_subject
 
 log = get_logger(__name__)
 
@@ -110,7 +110,7 @@ class TelemetryService(Service):
 
     async def _replay_steps(self, study_id: str, trial_id: str) -> list[ev.TrialStep]:
         out = []
-        async for batch in self.bus.iter_stream(TELEMETRY_STREAM, subjects=f"irsi.telemetry.{study_id}.{trial_id}"):
+        async for batch in self.bus.iter_stream(TELEMETRY_STREAM, subjects=telemetry_subject(study_id, trial_id)):
             for msg in batch:
                 with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
                     event = ev.decode(msg.data)

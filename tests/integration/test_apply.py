@@ -392,3 +392,30 @@ async def test_init_approve_apply_over_nats(tmp_path: Path, capsys) -> None:
             assert events[3].payload.files_changed == ["launch/dense.yaml", "model.py"]
         finally:
             await bus.close()
+
+
+def test_apply_of_an_argv_candidate_names_the_flags_in_the_commit(tmp_path: Path) -> None:
+    """Knobs delivered as flags live in no file: the review commit carries them in its message."""
+    make_workload(tmp_path / "wl", as_git=False)
+    data = contract_dict()
+    data["workload"].update(
+        command=["{python}", "train.py", "--micro_batch_size", "4", "--compile", "0", "--steps", "30"],
+        knobs_via="argv", steps_key="--steps",
+    )  # fmt: skip
+    del data["workload"]["launch_file"]
+    data["scope"]["launch_keys"] = ["micro_batch_size", "compile"]
+    data["search_space"] = {
+        "knobs": {"micro_batch_size": {"type": "int", "choices": [2, 4, 8]}, "compile": {"type": "bool"}},
+        "constraints": {"global_batch": {"size": 32, "micro_batch_key": "micro_batch_size"}},
+    }
+    path = tmp_path / "contract.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    prepared = prepare_study(path, tmp_path / "data", study_id="s1")
+    candidate = ev.Candidate(knobs={"micro_batch_size": 8, "compile": False})
+    plan = plan_apply(log(prepared, verified(candidate)), "s1", candidate.key(), MONDAY)
+    assert plan.launch_changes == {"micro_batch_size": 8}  # compile is false in the golden command already
+    promoted = execute_apply(plan)
+    repo = prepared.created.workload_dir
+    assert promoted.files_changed == []
+    message = git(repo, "log", "-1", "--format=%B", promoted.commit).stdout
+    assert "Launch changes (the command line or environment): micro_batch_size=8" in message

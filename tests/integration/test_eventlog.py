@@ -12,7 +12,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from infrarsi import eventlog
+from infrarsi import eventlog, subjects
 from infrarsi import events as ev
 from infrarsi.bus import BANK_STREAM, LIFECYCLE_STREAM, TELEMETRY_STREAM, Bus
 from infrarsi.commands import UserError
@@ -174,8 +174,8 @@ async def test_undecodable_and_dead_letters_are_recorded_not_fatal(bus: Bus, tmp
     await bus.publish_raw("irsi.telemetry.s1.t1", b'{"type": "TrialStep"}')
     letter = ev.DeadLetter(service="launcher", subject="irsi.s1.TrialLaunched", error="DecodeError: bad",
                            raw=b"\xff\x00raw", stream_seq=42, ts=T0)
-    await bus.publish_raw(ev.deadletter_subject("launcher"), msgspec.json.encode(letter))
-    await bus.publish_raw(ev.deadletter_subject("proposer"), b"also not json")
+    await bus.publish_raw(subjects.deadletter_subject("launcher"), msgspec.json.encode(letter))
+    await bus.publish_raw(subjects.deadletter_subject("proposer"), b"also not json")
     await publish(bus, good[3:])
 
     await eventlog.replay(bus, tmp_path / "a.duckdb")

@@ -9,24 +9,19 @@ from __future__ import annotations
 
 import pytest
 from infrarsi import procs
-from infrarsi.embedded import EmbeddedServer
 from infrarsi_services.launcher.service import LauncherService
 from infrarsi_services.telemetry.service import TelemetryService
-from test_launcher_helpers import Harness, git_worktrees, make_workload
+from test_launcher_helpers import Harness, git_worktrees, make_workload, serving
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
 async def harness(tmp_path):
-    server = EmbeddedServer.start(tmp_path / "nats")
-    h = Harness(server.url, tmp_path / "data")
-    await h.open()
-    await h.serve(LauncherService(h.data_dir, nats_url=server.url))
-    await h.serve(TelemetryService(complete_grace_s=5.0))
-    yield h
-    await h.close()
-    server.stop()
+    async with serving(
+        tmp_path, lambda h, url: LauncherService(h.data_dir, nats_url=url), lambda h, url: TelemetryService(complete_grace_s=5.0)
+    ) as h:
+        yield h
 
 
 def assert_clean(h: Harness, study_repo) -> None:

@@ -15,6 +15,7 @@ import yaml
 from infrarsi import events as ev
 from infrarsi.bus import Bus
 from infrarsi.commands.init import prepare_study, study_created_event
+from infrarsi.embedded import EmbeddedServer
 from infrarsi.service import Runner
 
 JOB = textwrap.dedent(
@@ -205,3 +206,18 @@ class Harness:
 def git_worktrees(repo: Path) -> list[str]:
     out = subprocess.run(["git", "-C", str(repo), "worktree", "list", "--porcelain"], capture_output=True, text=True).stdout
     return [line.split(" ", 1)[1] for line in out.splitlines() if line.startswith("worktree ")][1:]
+
+
+@contextlib.asynccontextmanager
+async def serving(tmp_path: Path, *make_services):
+    """A ``Harness`` on a fresh nats-server with the services ``make(harness, url)`` builds."""
+    server = EmbeddedServer.start(tmp_path / "nats")
+    h = Harness(server.url, tmp_path / "data")
+    await h.open()
+    try:
+        for make in make_services:
+            await h.serve(make(h, server.url))
+        yield h
+    finally:
+        await h.close()
+        server.stop()

@@ -9,6 +9,7 @@ import msgspec
 import psutil
 import pytest
 from infrarsi import events as ev
+from infrarsi import subjects
 from infrarsi.bus import LIFECYCLE_STREAM, Bus
 from infrarsi.commands.status import collect
 from infrarsi.stack import Stack, ping_services
@@ -56,7 +57,7 @@ async def test_malformed_message_is_dead_lettered_and_next_is_handled(
         assert view["name"] == "fan-out" and view["phase"] == "idle"
         assert "cannot" not in view["stop_reason"]
 
-        stored = await bus.js.get_last_msg(LIFECYCLE_STREAM, ev.deadletter_subject("proposer"))
+        stored = await bus.js.get_last_msg(LIFECYCLE_STREAM, subjects.deadletter_subject("proposer"))
         letter = msgspec.json.decode(stored.data, type=ev.DeadLetter)
         assert letter.service == "proposer"
         assert letter.subject == f"irsi.{study}.StudyCreated"

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from infrarsi import events as ev
+from infrarsi import subjects
 from infrarsi.bus import Bus
 
 pytestmark = pytest.mark.integration
@@ -36,7 +37,7 @@ async def test_event_chain_across_two_processes_is_one_trace(
         study = ev.new_id()
         proposed = ev.make_event(payload_samples["TrialProposed"], study_id=study, trial_id="t-1", source="test")  # type: ignore[arg-type]
         await bus.js.publish(
-            ev.subject_for(proposed),
+            subjects.subject_for(proposed),
             ev.encode(proposed),
             headers={"Nats-Msg-Id": proposed.event_id, "traceparent": f"00-{trace_id}-{root_span_id}-01"},
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import msgspec
 from infrarsi import events as ev
+from infrarsi import subjects
 from infrarsi.bank.distil import MAX_DETAIL_CHARS, StudyFacts, TrialFact, bank_event, distil, entry_id_for
 
 META = ev.BankMeta(accelerator="H100-80G", generation="hopper", device_memory_bytes=80 * 2**30, interconnect="ib",
@@ -58,7 +59,7 @@ def test_distil_is_deterministic_and_the_event_id_follows_the_content() -> None:
     a, b = distil(facts()), distil(facts())
     assert msgspec.json.encode(a) == msgspec.json.encode(b)
     e1, e2 = bank_event(a, cluster_id="cluster-a"), bank_event(b, cluster_id="cluster-a")
-    assert e1.event_id == e2.event_id and ev.subject_for(e1) == f"bank.cluster-a.{a.entry_id}"
+    assert e1.event_id == e2.event_id and subjects.subject_for(e1) == f"bank.cluster-a.{a.entry_id}"
     revised = msgspec.structs.replace(a, winners=[cand(4)])
     assert bank_event(revised, cluster_id="cluster-a").event_id != e1.event_id
     assert ev.decode(ev.encode(e1)).payload == a

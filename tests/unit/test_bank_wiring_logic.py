@@ -8,6 +8,7 @@ from pathlib import Path
 import msgspec
 import pytest
 from infrarsi import events as ev
+from infrarsi import subjects
 from infrarsi.bank.resolve import resolve_bank, study_meta
 from infrarsi.commands.init import bank_lines, bank_summary
 from infrarsi.study_space import StudySpace
@@ -164,7 +165,7 @@ def test_the_reporter_fold_distils_a_finished_study_once_and_replays_identically
     entry = bank_event.payload
     assert isinstance(entry, ev.BankEntry)
     assert bank_event.type == "BankEntry" and bank_event.cluster_id == "c1" and bank_event.source == "reporter"
-    assert ev.subject_for(bank_event) == f"bank.c1.{entry.entry_id}"
+    assert subjects.subject_for(bank_event) == f"bank.c1.{entry.entry_id}"
     created = log[0].payload
     assert entry.origin_study == log[0].study_id and entry.meta == created.bank.meta
     assert entry.time_effects and all(e.feature != "intercept" for e in entry.time_effects)

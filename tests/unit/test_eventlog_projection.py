@@ -9,7 +9,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from infrarsi import eventlog
+from infrarsi import eventlog, subjects
 from infrarsi import events as ev
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)
@@ -23,7 +23,7 @@ def _step(n: int, trial: str = "t1", **changes) -> ev.Event:
 
 
 def _messages(events: list[ev.Event], first_seq: int = 1) -> list[eventlog.StreamMessage]:
-    return [(first_seq + i, ev.subject_for(e), ev.encode(e)) for i, e in enumerate(events)]
+    return [(first_seq + i, subjects.subject_for(e), ev.encode(e)) for i, e in enumerate(events)]
 
 
 def dump(db: eventlog.AnalystDB) -> dict[str, list[tuple]]:
@@ -118,7 +118,7 @@ def test_events_view_rebuilds_step_payloads(tmp_path: Path) -> None:
         rows, steps, strict=True
     ):
         assert (stream, subject, event_id, type_, study, trial, cluster, source, ts, version) == (
-            eventlog.TELEMETRY_STREAM, ev.subject_for(e), e.event_id, "TrialStep", e.study_id, e.trial_id,
+            eventlog.TELEMETRY_STREAM, subjects.subject_for(e), e.event_id, "TrialStep", e.study_id, e.trial_id,
             e.cluster_id, e.source, e.ts, e.schema_version)
         assert msgspec.json.decode(payload) == msgspec.json.decode(msgspec.json.encode(e.payload))
 
@@ -159,3 +159,12 @@ def test_step_columns_are_what_events_decode_reads_from_any_valid_spelling(tmp_p
         for name in ("rank", "world_size", "step", "loss", "step_time_s", "tokens", "optimizer_steps", "loss_tokens",
                      "peak_memory_bytes", "flops", "mfu", "eval_loss", "eval_tokens", "wall_time"):
             assert got[name] == getattr(p, name) and type(got[name]) is type(getattr(p, name)), name
+
+
+def test_deeply_nested_messages_go_to_undecodable_on_both_streams(tmp_path: Path) -> None:
+    deep = b'{"deep": ' + b"[" * 5000 + b"]" * 5000 + b', "type": "TrialStep"}'
+    with eventlog.AnalystDB.open(tmp_path / "db.duckdb") as db:
+        assert db.apply_batch(eventlog.TELEMETRY_STREAM, [(1, "irsi.telemetry.s1.t1", deep), *_messages([_step(2)], 2)]) == 2
+        assert db.apply_batch(eventlog.LIFECYCLE_STREAM, [(1, "irsi.s1.StudyCreated", deep), (2, "irsi.deadletter.x", deep)]) == 2
+        assert db.query("SELECT count(*) FROM undecodable")[1] == [(3,)]
+        assert db.query("SELECT count(*) FROM steps")[1] == [(1,)]

@@ -1,4 +1,4 @@
-"""The event catalog offline: encoding round trips, ids, and which subject and stream each event lands on."""
+"""The event catalog offline: encoding round trips and ids (subjects and streams: test_subjects.py)."""
 
 from __future__ import annotations
 
@@ -7,18 +7,6 @@ import time
 import msgspec
 import pytest
 from infrarsi import events as ev
-from infrarsi.bus import STREAMS, stream_for_type
-
-
-def _matches(pattern: str, subject: str) -> bool:
-    """NATS subject matching: ``*`` is one token, ``>`` the rest (at least one token)."""
-    pat, sub = pattern.split("."), subject.split(".")
-    for i, token in enumerate(pat):
-        if token == ">":
-            return len(sub) > i
-        if i >= len(sub) or (token != "*" and token != sub[i]):
-            return False
-    return len(pat) == len(sub)
 
 
 def test_every_payload_round_trips_through_the_wire_format(payload_samples: dict[str, object]) -> None:
@@ -29,21 +17,6 @@ def test_every_payload_round_trips_through_the_wire_format(payload_samples: dict
         wire = ev.encode(event)
         assert ev.decode(wire) == event
         assert msgspec.json.decode(wire)["payload"]["type"] == name, "payloads are tagged by class name"
-
-
-def test_each_event_lands_in_exactly_its_stream(payload_samples: dict[str, object]) -> None:
-    for name, payload in payload_samples.items():
-        event = ev.make_event(payload, study_id=ev.new_id(), trial_id=ev.new_id(), source="test")  # type: ignore[arg-type]
-        subject = ev.subject_for(event)
-        owners = [s.name for s in STREAMS if any(_matches(p, subject) for p in s.subjects)]
-        assert owners == [stream_for_type(name)], f"{name} on {subject} is stored by {owners}"
-        assert _matches(ev.lifecycle_subject(name), subject), f"consumer filter of {name} misses {subject}"
-
-
-def test_dead_letters_land_in_the_lifecycle_stream_but_match_no_consumer_filter() -> None:
-    subject = ev.deadletter_subject("proposer")
-    assert [s.name for s in STREAMS if any(_matches(p, subject) for p in s.subjects)] == ["IRSI"]
-    assert not any(_matches(ev.lifecycle_subject(t), subject) for t in ev.EVENT_TYPES)
 
 
 @pytest.mark.parametrize(
@@ -83,8 +56,3 @@ def test_derived_ids_are_deterministic_and_distinguish_their_parts() -> None:
         ev.derived_id("e1", "proposerTrialProposed", "", "a"),
     }
     assert len(variants) == 4
-
-
-def test_lifecycle_subject_rejects_unknown_types() -> None:
-    with pytest.raises(ValueError, match="unknown event type"):
-        ev.lifecycle_subject("TrialDone")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from infrarsi import events
+from infrarsi import events, subjects
 from infrarsi.probe import Probe, read_records
 from torch import nn
 
@@ -90,7 +90,7 @@ def test_envelope_is_a_trial_step_event_with_deterministic_ids(probe: Probe) -> 
     assert event.type == "TrialStep" and event.study_id == "s1" and event.trial_id == "t1"
     assert event.source == "probe"
     assert event.event_id == events.derived_id("t1", "0", "step", "0")
-    assert events.subject_for(event) == probe.subject == "irsi.telemetry.s1.t1"
+    assert subjects.subject_for(event) == probe.subject == "irsi.telemetry.s1.t1"
     assert probe.msg_id(0) == "t1:0:step:0"
     assert event.payload.loss == 2.5
 
@@ -150,3 +150,12 @@ def test_unreachable_nats_never_reaches_training(tmp_path: Path, caplog: pytest.
     p.close()
     assert len(read_records(p.path)) == 3
     assert any("cannot connect to NATS" in r.getMessage() for r in caplog.records)
+
+
+def test_a_step_without_a_loss_is_written_and_read_back(probe: Probe) -> None:
+    """A Trainer that logs every k steps leaves steps without a loss: they are records with ``loss=None``
+    (a NaN was written as JSON null and the whole record failed to decode)."""
+    with probe.step():
+        pass
+    (rec,) = read_records(probe.path)
+    assert rec.step == 0 and rec.loss is None

@@ -42,6 +42,7 @@ from infrarsi import events as ev
 from infrarsi.backends.base import Backend, JobHandle, JobResult, JobSpec
 from infrarsi.modeling.space import Candidate
 from infrarsi.study_space import SIM_SCENARIO_ENV
+from infrarsi.subjects import step_msg_id, telemetry_subject
 
 SIM_LABEL = "SIMULATOR"
 SOURCE = "sim"
@@ -299,8 +300,8 @@ class SimBackend(Backend):
                     data = ev.encode(event)
                     fh.write(data + b"\n")
                     if publisher is not None:
-                        publisher.publish(f"irsi.telemetry.{study}.{trial_id}", data,
-                                          {"Nats-Msg-Id": f"{trial_id}:{rank}:step:{s.step}", **headers_extra})
+                        publisher.publish(telemetry_subject(study, trial_id), data,
+                                          {"Nats-Msg-Id": step_msg_id(trial_id, rank, int(s.step)), **headers_extra})
                 job.steps_written += 1
         finally:
             for fh in files:

@@ -35,12 +35,13 @@ import nats.js.errors
 from nats.js import api
 
 from infrarsi import events as ev
-from infrarsi.bus import BANK_STREAM, Bus
+from infrarsi.bus import Bus
+from infrarsi.subjects import ALL_BANK, ALL_IRSI, BANK_STREAM, bank_subject
+from infrarsi.subjects import BANK_HUB_STREAM as HUB_STREAM
+from infrarsi.subjects import BANK_SHARED_STREAM as SHARED_STREAM
 
-HUB_STREAM = "IRSI_BANK_HUB"
-SHARED_STREAM = "IRSI_BANK_SHARED"
 HUB_DOMAIN = "hub"
-LEAF_DENY = ("bank.>", "irsi.>")
+LEAF_DENY = (ALL_BANK, ALL_IRSI)
 """Application subjects that must not cross a leaf connection (see the module docstring)."""
 
 Role = Literal["hub", "leaf"]
@@ -54,7 +55,7 @@ def api_prefix(domain: str) -> str:
 def cluster_subject(cluster_id: str) -> str:
     if not cluster_id or any(ch in cluster_id for ch in ".*> \t"):
         raise ValueError(f"cluster id {cluster_id!r} is not a single subject token")
-    return f"bank.{cluster_id}.>"
+    return bank_subject(cluster_id, ">")
 
 
 def hub_stream_config(leaf_domains: Sequence[str], replicas: int = 1) -> api.StreamConfig:

@@ -26,6 +26,7 @@ import duckdb
 import msgspec
 
 from infrarsi import events as ev
+from infrarsi import userfiles
 from infrarsi.bank.distil import bank_event
 from infrarsi.bus import Bus
 
@@ -195,7 +196,8 @@ def parse_import_file(path: Path | str, *, cluster_id: str, source: str = "bank-
         finally:
             con.close()
     else:
-        texts = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        text = userfiles.read_text(path, what="the bank import", max_bytes=userfiles.MAX_IMPORT_BYTES)
+        texts = [line for line in text.splitlines() if line.strip()]
     entry_decoder = msgspec.json.Decoder(ev.BankEntry)
     out: list[ev.Event] = []
     for n, text in enumerate(texts, 1):

@@ -140,7 +140,10 @@ def plan_apply(
     repo = Path(created.workload_dir)
     patch_ids = verification.candidate.patches
     library, texts = _golden_patches(repo, created.baseline_ref, contract.workload.patch_dir, patch_ids)
-    baseline = yaml.safe_load(_golden_file(repo, created.baseline_ref, contract.workload.launch_file)) or {}
+    if contract.workload.launch_file is not None:
+        baseline = yaml.safe_load(_golden_file(repo, created.baseline_ref, contract.workload.launch_file)) or {}
+    else:  # flags, overrides or variables: the golden values are in the locked contract itself
+        baseline = contract.golden_values()
     changes = launch_changes(baseline, verification.candidate.knobs)
     classes = contract.action_classes(changes, verification.candidate.patches, library)
     granted = [a for a in _payloads(events, ev.ApprovalGranted) if a.candidate_key == key]
@@ -249,6 +252,7 @@ def execute_apply(plan: ApplyPlan, signing_key: Path | None = None) -> ev.PatchP
             plan.branch,
             editable=plan.contract.editable,
             locked=plan.created.locked_files,
+            golden_values=plan.contract.golden_values() if plan.contract.workload.launch_file is None else None,
             signing_key=signing_key,
         )
     return ev.PatchPromoted(
@@ -316,10 +320,10 @@ async def load_study_events(bus, study_id: str) -> list[ev.Event]:
     Stand-in until the bus grows a shared helper for this; it reads the ``IRSI`` stream filtered to
     ``irsi.<study>.*`` with an ephemeral consumer.
     """
-    from infrarsi.bus import LIFECYCLE_STREAM
+    from infrarsi.subjects import LIFECYCLE_STREAM, lifecycle_subject
 
     found: list[ev.Event] = []
-    async for batch in bus.iter_stream(LIFECYCLE_STREAM, subjects=f"irsi.{study_id}.*"):
+    async for batch in bus.iter_stream(LIFECYCLE_STREAM, subjects=lifecycle_subject(study_id, "*")):
         for msg in batch:
             try:
                 found.append(ev.decode(msg.data))

@@ -22,7 +22,7 @@ from infrarsi.commands import doctor as doctor_cmd
 from infrarsi.commands import report as report_cmd
 from infrarsi.commands import run as run_cmd
 from infrarsi.commands.doctor import read_study
-from infrarsi.commands.init import prepare_study, study_created_event
+from infrarsi.commands.init import prepare_study, publish_study
 
 DEFAULT_CONTRACT = Path("workloads/gpt/contracts/dense-1node.yaml")
 SOURCE = "cli.demo"
@@ -117,7 +117,7 @@ async def run(args: argparse.Namespace) -> int:
         study = prepared.study_id
         bus = await Bus.connect(url, service=SOURCE)
         try:
-            await bus.publish(study_created_event(prepared))
+            await publish_study(bus, prepared)
         finally:
             await bus.close()
         print(f"study {study}: {len(prepared.created.locked_files)} locked files hashed, "

@@ -58,14 +58,14 @@ async def cli_bus(args: argparse.Namespace, source: str) -> AsyncIterator[Any]:
 
 async def read_study(bus, study_id: str, start_seq: int = 1) -> tuple[list[ev.Event], int]:
     """The study's lifecycle events from stream position ``start_seq``, and the next position to read."""
-    from infrarsi.bus import LIFECYCLE_STREAM
+    from infrarsi.subjects import LIFECYCLE_STREAM, lifecycle_subject
 
     out: list[ev.Event] = []
     next_seq = start_seq
     # A filtered read ends in a fetch timeout when the stream's last message is another study's; nats-py
     # raises asyncio's TimeoutError there, which Bus.iter_stream does not catch: it only means "caught up".
     with contextlib.suppress(asyncio.TimeoutError):
-        async for batch in bus.iter_stream(LIFECYCLE_STREAM, start_seq, subjects=f"irsi.{study_id}.*"):
+        async for batch in bus.iter_stream(LIFECYCLE_STREAM, start_seq, subjects=lifecycle_subject(study_id, "*")):
             for msg in batch:
                 next_seq = msg.metadata.sequence.stream + 1
                 with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
@@ -76,11 +76,11 @@ async def read_study(bus, study_id: str, start_seq: int = 1) -> tuple[list[ev.Ev
 async def read_steps(bus, study_id: str, trial_ids: Iterable[str]) -> dict[str, list[ev.TrialStep]]:
     """Per-step samples of the given trials from the telemetry stream, in one pass over the study's
     subjects (a trial's list is empty when retention dropped its samples)."""
-    from infrarsi.bus import TELEMETRY_STREAM
+    from infrarsi.subjects import TELEMETRY_STREAM, telemetry_subject
 
     steps: dict[str, list[ev.TrialStep]] = {t: [] for t in trial_ids}
     with contextlib.suppress(asyncio.TimeoutError):  # caught up (see read_study)
-        async for batch in bus.iter_stream(TELEMETRY_STREAM, subjects=f"irsi.telemetry.{study_id}.*"):
+        async for batch in bus.iter_stream(TELEMETRY_STREAM, subjects=telemetry_subject(study_id, "*")):
             for msg in batch:
                 with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
                     event = ev.decode(msg.data)

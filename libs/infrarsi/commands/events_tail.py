@@ -21,9 +21,9 @@ from nats.aio.msg import Msg
 from nats.js import api
 
 from infrarsi import events as ev
-from infrarsi.bus import LIFECYCLE_STREAM, stream_for_type
 from infrarsi.commands import UserError
 from infrarsi.stack import connect_for_cli
+from infrarsi.subjects import LIFECYCLE_STREAM, filter_for, lifecycle_subject, stream_for_type
 
 FETCH_BATCH = 256
 
@@ -53,11 +53,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def subject_filters(study: str | None, types: list[str] | None) -> tuple[str, list[str]]:
     """The stream to read and the subject filters that select ``study``/``types`` on it."""
     if not types:
-        return LIFECYCLE_STREAM, [f"irsi.{study}.*"] if study else ["irsi.*.*"]
+        return LIFECYCLE_STREAM, [lifecycle_subject(study or "*", "*")]
     streams = {stream_for_type(t) for t in types}
     if len(streams) != 1:
         raise UserError(f"event types {sorted(types)} live in different streams {sorted(streams)}; tail one at a time")
-    return streams.pop(), sorted({ev.lifecycle_subject(t, study or "*") for t in types})
+    return streams.pop(), sorted({filter_for(t, study or "*") for t in types})
 
 
 def table_row(msg: Msg) -> str:

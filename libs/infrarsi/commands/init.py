@@ -22,7 +22,7 @@ import msgspec
 from infrarsi import events as ev
 from infrarsi.commands import data_dir_of
 from infrarsi.contract import Contract, ContractError, load_contract
-from infrarsi.workspace import Workspace, WorkspaceError, prepare_workspace
+from infrarsi.workspace import Workspace, WorkspaceError, discard_workspace, prepare_workspace
 
 SOURCE = "cli.init"
 
@@ -55,18 +55,34 @@ def prepare_study(
     contract = load_contract(contract_path)
     study_id = study_id or ev.new_id()
     workspace = prepare_workspace(contract, study_id, data_dir)
-    created = ev.StudyCreated(
-        name=contract.name,
-        goal=contract.goal,
-        contract=contract.to_dict(),
-        contract_sha256=contract.sha256(),
-        workload_dir=str(workspace.repo),
-        baseline_ref=workspace.baseline_ref,
-        locked_files=contract.locked_files(workspace.repo),
-        cluster=contract.cluster.info(),
-    )
-    created, notes = with_bank(created, bank_entries)
+    try:
+        created = ev.StudyCreated(
+            name=contract.name,
+            goal=contract.goal,
+            contract=contract.to_dict(),
+            contract_sha256=contract.sha256(),
+            workload_dir=str(workspace.repo),
+            baseline_ref=workspace.baseline_ref,
+            locked_files=contract.locked_files(workspace.repo),
+            cluster=contract.cluster.info(),
+        )
+        created, notes = with_bank(created, bank_entries)
+    except BaseException:
+        discard_workspace(workspace)  # no study, so no golden tag left in the user's repo
+        raise
     return PreparedStudy(study_id, created, workspace, contract, notes)
+
+
+async def publish_study(bus, prepared: PreparedStudy, created: ev.StudyCreated | None = None) -> ev.Event:
+    """Publish the study's ``StudyCreated`` (``created`` replacing the prepared one); if the publish fails, the
+    study does not exist, and its golden tag or snapshot is removed again."""
+    event = study_created_event(prepared._replace(created=created) if created is not None else prepared)
+    try:
+        await bus.publish(event)
+    except BaseException:
+        discard_workspace(prepared.workspace)
+        raise
+    return event
 
 
 def with_bank(created: ev.StudyCreated, bank_entries: Sequence[ev.BankEntry]) -> tuple[ev.StudyCreated, tuple[str, ...]]:
@@ -156,8 +172,7 @@ async def run(args: argparse.Namespace) -> int:
             except WorkspaceError as exc:
                 print(f"error: {args.contract}: workload.repo: {exc}", file=sys.stderr)
                 return 2
-            event = study_created_event(prepared)
-            await bus.publish(event)
+            event = await publish_study(bus, prepared)
     except (BusError, EmbeddedServerError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

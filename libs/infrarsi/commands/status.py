@@ -1,9 +1,9 @@
 """``infrarsi status``: is the stack alive, what is in the log, and how far behind is each consumer.
 
-Pings the services (``irsi-svc.ping``: pid, uptime, handled, dead-lettered, in-flight), reads the
-message counts of the three streams and the lag of every durable consumer (messages not yet delivered +
-delivered but not yet acked). Read-only: it creates and changes nothing on the server.
-Exit code 0 when every expected service answered, 1 otherwise.
+Pings the services (``irsi-svc.ping``: pid, uptime, handled, dead-lettered, in-flight, and any consume
+loop that stopped pulling), reads the message counts of the three streams and the lag of every durable
+consumer (messages not yet delivered + delivered but not yet acked). Read-only: it creates and changes
+nothing on the server. Exit code 0 when every expected service answered with no stalled consumer, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -68,8 +68,8 @@ async def run(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=2, sort_keys=True))
     else:
         print(render(doc))
-    expected_alive = all(doc["services"][name]["alive"] for name in SERVICES)
-    return 0 if expected_alive else 1
+    healthy = all(doc["services"][name]["alive"] and not doc["services"][name].get("stalled") for name in SERVICES)
+    return 0 if healthy else 1
 
 
 def render(doc: dict[str, Any]) -> str:
@@ -79,9 +79,11 @@ def render(doc: dict[str, Any]) -> str:
         if not svc["alive"]:
             lines.append(f"  {name:<10} {'DOWN':<6}")
             continue
+        stalled = svc.get("stalled") or []
         lines.append(
-            f"  {name:<10} {'up':<6} {svc['pid']:>8} {svc['uptime_s']:>8.0f}s {svc['handled']:>8} "
-            f"{svc['dead_lettered']:>5} {svc['in_flight']:>5}"
+            f"  {name:<10} {'STALL' if stalled else 'up':<6} {svc['pid']:>8} {svc['uptime_s']:>8.0f}s "
+            f"{svc['handled']:>8} {svc['dead_lettered']:>5} {svc['in_flight']:>5}"
+            + (f"  not pulling: {', '.join(stalled)}" if stalled else "")
         )
     lines += ["", "streams"]
     for stream, counts in doc["streams"].items():

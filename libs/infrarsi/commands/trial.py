@@ -22,11 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import yaml
 
 from infrarsi import events as ev
+from infrarsi import userfiles
 from infrarsi.contract import Contract, ContractError, load_contract
 from infrarsi.doctor import measure_cpu_peak_flops
+from infrarsi.subjects import LIFECYCLE_STREAM, lifecycle_subject
+from infrarsi.workspace import discard_workspace
 
 SOURCE = "cli.trial"
 
@@ -54,7 +56,7 @@ def parse_knobs(items: list[str]) -> dict[str, ev.KnobValue]:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"--set {item!r} is not KEY=VALUE")
-        value = yaml.safe_load(raw)
+        value = userfiles.parse_yaml(raw, source=f"--set {item!r}", what="the value")
         if not isinstance(value, bool | int | float | str):
             raise ValueError(f"--set {item!r}: value must be a scalar, got {type(value).__name__}")
         knobs[key.strip()] = value
@@ -66,6 +68,8 @@ async def run(args: argparse.Namespace) -> int:
     try:
         contract = load_contract(args.contract)
         knobs = parse_knobs(args.knobs)
+        if contract.workload.knobs_via == "argv":  # a flag may be named as written: --set=--bf16=true
+            knobs = {key.removeprefix("--"): value for key, value in knobs.items()}
     except ContractError as exc:
         for line in exc.lines():
             print(f"error: {line}", file=sys.stderr)
@@ -156,7 +160,7 @@ async def _run_one(bus, study_id: str, contract: Contract, proposal: ev.TrialPro
                 done.set()
 
     subs = [
-        await bus.nc.subscribe(f"irsi.{study_id}.{name}", cb=on_msg)
+        await bus.nc.subscribe(lifecycle_subject(study_id, name), cb=on_msg)
         for name in ("TrialLaunched", "TrialFinished", "TrialMeasured")
     ]
     started = time.monotonic()
@@ -182,7 +186,7 @@ async def _study(bus, contract_path: Path, contract: Contract, data_dir: Path) -
     """The latest study of this exact contract, or a new one (with a measured peak on CPU hosts)."""
     sha = contract.sha256()
     found: tuple[str, float | None] | None = None
-    async for batch in bus.iter_stream("IRSI", subjects="irsi.*.StudyCreated"):
+    async for batch in bus.iter_stream(LIFECYCLE_STREAM, subjects=lifecycle_subject("*", "StudyCreated")):
         for msg in batch:
             try:
                 event = ev.decode(msg.data)
@@ -193,24 +197,27 @@ async def _study(bus, contract_path: Path, contract: Contract, data_dir: Path) -
     if found is not None:
         return found[0], False, found[1]
 
-    from infrarsi.commands.init import prepare_study, study_created_event
+    from infrarsi.commands.init import prepare_study, publish_study
 
     prepared = await asyncio.to_thread(prepare_study, contract_path, data_dir)
     created = prepared.created
     peak = created.cluster.peak_flops
     if peak is None and created.cluster.accelerator.lower() == "cpu":
         ranks = contract.workload.launcher.nnodes * contract.workload.launcher.nproc_per_node
-        peak = await asyncio.to_thread(measure_cpu_peak_flops, os.cpu_count() or 1) / ranks
+        try:
+            peak = await asyncio.to_thread(measure_cpu_peak_flops, os.cpu_count() or 1) / ranks
+        except BaseException:
+            discard_workspace(prepared.workspace)
+            raise
         created = msgspec.structs.replace(created, cluster=msgspec.structs.replace(created.cluster, peak_flops=peak))
-        prepared = prepared._replace(created=created)
-    await bus.publish(study_created_event(prepared))
+    await publish_study(bus, prepared, created)
     return prepared.study_id, True, peak
 
 
 async def _baseline_at(bus, study_id: str, horizon: int) -> str | None:
     """A trial of the study that measured ``ok`` as a baseline at this horizon, if any."""
     proposed_steps: dict[str, int | None] = {}
-    async for batch in bus.iter_stream("IRSI", subjects=f"irsi.{study_id}.*"):
+    async for batch in bus.iter_stream(LIFECYCLE_STREAM, subjects=lifecycle_subject(study_id, "*")):
         for msg in batch:
             try:
                 event = ev.decode(msg.data)

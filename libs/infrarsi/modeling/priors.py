@@ -42,6 +42,9 @@ ALIASES: dict[str, str] = {
     "autocast_dtype=bfloat16": "bf16", "dtype=bfloat16": "bf16", "mixed_precision=bf16": "bf16",
     "attention=sdpa": "flash_attention", "attn_implementation=sdpa": "flash_attention",
     "adamw_impl": "optimizer_impl", "optim_impl": "optimizer_impl",
+    # Hugging Face Trainer and Lightning flags (knobs delivered as argv or overrides)
+    "per_device_train_batch_size": "micro_batch", "batch_size": "micro_batch",
+    "gradient_checkpointing": "recompute",
 }
 
 

@@ -19,6 +19,7 @@ import duckdb
 import msgspec
 
 from infrarsi import events as ev
+from infrarsi.subjects import LIFECYCLE_STREAM
 
 VIEW = "report_events"
 
@@ -76,7 +77,7 @@ def load_events(con: duckdb.DuckDBPyConnection, events: Iterable[tuple[int, ev.E
     )
     rows = [
         (
-            seq, "IRSI", e.event_id, e.type, e.study_id, e.trial_id, e.cluster_id, e.source, e.ts,
+            seq, LIFECYCLE_STREAM, e.event_id, e.type, e.study_id, e.trial_id, e.cluster_id, e.source, e.ts,
             msgspec.json.encode(e.payload).decode(),
         )
         for seq, e in events
@@ -88,8 +89,6 @@ def load_events(con: duckdb.DuckDBPyConnection, events: Iterable[tuple[int, ev.E
 
 async def snapshot_lifecycle(bus, con: duckdb.DuckDBPyConnection) -> int:
     """Copy the lifecycle stream into the minimal ``events`` table (the fallback when eventlog is missing)."""
-    from infrarsi.bus import LIFECYCLE_STREAM
-
     n = 0
     async for batch in bus.iter_stream(LIFECYCLE_STREAM):
         decoded = []
