@@ -402,23 +402,12 @@ async def run_approve(args: argparse.Namespace, *, now: datetime | None = None) 
     except (BusError, EmbeddedServerError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    key = granted.candidate_key
-    signed = "signed" if granted.signature else "unsigned"
+    key, signed = granted.candidate_key, bool(granted.signature)
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "event_id": event.event_id,
-                    "candidate_key": key,
-                    "role": args.role,
-                    "approver": approver,
-                    "signed": bool(granted.signature),
-                    "evidence_sha256": granted.evidence_sha256,
-                }
-            )
-        )
+        fields = {"event_id": event.event_id, "candidate_key": key, "role": args.role, "approver": approver}
+        print(json.dumps({**fields, "signed": signed, "evidence_sha256": granted.evidence_sha256}))
     else:
-        print(f"approved {key} as {args.role} ({approver}, {signed})")
+        print(f"approved {key} as {args.role} ({approver}, {'signed' if signed else 'unsigned'})")
     return 0
 
 
