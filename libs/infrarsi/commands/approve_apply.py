@@ -31,7 +31,10 @@ from pydantic import ValidationError
 
 from infrarsi import approvals as appr
 from infrarsi import events as ev
+from infrarsi.bus import Bus
+from infrarsi.commands.study_log import read_study, recording_bus
 from infrarsi.contract import Contract, PatchIndex, PatchInfo, contract_from_dict
+from infrarsi.errors import EXIT_FAILED, EXIT_REFUSED, UserError
 from infrarsi.policy import ACTION_CLASSES, Operation, check
 from infrarsi.signing import SigningError
 from infrarsi.workspace import (
@@ -310,26 +313,9 @@ add_arguments = add_apply_arguments
 """``infrarsi apply``'s arguments (the module serves two verbs; ``approve`` uses ``add_approve_arguments``)."""
 
 
-def _data_dir(args: argparse.Namespace) -> Path:
-    return Path(getattr(args, "data_dir", None) or os.environ.get("INFRARSI_DATA_DIR", ".infrarsi"))
-
-
-async def load_study_events(bus, study_id: str) -> list[ev.Event]:
-    """Every decodable lifecycle event of one study, in stream order.
-
-    Stand-in until the bus grows a shared helper for this; it reads the ``IRSI`` stream filtered to
-    ``irsi.<study>.*`` with an ephemeral consumer.
-    """
-    from infrarsi.subjects import LIFECYCLE_STREAM, lifecycle_subject
-
-    found: list[ev.Event] = []
-    async for batch in bus.iter_stream(LIFECYCLE_STREAM, subjects=lifecycle_subject(study_id, "*")):
-        for msg in batch:
-            try:
-                found.append(ev.decode(msg.data))
-            except (msgspec.DecodeError, msgspec.ValidationError):
-                continue
-    return found
+async def load_study_events(bus: Bus, study_id: str) -> list[ev.Event]:
+    """Every decodable lifecycle event of one study, in stream order."""
+    return (await read_study(bus, study_id))[0]
 
 
 def approval_for(
@@ -379,29 +365,20 @@ def approval_for(
 
 
 async def run_approve(args: argparse.Namespace, *, now: datetime | None = None) -> int:
-    from infrarsi.bus import BusError
-    from infrarsi.commands.init import connected_bus
-    from infrarsi.embedded import EmbeddedServerError
-
     approver = args.approver or os.environ.get("USER") or getpass.getuser()
-    try:
-        async with connected_bus(getattr(args, "nats_url", None), _data_dir(args)) as bus:
-            events = await load_study_events(bus, args.study)
-            try:
-                granted = approval_for(events, args, approver, now or datetime.now(UTC))
-            except (ApplyRefused, SigningError) as exc:
-                print(f"error: {exc}", file=sys.stderr)
-                return 2
-            event = ev.make_event(
-                granted,
-                study_id=args.study,
-                source=SOURCE_APPROVE,
-                cluster_id=_payloads(events, ev.StudyCreated)[0].cluster.cluster_id,
-            )
-            await bus.publish(event)
-    except (BusError, EmbeddedServerError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    async with recording_bus(args, SOURCE_APPROVE) as bus:
+        events = await load_study_events(bus, args.study)
+        try:
+            granted = approval_for(events, args, approver, now or datetime.now(UTC))
+        except (ApplyRefused, SigningError) as exc:
+            raise UserError(str(exc)) from None
+        event = ev.make_event(
+            granted,
+            study_id=args.study,
+            source=SOURCE_APPROVE,
+            cluster_id=_payloads(events, ev.StudyCreated)[0].cluster.cluster_id,
+        )
+        await bus.publish(event)
     key, signed = granted.candidate_key, bool(granted.signature)
     if args.json:
         fields = {"event_id": event.event_id, "candidate_key": key, "role": args.role, "approver": approver}
@@ -412,41 +389,28 @@ async def run_approve(args: argparse.Namespace, *, now: datetime | None = None) 
 
 
 async def run_apply(args: argparse.Namespace, *, now: datetime | None = None) -> int:
-    from infrarsi.bus import BusError
-    from infrarsi.commands.init import connected_bus
-    from infrarsi.embedded import EmbeddedServerError
-
-    try:
-        async with connected_bus(getattr(args, "nats_url", None), _data_dir(args)) as bus:
-            events = await load_study_events(bus, args.study)
-            try:
-                plan = plan_apply(events, args.study, args.candidate, now or datetime.now(UTC))
-                for line in plan.not_counted:
-                    print(f"note: {line}", file=sys.stderr)
-                if plan.contract.apply_policy.allowed_signers is None and plan.approvals:
-                    print(
-                        "note: the policy names no allowed_signers, so approvals were taken on their word",
-                        file=sys.stderr,
-                    )
-                promoted = execute_apply(plan, getattr(args, "key", None))
-            except ApplyRefused as exc:
-                for reason in exc.reasons:
-                    print(f"refused: {reason}", file=sys.stderr)
-                return 3
-            except WorkspaceError as exc:
-                print(f"error: {exc}", file=sys.stderr)
-                return 1
-            event = ev.make_event(
-                promoted,
-                study_id=args.study,
-                source=SOURCE_APPLY,
-                cluster_id=plan.created.cluster.cluster_id,
-                event_id=ev.derived_id(args.study, promoted.candidate_key, "PatchPromoted"),
-            )
-            await bus.publish(event)
-    except (BusError, EmbeddedServerError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    async with recording_bus(args, SOURCE_APPLY) as bus:
+        events = await load_study_events(bus, args.study)
+        try:
+            plan = plan_apply(events, args.study, args.candidate, now or datetime.now(UTC))
+            for line in plan.not_counted:
+                print(f"note: {line}", file=sys.stderr)
+            if plan.contract.apply_policy.allowed_signers is None and plan.approvals:
+                print("note: the policy names no allowed_signers, so approvals were taken on their word", file=sys.stderr)
+            promoted = execute_apply(plan, getattr(args, "key", None))
+        except ApplyRefused as exc:
+            raise UserError(f"{args.candidate}: not applied", EXIT_REFUSED,
+                            details=[f"refused: {reason}" for reason in exc.reasons]) from None
+        except WorkspaceError as exc:
+            raise UserError(str(exc), EXIT_FAILED) from None
+        event = ev.make_event(
+            promoted,
+            study_id=args.study,
+            source=SOURCE_APPLY,
+            cluster_id=plan.created.cluster.cluster_id,
+            event_id=ev.derived_id(args.study, promoted.candidate_key, "PatchPromoted"),
+        )
+        await bus.publish(event)
     if args.json:
         print(json.dumps(msgspec.to_builtins(promoted)))
     else:
