@@ -166,6 +166,37 @@ class LauncherSpec(_Model):
         return self
 
 
+class MeasurementSpec(_Model):
+    """How a trial of the workload is measured."""
+
+    kind: Literal["probe", "coarse"] = "probe"
+    """``probe``: the job reports every step through InfraRSI's probe (or a framework callback), and every
+    invariant is checked. ``coarse``: the job has no probe; a trial is measured from outside (wall time,
+    exit status, peak memory of the process tree, steps counted in its output by ``step_regex``) and the
+    invariants that cannot be checked that way are named unchecked, never passed."""
+    step_regex: str | None = None
+    """``coarse`` only: a Python regular expression searched in each line of the job's output (lines end at
+    ``\\n`` or ``\\r``, so progress bars count). A group named ``step`` gives the step number (the
+    highest seen is the steps completed); without one each matching line is one step. ``null``: steps are
+    not counted (the step time is then the wall time over the horizon, and the step count unchecked)."""
+
+    @field_validator("step_regex")
+    @classmethod
+    def _compiles(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"not a regular expression: {exc}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _regex_only_coarse(self) -> MeasurementSpec:
+        if self.kind == "probe" and self.step_regex is not None:
+            raise ValueError("step_regex is only used with kind: coarse (the probe counts steps itself)")
+        return self
+
+
 class WorkloadSpec(_Model):
     """The training job: where it lives and how it is started."""
 
@@ -198,6 +229,8 @@ class WorkloadSpec(_Model):
     """Longer horizon used at verify, to catch slow divergence."""
     patch_dir: str = "patches"
     """Patch library, relative to ``repo``: ``index.yaml`` plus one ``<id>.patch`` per patch."""
+    measurement: MeasurementSpec = MeasurementSpec()
+    """How trials are measured: through the probe (default) or coarsely from outside."""
 
     @field_validator("repo", mode="after")
     @classmethod

@@ -109,15 +109,35 @@ class LossPoint(msgspec.Struct, frozen=True, array_like=True):
     loss: float
 
 
+InvariantName = Literal["scope", "work.optimizer_steps", "work.tokens", "work.eval", "loss", "timing"]
+
+
 class InvariantResult(msgspec.Struct, frozen=True, kw_only=True):
     """The verdict of one invariant on one trial (ARCHITECTURE.md §7)."""
 
-    name: Literal["scope", "work.optimizer_steps", "work.tokens", "work.eval", "loss", "timing"]
+    name: InvariantName
     ok: bool
     detail: str
     observed: float | None = None
     expected: float | None = None
     tolerance: float | None = None
+
+
+class UncheckedInvariant(msgspec.Struct, frozen=True, kw_only=True):
+    """An invariant a coarse trial could not check (no probe): named with the reason, never passed."""
+
+    name: InvariantName
+    reason: str
+
+
+class OutputStep(msgspec.Struct, frozen=True, kw_only=True):
+    """A step count read from a job's output by the contract's ``step_regex`` (coarse measurement)."""
+
+    steps_done: int
+    """Steps completed by then, as the job's output says."""
+    seen_s: float
+    """Launcher's clock (s since launch) when the line became visible; ``-1`` when only the output's tail
+    was read after the job ended (no time known)."""
 
 
 class Effect(msgspec.Struct, frozen=True, kw_only=True):
@@ -291,6 +311,9 @@ class TrialFinished(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     step_seen_s: list[float] = []
     """Launcher's own clock (s since launch) when each step of rank 0 became visible; timing invariant."""
     output_tail: str = ""
+    output_steps: list[OutputStep] = []
+    """Coarse measurement only: each new step count the job's output showed (``steps_completed`` is the
+    last), for a job without a probe."""
 
 
 class TrialMeasured(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -319,7 +342,13 @@ class TrialMeasured(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     tokens: int
     invariants: list[InvariantResult]
     invariants_ok: bool
+    """Every invariant in ``invariants`` held (those in ``unchecked_invariants`` were not checked)."""
     accelerator_s: float = 0.0
+    coarse: bool = False
+    """Measured from outside (the job has no probe): wall time, exit status, process-tree memory, steps
+    counted in the output. Step time is the launcher's estimate; tokens, MFU and loss are unknown."""
+    unchecked_invariants: list[UncheckedInvariant] = []
+    """The invariants this trial could not check, with why: never counted as held."""
 
 
 class ModelUpdated(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -357,6 +386,9 @@ class VerifyCompleted(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     invariants: list[InvariantResult]
     failed_invariants: list[str]
     trial_ids: list[str]
+    unchecked_invariants: list[str] = []
+    """Invariants no run of the round could check (coarse measurement of a job without a probe): the round
+    is judged on the others and this list says so, everywhere the verdict is shown."""
 
 
 class ReportPublished(msgspec.Struct, frozen=True, kw_only=True, tag=True):

@@ -217,6 +217,8 @@ def evidence_text(plan: ApplyPlan) -> str:
     """The commit message body: why this change is safe to review (numbers from VerifyCompleted)."""
     v = plan.verification
     held = "all held" if not v.failed_invariants else f"FAILED: {', '.join(v.failed_invariants)}"
+    if v.unchecked_invariants:
+        held += f"; UNCHECKED (coarse measurement, no probe): {', '.join(v.unchecked_invariants)}"
     mfu = ""
     if v.mfu_before is not None and v.mfu_after is not None:
         mfu = f"MFU {v.mfu_before:.3f} -> {v.mfu_after:.3f}\n"
