@@ -403,6 +403,12 @@ class ApprovalGranted(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     approver: str
     action_classes: list[str]
     note: str = ""
+    evidence_sha256: str = ""
+    """The evidence the approver saw (``approvals.evidence_sha256``: contract, baseline, verification)."""
+    statement: str = ""
+    """The exact text signed (``approvals.Statement``); empty when unsigned."""
+    signature: str = ""
+    """OpenSSH signature (``ssh-keygen -Y sign -n infrarsi-approval``) of ``statement``; empty when unsigned."""
 
 
 class PatchPromoted(msgspec.Struct, frozen=True, kw_only=True, tag=True):
