@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from infrarsi import events as ev
 from infrarsi.commands.study_log import cli_bus, follow_study, read_study, require_study, study_contract
 from infrarsi.errors import UserError
-from infrarsi.study_space import TrialLedger
+from infrarsi.trial_ledger import TrialLedger
 
 SOURCE = "cli.run"
 BAR_WIDTH = 24
