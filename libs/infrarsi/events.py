@@ -288,6 +288,10 @@ class TrialFinished(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     step_seen_s: list[float] = []
     """Launcher's own clock (s since launch) when each step of rank 0 became visible; timing invariant."""
     output_tail: str = ""
+    infrastructure: bool = False
+    """The trial failed because of the harness, not the candidate (its launcher was killed mid-trial, or
+    could not handle it): it costs its accelerator time but says nothing about the candidate, which the
+    proposer runs once more."""
 
 
 class TrialMeasured(msgspec.Struct, frozen=True, kw_only=True, tag=True):

@@ -510,6 +510,8 @@ class TrialOutcome:
     """Max over ranks; for an OOM the censoring bound (the peak seen before the kill)."""
     accelerator_s: float
     detail: str = ""
+    infrastructure: bool = False
+    """Failed because of the harness (``TrialFinished.infrastructure``): no evidence about the candidate."""
 
 
 @dataclass
@@ -570,7 +572,7 @@ class TrialLedger:
             if f.status == "oom" and not peak:
                 peak = f.peak_memory_bytes or None
             t.outcome = TrialOutcome(trial_id, candidate, kind, _FAILED_STATUS[f.status], None,
-                                     float(peak) if peak else None, f.accelerator_s, f.reason)
+                                     float(peak) if peak else None, f.accelerator_s, f.reason, f.infrastructure)
         elif m is None:
             return None
         else:
@@ -589,11 +591,11 @@ class TrialLedger:
 
 def observation(study: StudySpace, outcome: TrialOutcome):  # -> modeling.search.Observation | None
     """The modeling observation of a trial outcome; ``None`` when its candidate is unknown or outside the
-    study's space (a manual candidate, say)."""
+    study's space (a manual candidate, say), or when the harness, not the candidate, failed."""
     from infrarsi.modeling.search import Observation
 
-    if outcome.candidate is None:
-        return None
+    if outcome.candidate is None or outcome.infrastructure:
+        return None  # an infrastructure failure is not the candidate's: the models learn nothing from it
     try:
         c = study.from_event(outcome.candidate)
     except CandidateOutsideSpace:

@@ -171,7 +171,7 @@ class LauncherService(Service):
         capacity = study.cluster.memory_capacity_bytes if study is not None else 0
         tdir = self.state_root / event.trial_id
         tdir.mkdir(parents=True, exist_ok=True)
-        finished = ev.TrialFinished(status="crash", reason=reason, memory_capacity_bytes=capacity)
+        finished = ev.TrialFinished(status="crash", reason=reason, memory_capacity_bytes=capacity, infrastructure=True)
         await self._finish(out, tdir, finished, republish_from=tdir / "probe", trial_id=event.trial_id,
                            study_id=event.study_id)  # fmt: skip
 
@@ -210,7 +210,7 @@ class LauncherService(Service):
             await self._finish(
                 out, tdir, ev.TrialFinished(
                     status="cancelled", reason="the launcher was stopped or killed mid-trial; its processes were reaped",
-                    wall_s=wall, ranks=ranks, accelerator_s=ranks * wall, warmup_accelerator_s=ranks * wall,
+                    infrastructure=True, wall_s=wall, ranks=ranks, accelerator_s=ranks * wall, warmup_accelerator_s=ranks * wall,
                     memory_capacity_bytes=study.cluster.memory_capacity_bytes,
                     steps_completed=len(_rank0_records(tdir / "probe")),
                 ),
