@@ -581,6 +581,10 @@ class TrialLedger:
             else:
                 status = _FAILED_STATUS[m.status]
             failed = ", ".join(i.name for i in m.invariants if not i.ok)
+            if m.interfered:
+                t.outcome = TrialOutcome(trial_id, candidate, kind, "crash", None, None, f.accelerator_s,
+                                         f"measured under interference ({failed} failed): re-run", True)
+                return t.outcome
             peak = max(m.peak_memory_bytes) if m.peak_memory_bytes else (f.peak_memory_bytes or None)
             t.outcome = TrialOutcome(trial_id, candidate, kind, status,
                                      m.step_time_s if m.step_time_s > 0 else None,

@@ -38,7 +38,7 @@ from pathlib import Path
 import msgspec
 import yaml
 from infrarsi import events as ev
-from infrarsi import stats, tracing, workspace
+from infrarsi import procs, stats, tracing, workspace
 from infrarsi.backends import Backend, JobHandle, JobResult, JobSpec, make_backend
 from infrarsi.contract import Contract, ContractError, contract_from_dict, load_patch_library
 from infrarsi.launch import LaunchValueError
@@ -302,6 +302,7 @@ class LauncherService(Service):
             memory_capacity_bytes=_emulated_capacity(study.cluster),
         )
         backend = self.backend(contract.backend.kind)
+        stall_before = procs.cpu_stall_s()
         try:
             handle = await asyncio.to_thread(backend.submit, spec)
         except OSError as exc:
@@ -331,7 +332,11 @@ class LauncherService(Service):
             job = await asyncio.to_thread(backend.collect, handle)
         finally:
             self.running.pop(spec.name, None)
-        return self._account(job, spec, tail, candidate, study)
+        stall_after = procs.cpu_stall_s()
+        pressure = None
+        if stall_before is not None and stall_after is not None and job.wall_s > 0:
+            pressure = min(1.0, max(0.0, (stall_after - stall_before) / job.wall_s))
+        return msgspec.structs.replace(self._account(job, spec, tail, candidate, study), cpu_pressure=pressure)
 
     def _copy_patches(self, contract: Contract, worktree: Path, tdir: Path, patch_ids: list[str]) -> list[Path]:
         """The candidate's diffs, copied out of the pristine worktree before anything is applied."""
