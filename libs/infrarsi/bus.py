@@ -398,6 +398,38 @@ class Bus:
         finally:
             await sub.unsubscribe()
 
+    async def event_batches(
+        self,
+        stream: str,
+        subjects: str | None = None,
+        types: tuple[type, ...] | None = None,
+        *,
+        start_seq: int = 1,
+    ) -> AsyncIterator[list[tuple[int, ev.Event]]]:
+        """``iter_stream`` decoded: per fetched batch, the (stream sequence, event) of every message that decodes
+        and, given ``types``, has one of those payload types. Dead letters and foreign bytes are skipped."""
+        async for msgs in self.iter_stream(stream, start_seq, subjects=subjects):
+            batch = []
+            for msg in msgs:
+                event = ev.decode_or_none(msg.data, types)
+                if event is not None:
+                    batch.append((msg.metadata.sequence.stream, event))
+            if batch:
+                yield batch
+
+    async def events(
+        self,
+        stream: str,
+        subjects: str | None = None,
+        types: tuple[type, ...] | None = None,
+        *,
+        start_seq: int = 1,
+    ) -> AsyncIterator[ev.Event]:
+        """Every decodable event of ``stream`` (filtered by ``subjects`` and payload ``types``), in order."""
+        async for batch in self.event_batches(stream, subjects, types, start_seq=start_seq):
+            for _, event in batch:
+                yield event
+
     async def stream_counts(self) -> dict[str, dict[str, int]]:
         out = {}
         for spec in STREAMS:

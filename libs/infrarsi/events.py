@@ -15,6 +15,7 @@ import hashlib
 import os
 import secrets
 import time
+from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -248,7 +249,9 @@ class TrialStep(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     rank: int
     world_size: int
     step: int
-    loss: float
+    loss: float | None
+    """This step's mean training loss (all ranks); ``None`` when the job reported none for it (a Trainer
+    that logs every k steps)."""
     step_time_s: float
     """Synchronised wall time of the whole step (data, forward, backward, optimiser, communication)."""
     phases: dict[str, float] = {}
@@ -536,7 +539,7 @@ class DeadLetter(msgspec.Struct, frozen=True, kw_only=True):
 
 
 # --------------------------------------------------------------------------------------------------
-# Construction, encoding, subjects
+# Construction, encoding, decoding
 # --------------------------------------------------------------------------------------------------
 
 
@@ -586,6 +589,24 @@ def decode(data: bytes) -> Event:
             f"envelope type {event.type!r} does not match payload type {type(event.payload).__name__!r}"
         )
     return event
+
+
+def decode_or_none(data: bytes, types: tuple[type, ...] | None = None) -> Event | None:
+    """The event in ``data``, or ``None`` when it does not decode (a dead letter, a torn line of a killed job)
+    or, given ``types``, when its payload is of another type."""
+    try:
+        event = decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    return event if types is None or isinstance(event.payload, types) else None
+
+
+def decode_each(raw: Iterable[bytes], types: tuple[type, ...] | None = None) -> Iterator[Event]:
+    """Every message of ``raw`` that decodes (and, given ``types``, has one of those payload types), in order."""
+    for data in raw:
+        event = decode_or_none(data, types)
+        if event is not None:
+            yield event
 
 
 def json_schema() -> dict[str, Any]:

@@ -39,7 +39,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Protocol
 
-import msgspec
 import structlog
 
 from infrarsi import events as ev
@@ -169,17 +168,9 @@ class Service(ABC):
     async def replay(self, event_types: tuple[type, ...] | None = None) -> AsyncIterator[ev.Event]:
         """Every decodable event of the given types, in stream order, for read-model rebuilds."""
         types = event_types or self.consumes
-        names = [t.__name__ for t in types]
-        streams = sorted({stream_for_type(n) for n in names})
-        for stream in streams:
-            async for batch in self.bus.iter_stream(stream):
-                for msg in batch:
-                    try:
-                        event = ev.decode(msg.data)
-                    except (msgspec.DecodeError, msgspec.ValidationError):
-                        continue  # poison is skipped here as the live consumer dead-letters it
-                    if event.type in names:
-                        yield event
+        for stream in sorted({stream_for_type(t.__name__) for t in types}):
+            async for event in self.bus.events(stream, types=types):
+                yield event  # poison is skipped here as the live consumer dead-letters it
 
 
 class ReactiveService(Service):

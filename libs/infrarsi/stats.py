@@ -221,7 +221,7 @@ def summarise(samples: Iterable[ev.TrialStep]) -> Series:
         peak_memory_bytes=[max((s.peak_memory_bytes for s in by_rank.get(r, [])), default=0) for r in range(world)],
         tokens_per_step=[s.tokens for s in rank0],
         optimizer_steps=max(s.optimizer_steps for s in rank0),
-        loss_curve=[ev.LossPoint(s.step, s.loss) for s in rank0],
+        loss_curve=[ev.LossPoint(s.step, s.loss) for s in rank0 if s.loss is not None],
         eval_curve=[ev.LossPoint(s.step, s.eval_loss) for s in rank0 if s.eval_loss is not None],
         eval_tokens=[s.eval_tokens or 0 for s in rank0 if s.eval_loss is not None],
         flops_per_step=median(flops) if flops else None,

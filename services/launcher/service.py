@@ -449,11 +449,8 @@ class LauncherService(Service):
         for path in sorted(probe_dir.glob("probe-rank*.jsonl")):
             rank = path.stem.removeprefix("probe-rank")
             for line in path.read_bytes().splitlines():
-                try:
-                    record = ev.decode(line)
-                except (msgspec.DecodeError, msgspec.ValidationError):
-                    continue  # a torn last line of a killed job
-                if not isinstance(record.payload, ev.TrialStep):
+                record = ev.decode_or_none(line, (ev.TrialStep,))  # None: a torn last line of a killed job
+                if record is None:
                     continue
                 await self.bus.js.publish(
                     subject,
@@ -497,13 +494,7 @@ def _rank0_records(probe_dir: Path) -> list[ev.TrialStep]:
 
 
 def _decode_records(path: Path) -> list[ev.TrialStep]:
-    out = []
-    for line in path.read_bytes().splitlines():
-        with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
-            event = ev.decode(line)
-            if isinstance(event.payload, ev.TrialStep):
-                out.append(event.payload)
-    return out
+    return [e.payload for e in ev.decode_each(path.read_bytes().splitlines()) if isinstance(e.payload, ev.TrialStep)]
 
 
 def _last_error_line(output: str) -> str:

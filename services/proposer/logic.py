@@ -50,7 +50,6 @@ second wire format for a posterior. The modeler's ``ModelUpdated`` is for humans
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -61,17 +60,9 @@ from infrarsi.events import RunRequested
 from infrarsi.modeling.search import SearchConfig, Searcher
 from infrarsi.modeling.space import Candidate
 from infrarsi.service import Emission, Fold
-from infrarsi.study_space import (
-    CandidateOutsideSpace,
-    StudyLoader,
-    StudySpace,
-    TrialLedger,
-    TrialOutcome,
-    load_study_space,
-    noise_floor,
-    observation,
-    prediction,
-)
+from infrarsi.study_model import build_searcher, observation, prediction
+from infrarsi.study_space import StudyLoader, StudySpace, load_study_space
+from infrarsi.trial_ledger import TrialLedger, TrialOutcome
 
 Phase = Literal["idle", "searching", "verifying", "finished"]
 
@@ -221,30 +212,9 @@ class ProposerState(Fold):
     def _searcher(self, study: _Study) -> Searcher:
         if study.searcher is None:
             assert study.space is not None
-            s = study.space
-            searcher = Searcher(s.space, s.capacity_bytes, meta=s.meta, kb=s.kb, baseline=s.baseline,
-                                seed=zlib.crc32(study.study_id.encode()), noise_floor=noise_floor(study.doctor),
-                                config=self.config)
-            self._enqueue_bank_seeds(study, searcher)
-            for outcome in study.outcomes:
-                obs = observation(s, outcome)
-                if obs is not None:
-                    searcher.observe(obs)
-            study.searcher = searcher
+            study.searcher = build_searcher(study.space, study.study_id, doctor=study.doctor,
+                                            outcomes=study.outcomes, bank=study.created.bank, config=self.config)
         return study.searcher
-
-    @staticmethod
-    def _enqueue_bank_seeds(study: _Study, searcher: Searcher) -> None:
-        """The bank's winners (``StudyCreated.bank.seeds``, best first) lead the initial design, origin ``bank``.
-        ``init`` mapped them into this study's space; one that no longer fits it is skipped."""
-        assert study.space is not None
-        bank = study.created.bank
-        for seed in bank.seeds if bank is not None else ():
-            try:
-                candidate = study.space.from_event(seed.candidate)
-            except CandidateOutsideSpace:
-                continue
-            searcher.enqueue([candidate], "bank", seed.reason)
 
     def _fill(self, study: _Study) -> list[Emission]:
         """Propose until ``parallel`` trials are in flight, or end the search when it must end."""

@@ -24,7 +24,6 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 
-import msgspec
 from infrarsi import events as ev
 from infrarsi import stats
 from infrarsi.contract import ContractError, contract_from_dict
@@ -110,14 +109,8 @@ class TelemetryService(Service):
         return {"pending_trials": len(self.trials), "measured_trials": len(self.measured)}
 
     async def _replay_steps(self, study_id: str, trial_id: str) -> list[ev.TrialStep]:
-        out = []
-        async for batch in self.bus.iter_stream(TELEMETRY_STREAM, subjects=telemetry_subject(study_id, trial_id)):
-            for msg in batch:
-                with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
-                    event = ev.decode(msg.data)
-                    if isinstance(event.payload, ev.TrialStep):
-                        out.append(event.payload)
-        return out
+        subject = telemetry_subject(study_id, trial_id)
+        return [e.payload async for e in self.bus.events(TELEMETRY_STREAM, subject) if isinstance(e.payload, ev.TrialStep)]
 
     async def _sweep(self) -> None:
         """Measure trials whose missing steps did not arrive within the grace period."""

@@ -150,3 +150,12 @@ def test_unreachable_nats_never_reaches_training(tmp_path: Path, caplog: pytest.
     p.close()
     assert len(read_records(p.path)) == 3
     assert any("cannot connect to NATS" in r.getMessage() for r in caplog.records)
+
+
+def test_a_step_without_a_loss_is_written_and_read_back(probe: Probe) -> None:
+    """A Trainer that logs every k steps leaves steps without a loss: they are records with ``loss=None``
+    (a NaN was written as JSON null and the whole record failed to decode)."""
+    with probe.step():
+        pass
+    (rec,) = read_records(probe.path)
+    assert rec.step == 0 and rec.loss is None

@@ -12,7 +12,7 @@ import random
 import pytest
 from infrarsi import events as ev
 from infrarsi import stats
-from infrarsi.study_space import TrialLedger
+from infrarsi.trial_ledger import TrialLedger
 from test_stats import SPEC, by_name, make_steps
 
 

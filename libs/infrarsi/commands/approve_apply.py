@@ -16,7 +16,6 @@ import argparse
 import getpass
 import json
 import os
-import sys
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,7 +27,10 @@ import yaml
 from pydantic import ValidationError
 
 from infrarsi import events as ev
+from infrarsi.bus import Bus
+from infrarsi.commands.study_log import read_study, recording_bus
 from infrarsi.contract import Contract, PatchIndex, PatchInfo, contract_from_dict
+from infrarsi.errors import EXIT_FAILED, EXIT_REFUSED, UserError
 from infrarsi.policy import ACTION_CLASSES, Operation, check
 from infrarsi.workspace import (
     AppliedCandidate,
@@ -278,60 +280,33 @@ add_arguments = add_apply_arguments
 """``infrarsi apply``'s arguments (the module serves two verbs; ``approve`` uses ``add_approve_arguments``)."""
 
 
-def _data_dir(args: argparse.Namespace) -> Path:
-    return Path(getattr(args, "data_dir", None) or os.environ.get("INFRARSI_DATA_DIR", ".infrarsi"))
-
-
-async def load_study_events(bus, study_id: str) -> list[ev.Event]:
-    """Every decodable lifecycle event of one study, in stream order.
-
-    Stand-in until the bus grows a shared helper for this; it reads the ``IRSI`` stream filtered to
-    ``irsi.<study>.*`` with an ephemeral consumer.
-    """
-    from infrarsi.subjects import LIFECYCLE_STREAM, lifecycle_subject
-
-    found: list[ev.Event] = []
-    async for batch in bus.iter_stream(LIFECYCLE_STREAM, subjects=lifecycle_subject(study_id, "*")):
-        for msg in batch:
-            try:
-                found.append(ev.decode(msg.data))
-            except (msgspec.DecodeError, msgspec.ValidationError):
-                continue
-    return found
+async def load_study_events(bus: Bus, study_id: str) -> list[ev.Event]:
+    """Every decodable lifecycle event of one study, in stream order."""
+    return (await read_study(bus, study_id))[0]
 
 
 async def run_approve(args: argparse.Namespace) -> int:
-    from infrarsi.bus import BusError
-    from infrarsi.commands.init import connected_bus
-    from infrarsi.embedded import EmbeddedServerError
-
     approver = args.approver or os.environ.get("USER") or getpass.getuser()
-    try:
-        async with connected_bus(getattr(args, "nats_url", None), _data_dir(args)) as bus:
-            events = await load_study_events(bus, args.study)
-            created = _payloads(events, ev.StudyCreated)
-            if not created:
-                print(f"error: study {args.study} not found", file=sys.stderr)
-                return 2
-            try:
-                key = resolve_candidate_key(events, args.candidate)
-            except ApplyRefused as exc:
-                print(f"error: {exc}", file=sys.stderr)
-                return 2
-            granted = ev.ApprovalGranted(
-                candidate_key=key,
-                role=args.role,
-                approver=approver,
-                action_classes=sorted(set(args.action_classes)),
-                note=args.note,
-            )
-            event = ev.make_event(
-                granted, study_id=args.study, source=SOURCE_APPROVE, cluster_id=created[0].cluster.cluster_id
-            )
-            await bus.publish(event)
-    except (BusError, EmbeddedServerError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    async with recording_bus(args, SOURCE_APPROVE) as bus:
+        events = await load_study_events(bus, args.study)
+        created = _payloads(events, ev.StudyCreated)
+        if not created:
+            raise UserError(f"study {args.study} not found")
+        try:
+            key = resolve_candidate_key(events, args.candidate)
+        except ApplyRefused as exc:
+            raise UserError(str(exc)) from None
+        granted = ev.ApprovalGranted(
+            candidate_key=key,
+            role=args.role,
+            approver=approver,
+            action_classes=sorted(set(args.action_classes)),
+            note=args.note,
+        )
+        event = ev.make_event(
+            granted, study_id=args.study, source=SOURCE_APPROVE, cluster_id=created[0].cluster.cluster_id
+        )
+        await bus.publish(event)
     if args.json:
         print(
             json.dumps(
@@ -344,34 +319,24 @@ async def run_approve(args: argparse.Namespace) -> int:
 
 
 async def run_apply(args: argparse.Namespace, *, now: datetime | None = None) -> int:
-    from infrarsi.bus import BusError
-    from infrarsi.commands.init import connected_bus
-    from infrarsi.embedded import EmbeddedServerError
-
-    try:
-        async with connected_bus(getattr(args, "nats_url", None), _data_dir(args)) as bus:
-            events = await load_study_events(bus, args.study)
-            try:
-                plan = plan_apply(events, args.study, args.candidate, now or datetime.now(UTC))
-                promoted = execute_apply(plan)
-            except ApplyRefused as exc:
-                for reason in exc.reasons:
-                    print(f"refused: {reason}", file=sys.stderr)
-                return 3
-            except WorkspaceError as exc:
-                print(f"error: {exc}", file=sys.stderr)
-                return 1
-            event = ev.make_event(
-                promoted,
-                study_id=args.study,
-                source=SOURCE_APPLY,
-                cluster_id=plan.created.cluster.cluster_id,
-                event_id=ev.derived_id(args.study, promoted.candidate_key, "PatchPromoted"),
-            )
-            await bus.publish(event)
-    except (BusError, EmbeddedServerError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    async with recording_bus(args, SOURCE_APPLY) as bus:
+        events = await load_study_events(bus, args.study)
+        try:
+            plan = plan_apply(events, args.study, args.candidate, now or datetime.now(UTC))
+            promoted = execute_apply(plan)
+        except ApplyRefused as exc:
+            raise UserError(f"{args.candidate}: not applied", EXIT_REFUSED,
+                            details=[f"refused: {reason}" for reason in exc.reasons]) from None
+        except WorkspaceError as exc:
+            raise UserError(str(exc), EXIT_FAILED) from None
+        event = ev.make_event(
+            promoted,
+            study_id=args.study,
+            source=SOURCE_APPLY,
+            cluster_id=plan.created.cluster.cluster_id,
+            event_id=ev.derived_id(args.study, promoted.candidate_key, "PatchPromoted"),
+        )
+        await bus.publish(event)
     if args.json:
         print(json.dumps(msgspec.to_builtins(promoted)))
     else:

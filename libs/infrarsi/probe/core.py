@@ -17,7 +17,9 @@ Calling order (one process = one rank)::
     probe.close()
 
 What the probe counts itself, not taken from the job: tokens and loss tokens (from the model's inputs as
-they enter ``forward``), optimiser steps (``register_step_post_hook``), FLOPs (``FlopCounterMode``), peak
+they enter ``forward``), optimiser steps (optimiser step hooks; where the optimiser counts its own
+updates, as the Adam family does, a step counts only if that count moved, so an optimiser whose ``step``
+returns early is not credited), FLOPs (``FlopCounterMode``), peak
 memory (CUDA allocator peak, or the process's RSS high-water mark on CPU). Counts are summed over ranks
 with one small all-reduce per step when a process group is up, so every rank's record holds global
 tokens and the global mean loss; step times and peak memory stay per rank (stragglers).
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import resource
 import sys
@@ -70,6 +73,21 @@ def peak_memory_bytes(device: torch.device) -> int:
         return int(torch.cuda.max_memory_allocated(device))
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(rss if sys.platform == "darwin" else rss * 1024)  # Linux reports KiB, macOS bytes
+
+
+def _state_step(optimizer: torch.optim.Optimizer, param: torch.Tensor) -> float | None:
+    """The optimiser's own count of updates to ``param`` (Adam-family ``state["step"]``), if it keeps one."""
+    step = optimizer.state.get(param, {}).get("step")
+    return None if step is None else float(step)
+
+
+def _watched_parameter(optimizer: torch.optim.Optimizer) -> tuple[torch.Tensor, float | None] | None:
+    """A parameter the optimiser is about to update (the first with a gradient) and its update count now."""
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            if param.grad is not None:
+                return param, _state_step(optimizer, param)
+    return None
 
 
 class _Clock:
@@ -114,7 +132,11 @@ class StepContext:
         self.loss_tokens: torch.Tensor | int = 0
         self._loss: torch.Tensor | float | None = None
         self._phases: list[tuple[str, Any, Any]] = []
+        self._phase_seconds: dict[str, float] = {}
         self._paused_s = 0.0
+        self._started_s = 0.0
+        self.step_time_s: float | None = None
+        """Set when the step ends (``Probe.end_step``)."""
         self.eval: EvalContext | None = None
 
     @contextlib.contextmanager
@@ -126,9 +148,23 @@ class StepContext:
         finally:
             self._phases.append((name, start, self._probe._clock.mark()))
 
+    def add_phase(self, name: str, seconds: float) -> None:
+        """Add wall-clock seconds to a phase (for callers that see only the edges of a phase, not its body)."""
+        self._phase_seconds[name] = self._phase_seconds.get(name, 0.0) + seconds
+
+    def add_tokens(self, tokens: int, loss_tokens: torch.Tensor | int | None = None) -> None:
+        """Count tokens the job consumed in this step (for integrations that see batches, not ``forward``)."""
+        self.tokens += tokens
+        if loss_tokens is not None:
+            self.loss_tokens = self.loss_tokens + loss_tokens
+
     def loss(self, value: torch.Tensor | float) -> None:
         """This rank's mean training loss of the step (a tensor avoids a sync inside the step)."""
         self._loss = value.detach() if isinstance(value, torch.Tensor) else float(value)
+
+    @property
+    def has_loss(self) -> bool:
+        return self._loss is not None
 
     @contextlib.contextmanager
     def evaluation(self) -> Iterator[EvalContext]:
@@ -187,6 +223,8 @@ class Probe:
         self._next_index = 0
         self._hooks: list[Any] = []
         self._counter: TokenCounter = count_tokens_default
+        self._watched: tuple[torch.Tensor, float | None] | None = None  # a parameter, its update count
+        self._optimizer_depth = 0
 
     @classmethod
     def from_env(
@@ -229,6 +267,14 @@ class Probe:
             traceparent=env.get("INFRARSI_TRACEPARENT"),
         )
 
+    @classmethod
+    def launched(cls, **kwargs: Any) -> Probe | None:
+        """``from_env`` when the job runs under InfraRSI (``INFRARSI_TRIAL`` or ``INFRARSI_PROBE_DIR`` set),
+        else ``None``: an integration left in a job run by hand writes nothing and hooks nothing."""
+        if not (os.environ.get("INFRARSI_TRIAL") or os.environ.get("INFRARSI_PROBE_DIR") or kwargs.get("out_dir")):
+            return None
+        return cls.from_env(**kwargs)
+
     # -- wiring -----------------------------------------------------------------------------------------
 
     def attach(
@@ -247,6 +293,7 @@ class Probe:
         if model is not None:
             self._hooks.append(model.register_forward_pre_hook(self._on_forward, with_kwargs=True))
         if optimizer is not None:
+            self._hooks.append(optimizer.register_step_pre_hook(self._before_optimizer_step))
             self._hooks.append(optimizer.register_step_post_hook(self._on_optimizer_step))
 
     def _on_forward(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -260,8 +307,22 @@ class Probe:
         if loss_tokens is not None:
             self._current.loss_tokens = self._current.loss_tokens + loss_tokens
 
+    # The hooks fire once per hooked ``step`` on the call stack: an optimiser subclass whose ``step`` calls
+    # ``super().step()`` runs them twice, so only the outermost pair counts.
+
+    def _before_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self._optimizer_depth += 1
+        if self._optimizer_depth == 1:
+            self._watched = _watched_parameter(optimizer)
+
     def _on_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        self.optimizer_steps += 1
+        self._optimizer_depth = max(0, self._optimizer_depth - 1)
+        if self._optimizer_depth:
+            return
+        watched, self._watched = self._watched, None
+        after = _state_step(optimizer, watched[0]) if watched is not None else None
+        if after is None or watched is None or watched[1] is None or after > watched[1]:
+            self.optimizer_steps += 1  # an optimiser that keeps no count is taken at its word
 
     @contextlib.contextmanager
     def count_flops(self, multiplier: int = 1) -> Iterator[None]:
@@ -279,29 +340,60 @@ class Probe:
     @contextlib.contextmanager
     def step(self, index: int | None = None) -> Iterator[StepContext]:
         """Time one optimiser step; on normal exit write its record (an exception writes nothing)."""
+        s = self.begin_step(index)
+        try:
+            yield s
+            self.end_step(s)
+        finally:
+            self._current, self._mode = None, None
+        self.write_step(s)
+
+    # The three calls ``step()`` is made of, for integrations whose framework calls them from separate hooks
+    # (a Trainer callback sees the start and the end of a step, then the loss and the evaluation after it).
+
+    def begin_step(self, index: int | None = None, *, started_at: float | None = None) -> StepContext:
+        """Start one optimiser step: tokens and loss tokens count towards it from now on.
+
+        ``started_at`` (a ``time.perf_counter()`` value) backdates the start, for a framework that fetches
+        the step's data before it tells anyone that the step began."""
         s = StepContext(self, self._next_index if index is None else index)
         self._next_index = s.index + 1
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         self._clock.sync()
-        start = time.perf_counter()
+        s._started_s = time.perf_counter() if started_at is None else started_at
         self._current, self._mode = s, "train"
-        try:
-            yield s
-            self._clock.sync()
-            step_time_s = time.perf_counter() - start - s._paused_s
-        finally:
-            self._current, self._mode = None, None
-        self._record(s, step_time_s)
+        return s
 
-    def _record(self, s: StepContext, step_time_s: float) -> None:
-        phases: dict[str, float] = {}
+    def end_step(self, s: StepContext) -> None:
+        """Stop the step's clock (synchronised); nothing counts towards it any more."""
+        self._clock.sync()
+        s.step_time_s = time.perf_counter() - s._started_s - s._paused_s
+        self._current, self._mode = None, None
+
+    def open_evaluation(self, s: StepContext) -> EvalContext:
+        """Start counting eval tokens for ``s`` after its clock stopped (the framework evaluates between steps)."""
+        s.eval = EvalContext()
+        self._current, self._mode = s, "eval"
+        return s.eval
+
+    def close_evaluation(self) -> None:
+        self._current, self._mode = None, None
+
+    def write_step(self, s: StepContext) -> events.TrialStep:
+        """Write the record of an ended step (JSONL, then NATS when configured) and return it."""
+        if s.step_time_s is None:
+            raise RuntimeError(f"probe: step {s.index} is written before it ended")
+        return self._record(s, s.step_time_s)
+
+    def _record(self, s: StepContext, step_time_s: float) -> events.TrialStep:
+        phases: dict[str, float] = dict(s._phase_seconds)
         for name, start, end in s._phases:
             phases[name] = phases.get(name, 0.0) + self._clock.seconds(start, end)
         if s._paused_s:
             phases["eval"] = phases.get("eval", 0.0) + s._paused_s
 
-        loss = float(s._loss) if s._loss is not None else float("nan")
+        loss = float(s._loss) if s._loss is not None else math.nan
         loss_tokens = float(s.loss_tokens)
         ev = s.eval
         eval_loss = float(ev._loss) if ev is not None and ev._loss is not None else None
@@ -341,7 +433,7 @@ class Probe:
             rank=self.rank,
             world_size=self.world_size,
             step=s.index,
-            loss=loss,
+            loss=None if math.isnan(loss) else loss,  # None: the job reported no loss for this step
             step_time_s=step_time_s,
             phases=phases,
             tokens=int(tokens),
@@ -355,6 +447,7 @@ class Probe:
             wall_time=time.time(),
         )
         self._emit(record)
+        return record
 
     def msg_id(self, step: int) -> str:
         """Deterministic ``Nats-Msg-Id``: a re-published step is dropped by JetStream's dedup window."""

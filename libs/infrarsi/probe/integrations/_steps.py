@@ -1,0 +1,182 @@
+"""``StepTracker``: one optimiser step at a time, from the hooks a framework calls.
+
+Frameworks tell their callbacks about a step in pieces: its data is fetched before anyone hears that it
+began, the optimiser runs between two hooks, and the loss and the evaluation arrive only after the step
+ended (Hugging Face logs and evaluates after ``on_step_end``; Lightning validates after the batch ends).
+The tracker keeps the probe's definitions over that shape:
+
+- the step's clock starts when the job was last *idle*, i.e. at the end of the previous step or of the
+  logging, evaluation or checkpoint that followed it (``idle()``), so the step covers its data fetch and
+  the report never covers an evaluation (phases ``data``, ``forward_backward``, ``optimizer``);
+- the clock stops at the framework's end of step, synchronised (``end()``);
+- an ended step stays *pending* until its loss and evaluation arrived, then is written; a pending step is
+  written anyway when the next step begins or the tracker closes, so no step is lost or written twice;
+- FLOPs are counted once, over the whole first step (every micro-batch, forward and backward) under
+  ``FlopCounterMode``, and reported for every step after it.
+
+This module must not import a training framework.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from infrarsi.probe.core import EvalContext, Probe, StepContext
+
+
+def innermost_optimizer(optimizer: Any) -> torch.optim.Optimizer:
+    """The torch optimiser under framework wrappers (accelerate's ``AcceleratedOptimizer``, Lightning's
+    ``LightningOptimizer``): its step hook fires only when parameters really are updated."""
+    for _ in range(8):  # wrappers of wrappers, never a cycle
+        inner = getattr(optimizer, "optimizer", None) or getattr(optimizer, "_optimizer", None)
+        if inner is None or not callable(getattr(inner, "step", None)):
+            break
+        optimizer = inner
+    return optimizer
+
+
+def scalar(value: Any) -> torch.Tensor | float | None:
+    """A loss as the probe takes it: a detached tensor (no sync now) or a float; ``None`` if not a number."""
+    if isinstance(value, torch.Tensor):
+        return value.detach() if value.numel() == 1 else None
+    if isinstance(value, int | float):
+        return float(value)
+    return None
+
+
+class StepTracker:
+    """Drives one ``Probe`` from begin/end hooks; see the module docstring for the rules."""
+
+    def __init__(self, probe: Probe, *, count_flops: bool = True) -> None:
+        self.probe = probe
+        self.current: StepContext | None = None
+        """The step in progress, between ``begin`` and ``end``."""
+        self.pending: StepContext | None = None
+        """The last ended step, not yet written (waiting for its loss or evaluation)."""
+        self._idle_since = time.perf_counter()
+        self._began = 0.0
+        self._optimizer_at: float | None = None
+        self._wait_loss = self._wait_eval = self._hold = False
+        self._micro_loss: torch.Tensor | float | None = None
+        self._flops = None
+        if count_flops and probe.flops_per_step is None:
+            from torch.utils.flop_counter import FlopCounterMode
+
+            self._flops = FlopCounterMode(display=False)
+
+    def idle(self) -> None:
+        """The job is between steps from now on (the next step's clock starts here at the latest)."""
+        self._idle_since = time.perf_counter()
+
+    def begin(self) -> StepContext:
+        """The framework started an optimiser step (its data already fetched)."""
+        self.flush()
+        now = time.perf_counter()
+        s = self.probe.begin_step(started_at=self._idle_since)
+        s.add_phase("data", max(0.0, now - self._idle_since))
+        self._began, self._optimizer_at, self._micro_loss = now, None, None
+        self.current = s
+        if self._flops is not None:
+            self._flops.__enter__()
+        return s
+
+    def before_optimizer(self) -> None:
+        """Forward and backward of every micro-batch are done; the optimiser runs next."""
+        self._optimizer_at = time.perf_counter()
+
+    def micro_batch_loss(self, value: Any, *, weight: float = 1.0) -> None:
+        """Add one micro-batch's loss × ``weight`` to the step's loss (sum the parts of the step's mean)."""
+        loss = scalar(value)
+        if loss is not None and self.current is not None:
+            part = loss * weight
+            self._micro_loss = part if self._micro_loss is None else self._micro_loss + part
+
+    def end(self, *, loss_follows: bool = False, eval_follows: bool = False, hold: bool = False) -> None:
+        """The optimiser step is over: stop the clock; write now unless a loss or an evaluation follows, or
+        (``hold``) the framework decides only later whether to evaluate after it."""
+        s = self.current
+        if s is None:
+            return
+        self.probe._clock.sync()
+        now = time.perf_counter()
+        if self._flops is not None:
+            self._flops.__exit__(None, None, None)
+            self.probe.flops_per_step = float(self._flops.get_total_flops())
+            self._flops = None
+        self.probe.end_step(s)
+        split = self._optimizer_at if self._optimizer_at is not None else now
+        s.add_phase("forward_backward", split - self._began)
+        s.add_phase("optimizer", now - split)
+        if self._micro_loss is not None:
+            s.loss(self._micro_loss)
+        self.current, self.pending = None, s
+        self._wait_loss, self._wait_eval, self._hold = loss_follows, eval_follows, hold
+        if eval_follows:
+            self.probe.open_evaluation(s)
+        self._maybe_write()
+
+    def loss(self, value: Any) -> None:
+        """The loss of the pending step, reported after it ended (a Trainer's log)."""
+        loss = scalar(value)
+        if self.pending is not None and loss is not None:
+            self.pending.loss(loss)
+        self._wait_loss = False
+        self._maybe_write()
+
+    def open_evaluation(self) -> EvalContext | None:
+        """An evaluation starts after the pending step (the framework said so only now)."""
+        if self.pending is None:
+            return None
+        self._wait_eval = True
+        return self.pending.eval if self.pending.eval is not None else self.probe.open_evaluation(self.pending)
+
+    def eval_tokens(self, tokens: int) -> None:
+        if self.pending is not None and self.pending.eval is not None:
+            self.pending.eval.tokens += tokens
+
+    def close_evaluation(self, eval_loss: Any) -> None:
+        """The evaluation after the pending step finished with this mean loss."""
+        s = self.pending
+        self.probe.close_evaluation()
+        if s is not None and s.eval is not None:
+            loss = scalar(eval_loss)
+            if loss is not None:
+                s.eval.loss(loss)
+        self._wait_eval = self._hold = False
+        self._maybe_write()
+
+    def _maybe_write(self) -> None:
+        if not (self._wait_loss or self._wait_eval or self._hold):
+            self.flush()
+        self.idle()
+
+    def flush(self) -> None:
+        """Write the pending step, whatever it still waits for."""
+        s = self.pending
+        if s is None:
+            return
+        self.probe.close_evaluation()
+        self.pending = None
+        self._wait_loss = self._wait_eval = self._hold = False
+        self.probe.write_step(s)
+
+    def abandon(self) -> None:
+        """The step in progress failed: it is not a step (nothing written, as ``Probe.step`` on an exception)."""
+        if self.current is None:
+            return
+        if self._flops is not None:  # count again on the next step
+            self._flops.__exit__(None, None, None)
+            from torch.utils.flop_counter import FlopCounterMode
+
+            self._flops = FlopCounterMode(display=False)
+        self.probe.close_evaluation()
+        self.current = None
+
+    def close(self) -> None:
+        """Write what is pending (a step still in progress when training stopped is not a step)."""
+        self.abandon()
+        self._flops = None
+        self.flush()

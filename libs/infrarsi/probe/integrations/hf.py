@@ -1,0 +1,97 @@
+"""Hugging Face ``Trainer`` → the probe: ``Trainer(..., callbacks=[InfraRSICallback()])``.
+
+How a Trainer step maps onto the probe (transformers ≥ 5, ``Trainer._inner_training_loop``):
+
+- ``on_step_begin`` fires once per optimiser step, after the step's micro-batches were fetched: the
+  step's clock starts when the job was last idle (the end of the previous step, log, evaluation or save),
+  so the data fetch is inside the step (phase ``data``);
+- ``on_pre_optimizer_step`` splits ``forward_backward`` from ``optimizer``; ``on_step_end`` stops the clock.
+  One probe step per optimiser step, so with ``gradient_accumulation_steps=k`` the tokens of all k
+  micro-batches (counted by a forward pre-hook on the model as ``input_ids`` enter it) are one step's;
+- the loss is the Trainer's own logged ``loss`` (``on_log``; it averages the steps since the previous log,
+  so ``logging_steps=1`` gives one per step; steps without a log report none);
+- when ``control.should_evaluate`` is set at ``on_step_end``, the model's forwards until ``on_evaluate``
+  count as that step's eval tokens and ``metrics["eval_loss"]`` is its eval loss; the step is written then;
+- optimiser steps are counted by a hook on the torch optimiser under accelerate's wrapper, so a step the
+  optimiser skipped is not counted.
+
+Outside InfraRSI (no ``INFRARSI_TRIAL``/``INFRARSI_PROBE_DIR``) the callback does nothing at all.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from infrarsi.probe.core import Probe, TokenCounter, count_tokens_default
+from infrarsi.probe.integrations._steps import StepTracker, innermost_optimizer
+
+
+class InfraRSICallback(TrainerCallback):
+    """Report every optimiser step of a ``transformers.Trainer`` to InfraRSI's probe.
+
+    ``probe``: an explicit probe (tests, benchmarks); by default one is built from the launcher's
+    environment at ``on_train_begin``. ``out_dir``: where to write records when not launched (forces the
+    probe on). ``count_tokens``: (forward args, kwargs) → (tokens, loss tokens), for models whose inputs
+    are not ``input_ids``/``labels``.
+    """
+
+    def __init__(
+        self,
+        probe: Probe | None = None,
+        *,
+        out_dir: Path | str | None = None,
+        count_tokens: TokenCounter = count_tokens_default,
+    ) -> None:
+        self._given = probe
+        self._out_dir = out_dir
+        self._count_tokens = count_tokens
+        self.probe: Probe | None = None
+        self.tracker: StepTracker | None = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        probe = self._given or Probe.launched(device=args.device, out_dir=self._out_dir)
+        if probe is None:
+            return
+        optimizer = kwargs.get("optimizer")
+        probe.attach(
+            model=kwargs.get("model"),
+            optimizer=innermost_optimizer(optimizer) if optimizer is not None else None,
+            count_tokens=self._count_tokens,
+        )
+        self.probe, self.tracker = probe, StepTracker(probe)
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.tracker is not None:
+            self.tracker.begin()
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.tracker is not None:
+            self.tracker.before_optimizer()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # DefaultFlowCallback ran first (the Trainer puts it first) and set what follows this step
+        if self.tracker is not None:
+            self.tracker.end(loss_follows=control.should_log, eval_follows=control.should_evaluate)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        if self.tracker is not None and logs and "loss" in logs:
+            self.tracker.loss(logs["loss"])
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        if self.tracker is not None and self.tracker.pending is not None:
+            self.tracker.close_evaluation((metrics or {}).get("eval_loss"))
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.tracker is not None:
+            self.tracker.idle()  # a checkpoint is not part of the next step
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.tracker is None or self.probe is None:
+            return
+        self.tracker.close()
+        if self._given is None:
+            self.probe.close()
+        self.tracker = None

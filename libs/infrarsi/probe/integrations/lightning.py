@@ -1,0 +1,119 @@
+"""PyTorch Lightning → the probe: ``Trainer(..., callbacks=[InfraRSICallback()])``.
+
+How a Lightning step maps onto the probe (lightning 2.x, automatic or manual optimisation):
+
+- an optimiser step is ``Trainer(accumulate_grad_batches=k)`` training batches (the last batch of an epoch
+  closes a shorter one, as Lightning steps there); it begins at the first batch's ``on_train_batch_start``
+  (its clock starts when the job was last idle, so the fetch of that batch is inside: phase ``data``),
+  ``on_before_optimizer_step`` splits ``forward_backward`` from ``optimizer``, and the last batch's
+  ``on_train_batch_end`` stops the clock;
+- tokens and loss tokens are counted from each batch as it arrives (``input_ids``/``labels`` of a dict
+  batch, else its first and second tensors; ``count_tokens`` overrides), so the step has all k micro-batches;
+- the step's loss is the sum of the micro-batches' ``outputs["loss"]`` (Lightning divides each by k, so
+  the sum is their mean) — the same whatever ``precision=`` is;
+- a validation run after the step (``val_check_interval``) counts as that step's evaluation: its batches'
+  tokens, and ``trainer.callback_metrics[eval_metric]`` (default ``val_loss``) as the eval loss. Because
+  Lightning decides to validate only after the batch ended, a step is written when the next one begins,
+  when its validation ends, or when training ends. The sanity check before training is not an evaluation;
+- optimiser steps are counted by a hook on each of ``trainer.optimizers``.
+
+Outside InfraRSI (no ``INFRARSI_TRIAL``/``INFRARSI_PROBE_DIR``) the callback does nothing at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback
+
+from infrarsi.probe.core import Probe, TokenCounter, count_tokens_default
+from infrarsi.probe.integrations._steps import StepTracker, innermost_optimizer
+
+
+def count_batch_tokens(batch: Any, count_tokens: TokenCounter = count_tokens_default) -> tuple[int, torch.Tensor | int | None]:
+    """Tokens of a batch as a dataloader yields it: a mapping is read as keyword arguments, a sequence as
+    positional ones (inputs first, targets second)."""
+    if isinstance(batch, Mapping):
+        return count_tokens((), dict(batch))
+    if isinstance(batch, list | tuple):
+        return count_tokens(tuple(batch), {})
+    return count_tokens((batch,), {})
+
+
+class InfraRSICallback(Callback):
+    """Report every optimiser step of a ``lightning.pytorch.Trainer`` to InfraRSI's probe.
+
+    ``probe``: an explicit probe (tests, benchmarks); by default one is built from the launcher's
+    environment at ``on_train_start``. ``out_dir``: where to write records when not launched (forces the
+    probe on). ``eval_metric``: the logged validation metric that is the eval loss. ``count_tokens``:
+    (args, kwargs) → (tokens, loss tokens), applied to each batch.
+    """
+
+    def __init__(
+        self,
+        probe: Probe | None = None,
+        *,
+        out_dir: Path | str | None = None,
+        eval_metric: str = "val_loss",
+        count_tokens: TokenCounter = count_tokens_default,
+    ) -> None:
+        self._given = probe
+        self._out_dir = out_dir
+        self.eval_metric = eval_metric
+        self._count_tokens = count_tokens
+        self.probe: Probe | None = None
+        self.tracker: StepTracker | None = None
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        probe = self._given or Probe.launched(device=pl_module.device, out_dir=self._out_dir)
+        if probe is None:
+            return
+        probe.attach(count_tokens=self._count_tokens)
+        for optimizer in trainer.optimizers:
+            probe.attach(optimizer=innermost_optimizer(optimizer), count_tokens=self._count_tokens)
+        self.probe, self.tracker = probe, StepTracker(probe)
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        tracker = self.tracker
+        if tracker is None:
+            return
+        step = tracker.current or tracker.begin()
+        step.add_tokens(*count_batch_tokens(batch, self._count_tokens))
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        if self.tracker is not None:
+            self.tracker.before_optimizer()
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        tracker = self.tracker
+        if tracker is None:
+            return
+        tracker.micro_batch_loss(outputs.get("loss") if isinstance(outputs, Mapping) else outputs)
+        ready = batch_idx + 1
+        if ready % trainer.accumulate_grad_batches == 0 or ready == trainer.num_training_batches:
+            tracker.end(hold=True)  # Lightning decides whether to validate after this hook
+
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        if self.tracker is not None and not trainer.sanity_checking:
+            self.tracker.open_evaluation()
+
+    def on_validation_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        if self.tracker is not None and not trainer.sanity_checking:
+            self.tracker.eval_tokens(count_batch_tokens(batch, self._count_tokens)[0])
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        if self.tracker is not None and not trainer.sanity_checking and self.tracker.pending is not None:
+            self.tracker.close_evaluation(trainer.callback_metrics.get(self.eval_metric))
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        if self.tracker is None or self.probe is None:
+            return
+        self.tracker.close()
+        if self._given is None:
+            self.probe.close()
+        self.tracker = None
