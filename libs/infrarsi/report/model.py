@@ -76,7 +76,9 @@ def trials_sql(view: str = VIEW) -> str:
            CAST(m.payload->>'mfu' AS DOUBLE) AS mfu,
            list_max(CAST(m.payload->'peak_memory_bytes' AS BIGINT[])) AS peak_memory_bytes,
            CAST(m.payload->>'invariants_ok' AS BOOLEAN) AS invariants_ok,
-           CAST(m.payload->'invariants' AS VARCHAR) AS invariants_json
+           CAST(m.payload->'invariants' AS VARCHAR) AS invariants_json,
+           coalesce(CAST(m.payload->>'coarse' AS BOOLEAN), FALSE) AS coarse,
+           CAST(m.payload->'unchecked_invariants' AS VARCHAR) AS unchecked_json
     FROM p LEFT JOIN f USING (trial_id) LEFT JOIN m USING (trial_id)
     """
 
@@ -122,6 +124,10 @@ class TrialRow:
     invariants_ok: bool | None
     failed_invariants: list[str]
     reason: str = ""
+    coarse: bool = False
+    """Measured from outside (the job has no probe)."""
+    unchecked_invariants: list[str] = field(default_factory=list)
+    """Invariants the trial could not check (coarse): never counted as held."""
 
 
 @dataclass(frozen=True)
@@ -153,6 +159,8 @@ class Verdict:
     failed_invariants: list[str]
     rounds: int
     trial_ids: list[str]
+    unchecked_invariants: list[str] = field(default_factory=list)
+    """Invariants no run of the final round could check (coarse measurement)."""
 
     @property
     def files_changed(self) -> list[str]:
@@ -267,6 +275,7 @@ def _build(con: duckdb.DuckDBPyConnection, study_id: str) -> Report:
                 peak_memory_bytes=r["peak_memory_bytes"] or r["launcher_peak_bytes"],
                 censored_peak_bytes=r["censored_peak_bytes"], mfu=r["mfu"], invariants_ok=r["invariants_ok"],
                 failed_invariants=[inv["name"] for inv in invariants if not inv.get("ok", True)], reason=r["reason"] or "",
+                coarse=bool(r["coarse"]), unchecked_invariants=[u["name"] for u in json.loads(r["unchecked_json"] or "[]")],
             )
         )
 
@@ -358,6 +367,7 @@ def _verdicts(con, study_id: str, workload_dir: Path | None, patch_dir: str) -> 
                 mfu_before=last.get("mfu_before"), mfu_after=last.get("mfu_after"),
                 invariants=list(last.get("invariants", [])), failed_invariants=list(last.get("failed_invariants", [])),
                 rounds=int(rounds), trial_ids=list(last.get("trial_ids", [])),
+                unchecked_invariants=list(last.get("unchecked_invariants", [])),
             )
         )
     out.sort(key=lambda v: (not v.promotable, -v.speedup))

@@ -101,6 +101,15 @@ def outline(report: Report) -> list[Block]:
         f"{len(report.trials)} trials, {report.accelerator_hours:.4g} accelerator-hours in total (failed trials included). "
         f"Baseline step time {_ms(report.baseline_step_s)}."
     ))
+    coarse = [t for t in report.trials if t.coarse]
+    if coarse:
+        unchecked = sorted({u for t in coarse for u in t.unchecked_invariants})
+        blocks.append(Para(
+            f"COARSE MEASUREMENT: {len(coarse)} of {len(report.trials)} trials were measured from outside the job (it "
+            "reports no steps to InfraRSI's probe): wall time, exit status, process-tree memory and the steps counted "
+            f"in its output. UNCHECKED invariants (never counted as held): {', '.join(unchecked) or 'none'}. "
+            "Step times are the launcher's estimates; tokens/s and MFU are unknown."
+        ))
     # Contract
     blocks.append(Heading("Contract"))
     blocks.append(Table(["field", "value"], [
@@ -124,17 +133,21 @@ def outline(report: Report) -> list[Block]:
     blocks.append(Heading("Verified candidates"))
     if report.verdicts:
         blocks.append(Table(
-            ["candidate", "verdict", "speed-up", "95% CI", "step before → after", "MFU before → after", "rounds", "failed invariants"],
+            ["candidate", "verdict", "speed-up", "95% CI", "step before → after", "MFU before → after", "rounds",
+             "failed invariants", "unchecked invariants"],
             [[v.candidate_key, "PROMOTABLE" if v.promotable else "rejected", f"×{v.speedup:.3f}",
               f"{v.ci_low:.3f}–{v.ci_high:.3f}", f"{_ms(v.baseline_step_s)} → {_ms(v.candidate_step_s)}",
               f"{_pct(v.mfu_before)} → {_pct(v.mfu_after)}", f"{v.passes}/{v.rounds} passed",
-              ", ".join(v.failed_invariants) or "none"] for v in report.verdicts],
+              ", ".join(v.failed_invariants) or "none", ", ".join(v.unchecked_invariants) or "none"]
+             for v in report.verdicts],
         ))
         blocks.append(Heading("Invariant verdicts", 3))
         rows = []
         for v in report.verdicts:
             for i in v.invariants:
                 rows.append([v.candidate_key, i.get("name", ""), "ok" if i.get("ok") else "FAIL", i.get("detail", "")])
+            for name in v.unchecked_invariants:
+                rows.append([v.candidate_key, name, "UNCHECKED", "coarse measurement: the job reports no steps to the probe"])
         blocks.append(Table(["candidate", "invariant", "verdict", "detail"], rows))
     else:
         blocks.append(Para("No verification ran."))
