@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -164,10 +165,12 @@ class TelemetryService(Service):
                     coarse=contract.workload.measurement.kind == "coarse",
                     counts_steps=contract.workload.measurement.step_regex is not None,
                 )  # fmt: skip
-            case ev.DoctorCompleted(peak_flops_measured=peak):
+            case ev.DoctorCompleted(peak_flops_measured=peak, run_to_run_cv=cv):
                 study = self.studies.get(event.study_id)
                 if study is not None and peak and not study.cluster.peak_flops:
                     study.peak_flops = peak
+                if study is not None and cv > 0:  # the host's measured noise widens the timing allowance
+                    study.spec = dataclasses.replace(study.spec, noise_cv=cv)
             case ev.TrialProposed() as proposed:
                 if trial_id not in self.measured:
                     self._trial(event).proposed = proposed
