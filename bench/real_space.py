@@ -7,7 +7,7 @@ tuner asks for. The search space, baseline, priors and capacity are what InfraRS
 it, minus NATS: the launcher service (scope checks, a git worktree of the golden baseline with the patches applied, the local
 backend with its emulated-capacity watchdog, timeout, cost accounting) and the telemetry service (warm-up,
 steady-state step time, invariants against the study's baseline) run in this process, and an in-memory bus
-hands each one the events it consumes, in publish order. ``study_space.TrialLedger`` then pairs the
+hands each one the events it consumes, in publish order. ``trial_ledger.TrialLedger`` then pairs the
 ``TrialFinished`` with its ``TrialMeasured`` into the outcome the modeler would see:
 
 - ``ok``: exited 0 and every invariant held; ``step_time_s`` is telemetry's steady-state median;
@@ -47,7 +47,8 @@ from infrarsi.logs import setup_logging
 from infrarsi.modeling.search import CandidatePool, Status
 from infrarsi.modeling.space import Candidate
 from infrarsi.service import Outbox, Service
-from infrarsi.study_space import StudySpace, TrialLedger, load_study_space
+from infrarsi.study_space import StudySpace, load_study_space
+from infrarsi.trial_ledger import TrialLedger
 from infrarsi_services.launcher.service import LauncherService
 from infrarsi_services.telemetry.service import TelemetryService
 

@@ -2,8 +2,8 @@
 
 Owns parsing (``--nats-url``, ``--data-dir``, ``-v`` and one sub-parser per verb), importing a verb's
 module only when that verb runs (``--help`` stays fast; a verb whose module is not in this build says so),
-setting up logging and tracing for the CLI process, and turning user errors into one ``error:`` line
-and exit code 2. What each verb does lives in ``infrarsi.commands.<module>`` (see that package's
+setting up logging and tracing for the CLI process, and turning user errors into ``error:`` lines and the
+exit code of their kind (``infrarsi.errors``). What each verb does lives in ``infrarsi.commands.<module>`` (see that package's
 docstring for the convention). It must not import services.
 """
 
@@ -15,13 +15,12 @@ import importlib
 import inspect
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
+from infrarsi.errors import EXIT_INTERRUPTED, EXIT_USAGE
 
 
 @dataclass(frozen=True)
@@ -46,6 +45,7 @@ VERBS: tuple[Verb, ...] = (
     Verb("events", "events_tail", "read the event log (`events tail`)"),
     Verb("replay", "replay", "rebuild the analyst DuckDB from the streams"),
     Verb("sql", "sql", "query the analyst DuckDB"),
+    Verb("scaffold", "scaffold", "draft a contract from a launch command (`scaffold -- torchrun … train.py …`)"),
     Verb("init", "init", "lock a contract and create a study"),
     Verb("doctor", "doctor", "profile the untouched baseline: noise, phases, stragglers"),
     Verb("trial", "trial", "run one candidate as a trial"),
@@ -158,30 +158,39 @@ def _setup_observability(verbosity: int) -> None:
     tracing.setup_tracing("infrarsi-cli")
 
 
+def _user_error_lines(exc: BaseException, args: argparse.Namespace) -> list[str] | None:
+    """The stderr lines for an error the user can fix, or ``None`` for a bug (keep the traceback)."""
+    from infrarsi.errors import UserError
+
+    if isinstance(exc, UserError):
+        return exc.lines()
+    contract = sys.modules.get("infrarsi.contract")
+    if contract is not None and isinstance(exc, contract.ContractError):
+        return [f"error: {line}" for line in exc.lines()]
+    message = _user_error_message(exc, args)
+    return None if message is None else [f"error: {message}"]
+
+
 def _user_error_message(exc: BaseException, args: argparse.Namespace) -> str | None:
-    """The one-line message for an error the user can fix, or ``None`` for a bug (keep the traceback).
+    """The one-line message of a library error the user can fix, or ``None``.
 
     Error classes are looked up only in modules already imported, so that this check imports nothing.
     """
-    from infrarsi.commands import UserError
-
-    if isinstance(exc, UserError):
-        return str(exc)
     bus = sys.modules.get("infrarsi.bus")
     if bus is not None and isinstance(exc, bus.BusError):
         return str(exc)
     nats_errors = sys.modules.get("nats.errors")
     if nats_errors is not None and isinstance(exc, nats_errors.Error):
+        from infrarsi.commands import data_dir_of
         from infrarsi.embedded import resolve_nats_url
 
-        url = resolve_nats_url(args.nats_url, args.data_dir) or "(no server)"
+        url = resolve_nats_url(getattr(args, "nats_url", None), data_dir_of(args)) or "(no server)"
         if isinstance(exc, nats_errors.NoServersError | nats_errors.ConnectionClosedError):
             return f"cannot reach NATS at {url}: {exc}"
         return f"NATS at {url}: {exc or type(exc).__name__}"
     for module_name, class_name in (
         ("infrarsi.stack", "StackError"),
         ("infrarsi.embedded", "EmbeddedServerError"),
-        ("infrarsi.contract", "ContractError"),
     ):
         module = sys.modules.get(module_name)
         if module is not None and isinstance(exc, getattr(module, class_name, ())):
@@ -212,21 +221,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with tracing.span_from(None, f"infrarsi {verb.name}"):
             if inspect.iscoroutinefunction(run):
-                code = asyncio.run(run(args))
-            else:
-                code = run(args)
+                return asyncio.run(invoke(run, args))
+            return _reported(lambda: run(args), args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except Exception as exc:
-        message = _user_error_message(exc, args)
-        if message is None:
-            raise
-        print(f"error: {message}", file=sys.stderr)
-        return getattr(exc, "exit_code", EXIT_USAGE)
     finally:
         tracing.shutdown_tracing()
+
+
+async def invoke(run: Callable[[argparse.Namespace], Awaitable[int | None]], args: argparse.Namespace) -> int:
+    """Run an async verb as ``main`` does: its exit code, or a user error reported on stderr as its code.
+
+    Tests and ``demo`` call verbs through this, so they see the same messages and codes as a user."""
+    try:
+        code = await run(args)
+    except Exception as exc:
+        return _report(exc, args)
     return 0 if code is None else int(code)
+
+
+def _reported(call: Callable[[], int | None], args: argparse.Namespace) -> int:
+    try:
+        code = call()
+    except Exception as exc:
+        return _report(exc, args)
+    return 0 if code is None else int(code)
+
+
+def _report(exc: Exception, args: argparse.Namespace) -> int:
+    lines = _user_error_lines(exc, args)
+    if lines is None:
+        raise exc
+    for line in lines:
+        print(line, file=sys.stderr)
+    return int(getattr(exc, "exit_code", EXIT_USAGE))
 
 
 if __name__ == "__main__":

@@ -13,26 +13,21 @@ Owns:
 - ``to_event`` / ``from_event``: a modeling candidate ↔ ``events.Candidate`` (launch keys that differ from the
   golden launch file + patch ids). The mapping is a bijection on the space, so ``events.Candidate.key()`` is a
   valid dedup key and the empty candidate is the baseline;
-- ``prediction``: what a ``Searcher`` expects of a candidate, as ``events.Prediction``;
 - ``prior_source``: where a feature's prior comes from (``knowledge_base``, ``patch_metadata``, ``bank``, ``flat``);
 - ``with_bank``: the priors ``init`` resolved from the experience bank (``StudyCreated.bank``) laid over the
   built-in ones, and ``adapt_event``: another study's candidate (a bank winner) in this study's terms.
 
 Reads the disk only in ``load_study_space`` (the golden launch file and the patch library, both locked by
-``init``); everything else is pure. Must not: publish, or change the modeling package's objects.
+``init``); everything else is pure. Must not: publish, change the modeling package's objects, or build a
+``Searcher`` (``study_model.build_searcher`` does; ``trial_ledger`` pairs a trial's facts).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-import time
-import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-
-import numpy as np
 
 from infrarsi import events as ev
 from infrarsi.contract import (
@@ -45,11 +40,10 @@ from infrarsi.contract import (
     FloatKnob,
     IntKnob,
     PatchInfo,
-    contract_from_dict,
     get_dotted,
+    locked_contract,
 )
-from infrarsi.modeling.acquisition import expected_improvement
-from infrarsi.modeling.memory_model import TransformerMeta, structural_components
+from infrarsi.modeling.memory_model import TransformerMeta
 from infrarsi.modeling.priors import KnowledgeBase, default_knowledge_base
 from infrarsi.modeling.space import (
     BoolKnob,
@@ -137,6 +131,8 @@ class StudySpace:
     """What the conversion had to assume (a launch file that could not be read, a patch without metadata)."""
     bank_features: frozenset[str] = frozenset()
     """Encoded features whose time prior comes from the experience bank (``with_bank``)."""
+    agent_features: frozenset[str] = frozenset()
+    """Encoded features whose prior comes from the language model (``with_agent``)."""
 
     # ---------------------------------------------------------------------------------------- building
 
@@ -205,6 +201,36 @@ class StudySpace:
         space, kb = with_priors(self.space, self.kb, time, memory)
         return dataclasses.replace(self, space=space, kb=kb, bank_features=frozenset(time) | frozenset(memory))
 
+    def with_agent(self, patches: Iterable[ev.AgentPatch] = (), priors: Iterable[ev.AgentPrior] = ()) -> StudySpace:
+        """This study with the agent's accepted diffs as patches of the study (their ids added to the contract's
+        ``search_space.patches``, so every later ``contract_problems`` check knows them) and its priors laid over
+        the knowledge base (``AgentPrior.std`` already widened by the contract's ``agent.prior_weight``). Pure,
+        so the proposer and the modeler agree. Diffs are medium risk to the invariant model: unreviewed code."""
+        patches = [p for p in patches if p.patch_id not in {q.id for q in self.space.patches}]
+        priors = list(priors)
+        if not patches and not priors:
+            return self
+        new = tuple(Patch(p.patch_id, description=p.description,
+                          time_prior=(p.expected_time_log_ratio, p.prior_std),
+                          memory_prior=(p.expected_memory_log_ratio, p.prior_std),
+                          invariant_prior=_INVARIANT_PRIOR["medium"], risk="medium") for p in patches)
+        space = dataclasses.replace(self.space, patches=self.space.patches + new)
+        contract = self.contract
+        if patches:
+            search = contract.search_space.model_copy(
+                update={"patches": [*contract.search_space.patches, *(p.patch_id for p in patches)]})
+            contract = contract.model_copy(update={"search_space": search})
+        time = {p.feature: (p.mean, p.std) for p in priors if p.target == "time"}
+        memory = {p.feature: (p.mean, p.std) for p in priors if p.target == "memory"}
+        kb = self.kb
+        if time or memory:
+            from infrarsi.bank.adapt import with_priors
+
+            space, kb = with_priors(space, kb, time, memory)
+        features = frozenset(time) | frozenset(memory) | {f"patch:{p.patch_id}" for p in patches}
+        return dataclasses.replace(self, contract=contract, space=space, kb=kb,
+                                   agent_features=self.agent_features | features)
+
     # ---------------------------------------------------------------------------------------- candidates
 
     def binding(self, name_or_key: str) -> KnobBinding:
@@ -268,6 +294,8 @@ class StudySpace:
 
     def prior_source(self, spec: FeatureSpec) -> str:
         """Where the prior of one encoded feature comes from."""
+        if spec.name in self.agent_features:
+            return "llm"
         if spec.name in self.bank_features:
             return "bank"
         if spec.kind == "patch":
@@ -282,32 +310,6 @@ class StudySpace:
         return "flat"
 
 
-# --------------------------------------------------------------------------------------------------
-# Predictions (an adapter over Searcher internals until modeling has a public predict)
-# --------------------------------------------------------------------------------------------------
-
-
-def prediction(searcher: Any, c: Candidate) -> ev.Prediction:
-    """What ``searcher``'s current models expect of ``c``: step time (latent median), its log std, peak
-    memory, P(OOM), P(invariants hold) and expected improvement over the incumbent (log units)."""
-    searcher.refit()
-    i = searcher.pool.extend([c])[0]
-    idx = np.array([i])
-    mu, sd = searcher.time_model.predict_encoded(searcher.pool.x_time[idx])
-    mem_mu, _ = searcher._memory_arrays(idx)
-    p_oom = float(searcher._p_oom(idx)[0])
-    p_hold = float(searcher._p_hold(idx)[0])
-    best = searcher._incumbent()
-    ei = float(expected_improvement(mu, sd, best)[0]) if best is not None else 0.0
-    return ev.Prediction(
-        step_time_s=float(math.exp(mu[0])),
-        step_time_std_log=float(sd[0]),
-        peak_memory_bytes=float(math.exp(mem_mu[0])),
-        p_oom=p_oom,
-        p_invariants=p_hold,
-        expected_improvement=ei,
-    )
-
 
 # --------------------------------------------------------------------------------------------------
 # Loading from a StudyCreated (the one place that reads the disk)
@@ -317,7 +319,7 @@ def prediction(searcher: Any, c: Candidate) -> ev.Prediction:
 def load_study_space(created: ev.StudyCreated) -> StudySpace:
     """``StudySpace`` of a study: the locked contract, its golden launch file and patch library from the
     workload repo. A launch file or library that cannot be read is noted, not fatal (flat priors)."""
-    contract = contract_from_dict(created.contract, check=False)
+    contract = locked_contract(created)
     notes = []
     launch: dict[str, Any] | None = None
     try:
@@ -477,344 +479,3 @@ def _scenario_constraints(space: SearchSpace, study_values: Mapping[str, Any], d
         return Constraint(con.name, predicate)
 
     return [wrap(c) for c in space.constraints]
-
-
-# --------------------------------------------------------------------------------------------------
-# Trials: pairing TrialFinished with TrialMeasured into one outcome per trial
-# --------------------------------------------------------------------------------------------------
-
-_FAILED_STATUS: dict[str, str] = {
-    # events.TrialStatus (not ok) → modeling.search.Status
-    "oom": "oom",
-    "crash": "crash",
-    "cancelled": "crash",
-    "timeout": "timeout",
-    "scope_violation": "scope_violation",
-    "patch_conflict": "scope_violation",
-    "invariant_violation": "invariant_violation",
-}
-
-
-@dataclass(frozen=True)
-class TrialOutcome:
-    """One trial as the models see it, once its facts are complete."""
-
-    trial_id: str
-    candidate: ev.Candidate | None
-    """``None`` when no ``TrialProposed`` or known candidate key names it."""
-    kind: str
-    status: str
-    """A ``modeling.search.Status``: ok | oom | crash | timeout | scope_violation | invariant_violation."""
-    step_time_s: float | None
-    peak_bytes: float | None
-    """Max over ranks; for an OOM the censoring bound (the peak seen before the kill)."""
-    accelerator_s: float
-    detail: str = ""
-
-
-@dataclass
-class _Trial:
-    proposed: ev.TrialProposed | None = None
-    finished: ev.TrialFinished | None = None
-    measured: ev.TrialMeasured | None = None
-    outcome: TrialOutcome | None = None
-
-
-class TrialLedger:
-    """Per study: every trial's facts, and its outcome once complete — a failed ``TrialFinished`` alone, or an
-    ok ``TrialFinished`` together with its ``TrialMeasured`` (in either order). Idempotent per trial: a repeated
-    fact changes nothing. Accelerator-seconds are summed over every finished trial (failed ones included)."""
-
-    def __init__(self) -> None:
-        self.trials: dict[str, _Trial] = {}
-        self.by_key: dict[str, ev.Candidate] = {ev.Candidate().key(): ev.Candidate()}
-        self.accelerator_s = 0.0
-
-    def _trial(self, trial_id: str) -> _Trial:
-        return self.trials.setdefault(trial_id, _Trial())
-
-    def proposed(self, trial_id: str, p: ev.TrialProposed) -> None:
-        t = self._trial(trial_id)
-        if t.proposed is None:
-            t.proposed = p
-            self.by_key.setdefault(p.candidate.key(), p.candidate)
-
-    def finished(self, trial_id: str, f: ev.TrialFinished) -> TrialOutcome | None:
-        t = self._trial(trial_id)
-        if t.finished is not None:
-            return None
-        t.finished = f
-        self.accelerator_s += f.accelerator_s
-        return self._resolve(trial_id, t)
-
-    def measured(self, trial_id: str, m: ev.TrialMeasured) -> TrialOutcome | None:
-        t = self._trial(trial_id)
-        if t.measured is not None:
-            return None
-        t.measured = m
-        return self._resolve(trial_id, t)
-
-    def outcome(self, trial_id: str) -> TrialOutcome | None:
-        t = self.trials.get(trial_id)
-        return t.outcome if t is not None else None
-
-    def _resolve(self, trial_id: str, t: _Trial) -> TrialOutcome | None:
-        if t.outcome is not None or t.finished is None:
-            return None
-        f, m = t.finished, t.measured
-        candidate = t.proposed.candidate if t.proposed is not None else (
-            self.by_key.get(m.candidate_key) if m is not None else None)
-        kind = t.proposed.kind if t.proposed is not None else (m.kind if m is not None else "search")
-        if f.status != "ok":
-            peak = f.censored_peak_bytes if f.status == "oom" else None
-            if f.status == "oom" and not peak:
-                peak = f.peak_memory_bytes or None
-            t.outcome = TrialOutcome(trial_id, candidate, kind, _FAILED_STATUS[f.status], None,
-                                     float(peak) if peak else None, f.accelerator_s, f.reason)
-        elif m is None:
-            return None
-        else:
-            if m.status == "ok":
-                status = "ok" if m.invariants_ok else "invariant_violation"
-            else:
-                status = _FAILED_STATUS[m.status]
-            failed = ", ".join(i.name for i in m.invariants if not i.ok)
-            peak = max(m.peak_memory_bytes) if m.peak_memory_bytes else (f.peak_memory_bytes or None)
-            t.outcome = TrialOutcome(trial_id, candidate, kind, status,
-                                     m.step_time_s if m.step_time_s > 0 else None,
-                                     float(peak) if peak else None, f.accelerator_s,
-                                     f"failed invariants: {failed}" if failed else "")
-        return t.outcome
-
-
-def observation(study: StudySpace, outcome: TrialOutcome):  # -> modeling.search.Observation | None
-    """The modeling observation of a trial outcome; ``None`` when its candidate is unknown or outside the
-    study's space (a manual candidate, say)."""
-    from infrarsi.modeling.search import Observation
-
-    if outcome.candidate is None:
-        return None
-    try:
-        c = study.from_event(outcome.candidate)
-    except CandidateOutsideSpace:
-        return None
-    return Observation(c, outcome.status, outcome.step_time_s, outcome.peak_bytes,  # type: ignore[arg-type]
-                       outcome.accelerator_s or None)
-
-
-def noise_floor(doctor: ev.DoctorCompleted | None, default: float = 0.03) -> float:
-    """The time model's noise floor (σ of log step time) from the doctor's run-to-run CV."""
-    if doctor is None or not doctor.run_to_run_cv > 0:
-        return default
-    return max(math.log1p(doctor.run_to_run_cv), 0.005)
-
-
-# --------------------------------------------------------------------------------------------------
-# One study's models, folded from its events (the modeler service keeps one per study)
-# --------------------------------------------------------------------------------------------------
-
-MAX_LEVELS = 16
-"""Settings reported per integer-range knob (evenly spaced) — a readable table, not every value."""
-
-
-class StudyModel:
-    """The time and censored memory models of one study, refitted on every trial outcome.
-
-    ``apply(event)`` takes the study's ``DoctorCompleted``, ``TrialProposed``, ``TrialFinished`` and
-    ``TrialMeasured`` and returns a ``ModelUpdated`` when a trial's outcome completed (else ``None``). Pure
-    given its ``StudySpace``: the same events in the same order give the same models.
-    """
-
-    def __init__(self, space: StudySpace, study_id: str, *, config: Any = None) -> None:
-        self.space = space
-        self.study_id = study_id
-        self.config = config
-        self.ledger = TrialLedger()
-        self.outcomes: list[TrialOutcome] = []
-        self.doctor: ev.DoctorCompleted | None = None
-        self.searcher: Any = None
-        self.last: ev.ModelUpdated | None = None
-
-    def apply(self, event: ev.Event) -> ev.ModelUpdated | None:
-        tid = event.trial_id
-        match event.payload:
-            case ev.DoctorCompleted() as done:
-                self.doctor = done
-                if self.searcher is not None:
-                    self.searcher = self._build(pool_from=self.searcher)  # the doctor's noise floor
-                return None
-            case ev.TrialProposed() as proposed if tid:
-                self.ledger.proposed(tid, proposed)
-                return None
-            case ev.TrialFinished() as finished if tid:
-                return self._on_outcome(self.ledger.finished(tid, finished))
-            case ev.TrialMeasured() as measured if tid:
-                return self._on_outcome(self.ledger.measured(tid, measured))
-            case _:
-                return None
-
-    def _build(self, pool_from: Any = None) -> Any:
-        from infrarsi.modeling.search import Searcher
-
-        s = self.space
-        searcher = Searcher(s.space, s.capacity_bytes, meta=s.meta, kb=s.kb, baseline=s.baseline,
-                            seed=zlib.crc32(self.study_id.encode()), noise_floor=noise_floor(self.doctor),
-                            config=self.config, pool=pool_from.pool if pool_from is not None else None)
-        for outcome in self.outcomes:
-            obs = observation(s, outcome)
-            if obs is not None:
-                searcher.observe(obs)
-        return searcher
-
-    def _on_outcome(self, outcome: TrialOutcome | None) -> ev.ModelUpdated | None:
-        if outcome is None:
-            return None
-        self.outcomes.append(outcome)
-        obs = observation(self.space, outcome)
-        if self.searcher is None:
-            self.searcher = self._build()  # observes every outcome so far, this one included
-        elif obs is not None:
-            self.searcher.observe(obs)
-        unmodelled = sum(1 for o in self.outcomes if observation(self.space, o) is None)
-        self.last = model_update(self.space, self.searcher, unmodelled=unmodelled)
-        return self.last
-
-
-def replay_model(events: Iterable[ev.Event], study_id: str, loader: StudyLoader | None = None
-                 ) -> ev.ModelUpdated | None:
-    """The latest ``ModelUpdated`` a modeler would have published for ``study_id``, refitted from its events."""
-    model: StudyModel | None = None
-    for event in events:
-        if event.study_id != study_id:
-            continue
-        if isinstance(event.payload, ev.StudyCreated):
-            if model is None:
-                space = (loader or load_study_space)(event.payload).with_bank(event.payload.bank)
-                model = StudyModel(space, study_id)
-        elif model is not None:
-            model.apply(event)
-    return model.last if model is not None else None
-
-
-# --------------------------------------------------------------------------------------------------
-# The update: per-setting effects, prior vs posterior
-# --------------------------------------------------------------------------------------------------
-
-
-def model_update(study: StudySpace, searcher: Any, *, unmodelled: int = 0) -> ev.ModelUpdated:
-    """Refit and summarise ``searcher``'s models as a ``ModelUpdated``."""
-    t0 = time.perf_counter()
-    searcher.refit()
-    time_effects, memory_effects = setting_effects(study, searcher)
-    observations = searcher.observations
-    top = searcher.top_candidates(1)
-    baseline = prediction(searcher, study.baseline)
-    diagnostics: dict[str, float] = {
-        "n_ok": float(sum(o.status == "ok" for o in observations)),
-        "n_invariant_violations": float(sum(o.status == "invariant_violation" for o in observations)),
-        "n_failed": float(sum(o.status in ("crash", "timeout", "scope_violation") for o in observations)),
-        "n_unmodelled": float(unmodelled),
-        "baseline_predicted_step_s": baseline.step_time_s,
-        "baseline_p_oom": baseline.p_oom,
-    }
-    fit = searcher.memory_model.fit_result
-    if fit is not None:
-        diagnostics |= {"memory_sigma_log": float(math.exp(fit.log_sigma)), "memory_converged": float(fit.converged),
-                        "memory_censored": float(fit.n_censored)}
-    best_key = best_step = None
-    if top:
-        best, best_step, _sd = top[0]
-        best_key = study.to_event(best).key()
-        diagnostics["best_predicted_speedup"] = baseline.step_time_s / best_step
-    return ev.ModelUpdated(
-        n_trials=len(observations),
-        n_oom=sum(o.status == "oom" for o in observations),
-        fit_seconds=time.perf_counter() - t0,
-        noise_std_log=float(searcher.time_model.noise_std),
-        time_effects=time_effects,
-        memory_effects=memory_effects,
-        best_candidate_key=best_key,
-        best_predicted_step_s=best_step,
-        diagnostics=diagnostics,
-    )
-
-
-def single_changes(study: StudySpace) -> list[tuple[str, Candidate, str | None, object]]:
-    """(feature name, the baseline with only that changed, knob name or None for a patch, value)."""
-    base = study.baseline
-    out: list[tuple[str, Candidate, str | None, object]] = []
-    for k in study.space.knobs:
-        if isinstance(k, FloatRange):
-            values: list[object] = [k.low, k.high]
-        else:
-            values = list(k.values())
-            if len(values) > MAX_LEVELS:
-                idx = np.unique(np.linspace(0, len(values) - 1, MAX_LEVELS).round().astype(int))
-                values = [values[i] for i in idx]
-        for v in values:
-            if v == base[k.name]:
-                continue
-            out.append((f"{k.name}={v}", base.replace(**{k.name: v}), k.name, v))
-    for p in study.space.patches:
-        out.append((f"patch:{p.id}", Candidate.of(base.knobs, base.patches | {p.id}), None, p.id))
-    return out
-
-
-def setting_effects(study: StudySpace, searcher: Any) -> tuple[list[ev.Effect], list[ev.Effect]]:
-    """Per knob setting and patch: Δ log step time and Δ log peak memory vs the baseline, prior vs posterior."""
-    changes = single_changes(study)
-    if not changes:
-        return [], []
-    cands = [c for _, c, _, _ in changes]
-
-    # time: Δx·w with w ~ N(m0, diag(s0²)) a priori, N(m, Σ) a posteriori
-    tm = searcher.time_model
-    enc = tm.encoder
-    dx = enc.encode_many(cands) - enc.encode(study.baseline)  # (n, p)
-    prior_t = dx @ tm.prior_mean
-    prior_t_sd = np.sqrt((dx**2) @ (tm.prior_std**2))
-    cov = tm.covariance()
-    post_t = dx @ tm.mean
-    post_t_sd = np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", dx, cov, dx), 0.0))
-
-    # memory: Δμ(θ) with the delta-method std, at the prior (θ0, diag(s0²)) and at the MAP (θ, Laplace Σ)
-    mm = searcher.memory_model
-    rows = np.array([mm.encoder.encode_main(c) for c in [study.baseline, *cands]])  # (n+1, p_main)
-    if study.meta is not None:
-        sa = np.array([structural_components(study.meta, c.knobs) for c in [study.baseline, *cands]])  # (n+1, 2)
-    else:
-        sa = np.zeros((rows.shape[0], 2))
-
-    def delta(theta: np.ndarray, cov_theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        mu, g = mm._mu_grad(theta, rows, sa)
-        dmu = mu[1:] - mu[0]
-        dg = g[1:] - g[0]  # (n, k)
-        return dmu, np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", dg, cov_theta, dg), 0.0))
-
-    prior_m, prior_m_sd = delta(mm.prior_mean, np.diag(mm.prior_std**2))
-    post_m, post_m_sd = delta(mm.theta, mm._cov)
-
-    time_effects, memory_effects = [], []
-    for i, (name, _c, knob, value) in enumerate(changes):
-        source = _source(study, searcher, knob, value)
-        time_effects.append(ev.Effect(feature=name, prior_mean=float(prior_t[i]), prior_std=float(prior_t_sd[i]),
-                                      post_mean=float(post_t[i]), post_std=float(post_t_sd[i]), source=source))
-        memory_effects.append(ev.Effect(
-            feature=name, prior_mean=float(prior_m[i]), prior_std=float(prior_m_sd[i]), post_mean=float(post_m[i]),
-            post_std=float(post_m_sd[i]), source="formula" if mm.structured else source))
-    return time_effects, memory_effects
-
-
-def _source(study: StudySpace, searcher: Any, knob: str | None, value: object) -> str:
-    specs = searcher.time_model.encoder.specs
-    if knob is None:
-        spec = next(s for s in specs if s.name == f"patch:{value}")
-        return study.prior_source(spec)
-    for spec in specs:
-        if spec.knob == knob and spec.kind in ("level", "bool", "numeric") and spec.kind != "interaction":
-            if spec.kind == "level" and spec.value != value:
-                continue
-            source = study.prior_source(spec)
-            if source != "flat":
-                return source
-    return "flat"

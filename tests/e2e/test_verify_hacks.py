@@ -15,8 +15,8 @@ import pytest
 import yaml
 from infrarsi import events as ev
 from infrarsi.bus import Bus
-from infrarsi.commands.doctor import read_study
 from infrarsi.commands.init import prepare_study, study_created_event
+from infrarsi.commands.study_log import read_study
 from infrarsi.contract import load_patch_library
 from infrarsi.stack import Stack
 

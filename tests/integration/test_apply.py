@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 
 import pytest
 import yaml
+from infrarsi import cli
 from infrarsi import events as ev
 from infrarsi.commands.approve_apply import ApplyRefused, evidence_text, execute_apply, plan_apply
 from infrarsi.commands.init import prepare_study
@@ -191,7 +193,7 @@ async def test_init_refuses_invalid_contract_and_publishes_nothing(tmp_path: Pat
     args = argparse.Namespace(
         contract=path, json=False, data_dir=tmp_path / "data", nats_url="nats://127.0.0.1:1"
     )
-    assert await init.run(args) == 2
+    assert await cli.invoke(init.run, args) == 2
     err = capsys.readouterr().err
     assert (
         err
@@ -367,7 +369,7 @@ async def test_init_approve_apply_over_nats(tmp_path: Path, capsys) -> None:
         try:
             await bus.publish(ev.make_event(verified(), study_id=study_id, source="test"))
             args = argparse.Namespace(study=study_id, candidate=CANDIDATE.key()[:8], **common)
-            assert await approve_apply.run_apply(args, now=MONDAY) == 3
+            assert await cli.invoke(partial(approve_apply.run_apply, now=MONDAY), args) == 3
             assert (
                 "refused: code_patch: needs 1 approval(s) by role 'ml-lead', has 0" in capsys.readouterr().err
             )

@@ -63,4 +63,4 @@ async def test_bank_cli_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture
         assert await bank_cmd.run(parse(*url, "import", str(parquet))) == 0
         assert "imported 0 entries (2 already present)" in capsys.readouterr().err
 
-        assert await bank_cmd.run(parse(*url, "show", "zzz")) == 1
+        assert await cli.invoke(bank_cmd.run, parse(*url, "show", "zzz")) == 1

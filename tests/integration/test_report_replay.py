@@ -11,7 +11,7 @@ import pytest
 from infrarsi import events as ev
 from infrarsi.bus import Bus
 from infrarsi.commands import report as report_cmd
-from infrarsi.commands.doctor import read_study
+from infrarsi.commands.study_log import read_study
 from infrarsi.embedded import EmbeddedServer
 from infrarsi.report import build_report
 from infrarsi.report.source import VIEW, ensure_view

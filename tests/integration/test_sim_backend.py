@@ -18,7 +18,7 @@ from infrarsi import events as ev
 from infrarsi.backends.base import JobSpec
 from infrarsi.backends.sim import SIM_LABEL, SimBackend, write_sim_workload
 from infrarsi.bus import TELEMETRY_STREAM, Bus
-from infrarsi.commands.doctor import read_study
+from infrarsi.commands.study_log import read_study
 from infrarsi.contract import contract_from_dict
 from infrarsi.embedded import EmbeddedServer
 from infrarsi.study_space import load_study_space

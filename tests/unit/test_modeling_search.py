@@ -71,8 +71,7 @@ def test_known_oom_region_is_never_proposed():
         if o.status == "oom":
             ooms.append(o.candidate)
     assert sum(o.status == "oom" for _, o in log) <= 5
-    for c in ooms:
-        assert s._p_oom(np.array([s.pool.index[c.key]]))[0] == 1.0
+    assert all(p.p_oom == 1.0 for p in s.predict(ooms))
 
 
 def test_invariant_model_learns_a_bad_patch_fast_and_a_pass_clears():
@@ -159,7 +158,7 @@ def test_a_prior_that_fears_every_candidate_still_probes_the_least_risky_one():
     s = Searcher(SPACE, CAP, seed=0, kb=default_knowledge_base(), config=SearchConfig(oom_exclude=0.0))
     first = s.suggest(1)
     assert len(first) == 1 and first[0].origin == "prior" and "least risky" in first[0].reason
-    assert first[0].p_oom == min(s._p_oom(np.arange(len(s.pool.candidates))))
+    assert first[0].p_oom == min(p.p_oom for p in s.predict(s.pool.candidates))
     obs = evaluate(first[0].candidate, np.random.default_rng(0))
     assert obs.status == "ok"
     s.observe(obs)

@@ -13,7 +13,9 @@ from infrarsi.backends.sim import write_sim_workload
 from infrarsi.contract import LogRatioPrior, PatchInfo, contract_from_dict
 from infrarsi.modeling.space import BoolKnob, Candidate, Categorical, IntChoice
 from infrarsi.sim.scenarios import get_scenario
-from infrarsi.study_space import CandidateOutsideSpace, StudySpace, TrialLedger, noise_floor, observation
+from infrarsi.study_model import noise_floor, observation
+from infrarsi.study_space import CandidateOutsideSpace, StudySpace
+from infrarsi.trial_ledger import TrialLedger
 
 GIB = 2**30
 

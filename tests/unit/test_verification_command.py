@@ -11,7 +11,7 @@ import pytest
 from infrarsi import events as ev
 from infrarsi.bus import Bus
 from infrarsi.commands import verify as verify_cmd
-from infrarsi.commands.doctor import read_study
+from infrarsi.commands.study_log import read_study
 from infrarsi.embedded import EmbeddedServer
 from infrarsi_services.verifier.logic import VerifierLogic
 from support.synthetic_study import _measured, synthetic_study, write_workload

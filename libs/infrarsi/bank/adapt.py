@@ -87,7 +87,7 @@ def searcher_effects(searcher: object) -> tuple[list[ev.Effect], list[ev.Effect]
                       post_std=e.posterior_std, source="knowledge_base") for e in tm.effects()]
     mm = searcher.memory_model  # type: ignore[attr-defined]
     names = list(mm.encoder.names)
-    sd = np.sqrt(np.maximum(np.diag(mm._cov), 0.0))
+    sd = np.sqrt(np.maximum(np.diag(mm.covariance), 0.0))
     if mm.structured:
         labels = [f"static:{n}" for n in names] + [f"activation:{n}" for n in names] + ["workspace"]
     else:

@@ -30,7 +30,6 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Literal
 
-import msgspec
 import nats.js.errors
 from nats.js import api
 
@@ -220,15 +219,7 @@ def latest_by_entry(events: Iterable[ev.Event]) -> dict[str, ev.Event]:
 async def read_bank_events(bus: Bus, streams: Sequence[str] | None = None) -> list[ev.Event]:
     """Every bank event visible here, decoded (undecodable messages are skipped: they are dead letters)."""
     names = list(streams) if streams is not None else await bank_streams(bus)
-    out: list[ev.Event] = []
-    for name in names:
-        async for batch in bus.iter_stream(name):
-            for msg in batch:
-                try:
-                    out.append(ev.decode(msg.data))
-                except (msgspec.DecodeError, msgspec.ValidationError):
-                    continue
-    return out
+    return [event for name in names async for event in bus.events(name)]
 
 
 async def read_bank_entries(bus: Bus, streams: Sequence[str] | None = None) -> list[ev.BankEntry]:

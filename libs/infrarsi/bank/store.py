@@ -130,15 +130,8 @@ async def replay_bank(bus: Bus, con: duckdb.DuckDBPyConnection, streams: Sequenc
     written = 0
     for name in names:
         have = con.execute("SELECT last_seq FROM bank_positions WHERE stream = ?", [name]).fetchone()
-        async for msgs in bus.iter_stream(name, start_seq=(have[0] if have else 0) + 1):
-            batch = []
-            for msg in msgs:
-                try:
-                    batch.append((msg.metadata.sequence.stream, ev.decode(msg.data)))
-                except (msgspec.DecodeError, msgspec.ValidationError):
-                    continue  # a dead letter, not a bank entry
-            if batch:
-                written += project_bank(con, name, batch)
+        async for batch in bus.event_batches(name, start_seq=(have[0] if have else 0) + 1):
+            written += project_bank(con, name, batch)
     return written
 
 

@@ -10,12 +10,17 @@ A command module exposes two functions:
 A module serving several verbs names its pairs in the CLI table instead (``approve_apply`` exposes
 ``add_approve_arguments``/``run_approve`` and ``add_apply_arguments``/``run_apply``).
 
-Errors: raise ``UserError`` for anything the user can fix (bad input, missing file, nothing to do); the CLI
-prints ``error: <message>`` and exits 2, without a traceback. ``BusError`` (from ``connect_for_cli`` and
-the bus) is reported the same way. Anything else is a bug and keeps its traceback. A command talks to
-the bus through ``infrarsi.stack.connect_for_cli(args.nats_url, args.data_dir)`` and starts an embedded
-stack, when it needs one and none runs, with ``infrarsi.stack.ensure_stack``. Print results to stdout;
-logs go to stderr through ``infrarsi.logs``.
+Errors: raise ``infrarsi.errors.UserError`` (re-exported here) for anything the user can fix, with the exit
+code of its kind (the table in ``infrarsi.errors``); the CLI prints ``error: <message>`` without a traceback.
+``BusError``, ``ContractError``, ``StackError`` and ``EmbeddedServerError`` are reported the same way, with
+``EXIT_USAGE``. Anything else is a bug and keeps its traceback.
+
+The bus (``infrarsi.commands.study_log``): a verb that only records a fact (``init``, ``approve``, ``apply``)
+connects with ``recording_bus`` — to the running server, else a temporary embedded one over ``--data-dir``;
+a verb that needs the services (``doctor``, ``run``, ``verify``) or reads what they made (``model``,
+``report``, ``status``, ``events``) connects with ``cli_bus`` and fails with ``EXIT_USAGE`` before doing
+anything when no server runs; ``trial`` and ``demo`` start their own stack (``infrarsi.stack.ensure_stack``).
+Print results to stdout; logs go to stderr through ``infrarsi.logs``.
 
 Modules are imported only when their verb runs, so keep heavy imports (torch, duckdb) inside them.
 """
@@ -26,13 +31,9 @@ import argparse
 import os
 from pathlib import Path
 
+from infrarsi.errors import UserError
 
-class UserError(Exception):
-    """A problem the user can fix; the CLI prints the message and exits with ``exit_code``."""
-
-    def __init__(self, message: str, exit_code: int = 2) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
+__all__ = ["UserError", "data_dir_of"]
 
 
 def data_dir_of(args: argparse.Namespace) -> Path:

@@ -9,11 +9,9 @@ DuckDB table ``bank`` (``infrarsi.bank.store``). ``import`` publishes entries in
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +20,9 @@ import msgspec
 
 from infrarsi.bank.federation import HUB_DOMAIN, ensure_bank_federation
 from infrarsi.bank.store import export_bank, load_events, parse_import_file, replay_bank
-from infrarsi.bus import Bus, BusError
+from infrarsi.bus import Bus
+from infrarsi.commands.study_log import cli_bus
+from infrarsi.errors import EXIT_FAILED, UserError
 
 SOURCE = "cli.bank"
 
@@ -54,30 +54,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="leaf: the other clusters' ids (bank.<id>.>); default: everything, deduplicated on read")
 
 
-@contextlib.asynccontextmanager
-async def _bus(args: argparse.Namespace, *, ensure: bool) -> AsyncIterator[Bus]:
-    """The CLI's connection; ``ensure=False`` for read-only verbs (they must not create or resize streams)."""
-    nats_url = getattr(args, "nats_url", None)
-    data_dir = Path(getattr(args, "data_dir", None) or os.environ.get("INFRARSI_DATA_DIR", ".infrarsi"))
-    try:
-        from infrarsi.stack import connect_for_cli  # the stack's resolution, when present
-    except ImportError:
-        connect_for_cli = None
-    if connect_for_cli is not None:
-        bus = await connect_for_cli(nats_url, data_dir, SOURCE, ensure=ensure)
-    else:
-        from infrarsi.embedded import resolve_nats_url
-
-        url = resolve_nats_url(nats_url, data_dir)
-        if url is None:
-            raise BusError("no NATS server: pass --nats-url, set INFRARSI_NATS_URL, or start one with `infrarsi up`")
-        bus = await Bus.connect(url, service=SOURCE, ensure=ensure)
-    try:
-        yield bus
-    finally:
-        await bus.close()
-
-
 async def _table(bus: Bus) -> duckdb.DuckDBPyConnection:
     con = duckdb.connect()
     await replay_bank(bus, con)
@@ -101,49 +77,44 @@ def _print_rows(cursor: duckdb.DuckDBPyConnection, as_json: bool = False) -> int
 async def run(args: argparse.Namespace) -> int:
     try:
         return await _run(args)
-    except BusError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except (ValueError, OSError, duckdb.Error) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    except (ValueError, OSError, duckdb.Error) as exc:  # a bad import file, a missing file, bad SQL
+        raise UserError(str(exc)) from None
 
 
 async def _run(args: argparse.Namespace) -> int:
     match args.bank_command:
         case "list":
-            async with _bus(args, ensure=False) as bus:
+            async with cli_bus(args, SOURCE, ensure=False) as bus:
                 n = _print_rows((await _table(bus)).execute(LIST_SQL))
             print(f"{n} entries", file=sys.stderr)
             return 0
         case "show":
-            async with _bus(args, ensure=False) as bus:
+            async with cli_bus(args, SOURCE, ensure=False) as bus:
                 events = load_events(await _table(bus))
             found = [e for e in events if e.payload.entry_id.startswith(args.entry_id)]  # type: ignore[union-attr]
             if len(found) != 1:
-                print(f"error: {len(found)} entries match {args.entry_id!r}", file=sys.stderr)
-                return 1
+                raise UserError(f"{len(found)} entries match {args.entry_id!r}", EXIT_FAILED)
             print(json.dumps(msgspec.to_builtins(found[0]), indent=2))
             return 0
         case "query":
-            async with _bus(args, ensure=False) as bus:
+            async with cli_bus(args, SOURCE, ensure=False) as bus:
                 con = await _table(bus)
             _print_rows(con.execute(args.sql), as_json=args.json)
             return 0
         case "export":
-            async with _bus(args, ensure=False) as bus:
+            async with cli_bus(args, SOURCE, ensure=False) as bus:
                 n = export_bank(await _table(bus), args.file)
             print(f"exported {n} entries to {args.file}", file=sys.stderr)
             return 0
         case "import":
             events = parse_import_file(args.file, cluster_id=os.environ.get("INFRARSI_CLUSTER", "local"))
-            async with _bus(args, ensure=True) as bus:
+            async with cli_bus(args, SOURCE, ensure=True) as bus:
                 acks = [await bus.publish(e) for e in events]
             dup = sum(1 for a in acks if a.duplicate)
             print(f"imported {len(acks) - dup} entries ({dup} already present) from {args.file}", file=sys.stderr)
             return 0
         case "federate":
-            async with _bus(args, ensure=args.role == "leaf") as bus:
+            async with cli_bus(args, SOURCE, ensure=args.role == "leaf") as bus:
                 info = await ensure_bank_federation(bus, args.role, *args.domains, hub_domain=args.hub_domain,
                                                     peer_clusters=args.peers)
             sources: list[Any] = info.config.sources or []
@@ -154,4 +125,4 @@ async def _run(args: argparse.Namespace) -> int:
                 for s in sources))
             return 0
         case other:
-            raise ValueError(f"unknown bank command {other!r}")
+            raise AssertionError(f"argparse let through the unknown bank command {other!r}")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -21,8 +20,9 @@ from infrarsi.commands import data_dir_of
 from infrarsi.commands import doctor as doctor_cmd
 from infrarsi.commands import report as report_cmd
 from infrarsi.commands import run as run_cmd
-from infrarsi.commands.doctor import read_study
 from infrarsi.commands.init import prepare_study, publish_study
+from infrarsi.commands.study_log import read_study
+from infrarsi.errors import EXIT_OK, EXIT_REFUSED, UserError
 
 DEFAULT_CONTRACT = Path("workloads/gpt/contracts/dense-1node.yaml")
 SOURCE = "cli.demo"
@@ -104,9 +104,7 @@ async def run(args: argparse.Namespace) -> int:
 
     data_dir = data_dir_of(args)
     if not args.contract.exists():
-        print(f"error: {args.contract}: no such contract (run from the repository root, or pass --contract)",
-              file=sys.stderr)
-        return 2
+        raise UserError(f"{args.contract}: no such contract (run from the repository root, or pass --contract)")
     started = time.monotonic()
     print(f"InfraRSI demo on {args.contract} (data under {data_dir})", flush=True)
     url, stack = await asyncio.to_thread(ensure_stack, getattr(args, "nats_url", None), data_dir)
@@ -153,7 +151,7 @@ async def run(args: argparse.Namespace) -> int:
         else:
             _print_summary(summary)
             print(f"demo took {summary['wall_s']:.0f}s")
-        return 0 if summary["verified"] else 3
+        return EXIT_OK if summary["verified"] else EXIT_REFUSED
     finally:
         if stack is not None and not args.keep_running:
             await asyncio.to_thread(stack.stop)

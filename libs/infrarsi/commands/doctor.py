@@ -12,99 +12,35 @@ Design (docs/stages.md): the command itself owns the doctor stage on the bus —
 
 Every id is derived from the ``DoctorRequested`` event id, and an unfinished request (a ``DoctorRequested``
 with no ``DoctorCompleted`` after it) is resumed rather than re-run, so a command killed half way is simply
-started again. This module also holds the small study-log helpers ``verify`` and ``report`` use.
+started again.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import sys
-import time
-from collections.abc import AsyncIterator, Iterable
-from typing import Any
+from collections.abc import Iterable
 
 import msgspec
 import numpy as np
 
 from infrarsi import doctor
 from infrarsi import events as ev
-from infrarsi.commands import data_dir_of
+from infrarsi.commands.study_log import (
+    cli_bus,
+    follow_study,
+    read_steps,
+    read_study,
+    require_study,
+    study_contract,
+    trial_results,
+)
+from infrarsi.contract import Contract
+from infrarsi.errors import EXIT_FAILED, UserError
 
 SOURCE = "cli.doctor"
-
-
-# --------------------------------------------------------------------------------------------------
-# Study-log helpers (shared with the verify and report commands)
-# --------------------------------------------------------------------------------------------------
-
-
-@contextlib.asynccontextmanager
-async def cli_bus(args: argparse.Namespace, source: str) -> AsyncIterator[Any]:
-    """A bus connection to the running stack (these stages need the services: no temporary server).
-
-    An unreachable or missing server raises ``BusError``, which the CLI reports in one line (exit 2).
-    """
-    from infrarsi.stack import connect_for_cli
-
-    bus = await connect_for_cli(getattr(args, "nats_url", None), data_dir_of(args), service=source)
-    try:
-        yield bus
-    finally:
-        await bus.close()
-
-
-async def read_study(bus, study_id: str, start_seq: int = 1) -> tuple[list[ev.Event], int]:
-    """The study's lifecycle events from stream position ``start_seq``, and the next position to read."""
-    from infrarsi.subjects import LIFECYCLE_STREAM, lifecycle_subject
-
-    out: list[ev.Event] = []
-    next_seq = start_seq
-    # A filtered read ends in a fetch timeout when the stream's last message is another study's; nats-py
-    # raises asyncio's TimeoutError there, which Bus.iter_stream does not catch: it only means "caught up".
-    with contextlib.suppress(asyncio.TimeoutError):
-        async for batch in bus.iter_stream(LIFECYCLE_STREAM, start_seq, subjects=lifecycle_subject(study_id, "*")):
-            for msg in batch:
-                next_seq = msg.metadata.sequence.stream + 1
-                with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
-                    out.append(ev.decode(msg.data))
-    return out, next_seq
-
-
-async def read_steps(bus, study_id: str, trial_ids: Iterable[str]) -> dict[str, list[ev.TrialStep]]:
-    """Per-step samples of the given trials from the telemetry stream, in one pass over the study's
-    subjects (a trial's list is empty when retention dropped its samples)."""
-    from infrarsi.subjects import TELEMETRY_STREAM, telemetry_subject
-
-    steps: dict[str, list[ev.TrialStep]] = {t: [] for t in trial_ids}
-    with contextlib.suppress(asyncio.TimeoutError):  # caught up (see read_study)
-        async for batch in bus.iter_stream(TELEMETRY_STREAM, subjects=telemetry_subject(study_id, "*")):
-            for msg in batch:
-                with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
-                    event = ev.decode(msg.data)
-                    if isinstance(event.payload, ev.TrialStep) and event.trial_id in steps:
-                        steps[event.trial_id].append(event.payload)
-    return steps
-
-
-def study_created(events: Iterable[ev.Event]) -> ev.StudyCreated | None:
-    return next((e.payload for e in events if isinstance(e.payload, ev.StudyCreated)), None)
-
-
-def trial_results(events: Iterable[ev.Event], trial_ids: set[str]) -> dict[str, ev.TrialMeasured | ev.TrialFinished]:
-    """Per trial: its ``TrialMeasured``, else its failed ``TrialFinished`` (a run that died is finished too)."""
-    results: dict[str, ev.TrialMeasured | ev.TrialFinished] = {}
-    for event in events:
-        if event.trial_id not in trial_ids:
-            continue
-        match event.payload:
-            case ev.TrialMeasured() as measured:
-                results[event.trial_id] = measured
-            case ev.TrialFinished(status=status) as finished if status != "ok":
-                results.setdefault(event.trial_id, finished)
-    return results
 
 
 # --------------------------------------------------------------------------------------------------
@@ -139,8 +75,8 @@ def median_loss_curve(curves: list[list[ev.LossPoint]]) -> list[ev.LossPoint]:
     return [ev.LossPoint(step, float(np.median([c[step] for c in by_step]))) for step in sorted(common)]
 
 
-def cpu_threads(contract: dict[str, Any]) -> int:
-    env = (contract.get("workload") or {}).get("env") or {}
+def cpu_threads(contract: Contract) -> int:
+    env = contract.workload.env
     for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         if str(env.get(key, "")).isdigit():
             return int(env[key])
@@ -198,11 +134,8 @@ async def run(args: argparse.Namespace) -> int:
 async def _doctor(bus, args: argparse.Namespace) -> int:
     study_id = args.study
     events, next_seq = await read_study(bus, study_id)
-    created = study_created(events)
-    if created is None:
-        print(f"error: no study {study_id!r} (no StudyCreated on the bus)", file=sys.stderr)
-        return 2
-    contract = created.contract
+    created = require_study(events, study_id)
+    contract = study_contract(created)
     cluster_id = created.cluster.cluster_id
 
     pending = None
@@ -216,7 +149,7 @@ async def _doctor(bus, args: argparse.Namespace) -> int:
         request = pending
         print(f"resuming doctor request {request.event_id}", file=sys.stderr)
     else:
-        repeats = args.repeats or int((contract.get("doctor") or {}).get("repeats", 5))
+        repeats = args.repeats or contract.doctor.repeats
         request = ev.make_event(
             ev.DoctorRequested(repeats=repeats, steps=args.steps), study_id=study_id, source=SOURCE, cluster_id=cluster_id
         )
@@ -238,28 +171,23 @@ async def _doctor(bus, args: argparse.Namespace) -> int:
 
     wanted = set(trial_ids)
     results = trial_results(events, wanted)
-    deadline = time.monotonic() + args.timeout
     reported = -1
-    while len(results) < repeats:
-        if time.monotonic() > deadline:
-            print(f"error: {repeats - len(results)} doctor runs not finished after {args.timeout:.0f}s", file=sys.stderr)
-            return 1
-        if len(results) != reported:
-            print(f"doctor: {len(results)}/{repeats} baseline runs done", file=sys.stderr)
-            reported = len(results)
-        new, next_seq = await read_study(bus, study_id, next_seq)
-        results.update(trial_results(new, wanted))
-        if not new:
-            await asyncio.sleep(0.5)
+    if len(results) < repeats:
+        async for new in follow_study(bus, study_id, next_seq, timeout_s=args.timeout,
+                                      unfinished=lambda: f"{repeats - len(results)} doctor runs not finished"):
+            if len(results) != reported:
+                print(f"doctor: {len(results)}/{repeats} baseline runs done", file=sys.stderr)
+                reported = len(results)
+            results.update(trial_results(new, wanted))
+            if len(results) >= repeats:
+                break
 
     ok = {t: r for t, r in results.items() if isinstance(r, ev.TrialMeasured) and r.status == "ok"}
     failed = {t: f"{r.status} {getattr(r, 'reason', '')}".strip() for t, r in results.items() if t not in ok}
     ordered_ok = [t for t in trial_ids if t in ok]
     if len(ordered_ok) < 2:
-        print(f"error: only {len(ordered_ok)} of {repeats} baseline runs succeeded; doctor needs 2", file=sys.stderr)
-        for trial_id, why in failed.items():
-            print(f"  {trial_id}: {why}", file=sys.stderr)
-        return 1
+        raise UserError(f"only {len(ordered_ok)} of {repeats} baseline runs succeeded; doctor needs 2", EXIT_FAILED,
+                        details=[f"  {trial_id}: {why}" for trial_id, why in failed.items()])
 
     samples = await read_steps(bus, study_id, ordered_ok)
     series = [run_series(t, samples[t], ok[t]) for t in ordered_ok]

@@ -15,7 +15,6 @@ import signal
 import sys
 from datetime import datetime
 
-import msgspec
 import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js import api
@@ -62,9 +61,8 @@ def subject_filters(study: str | None, types: list[str] | None) -> tuple[str, li
 
 def table_row(msg: Msg) -> str:
     seq = msg.metadata.sequence.stream
-    try:
-        event = ev.decode(msg.data)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    event = ev.decode_or_none(msg.data)
+    if event is None:
         return f"{seq:>7}  {'':<23}  {'(undecodable)':<16}  {msg.subject}"
     ts = event.ts.astimezone().strftime("%Y-%m-%d %H:%M:%S.%f")[:23] if isinstance(event.ts, datetime) else ""
     trial = f" trial={event.trial_id}" if event.trial_id else ""

@@ -10,7 +10,6 @@ publishing so it can be used and tested without NATS; ``run`` reads the bank (lo
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 from collections.abc import Sequence
@@ -20,8 +19,8 @@ from typing import NamedTuple
 import msgspec
 
 from infrarsi import events as ev
-from infrarsi.commands import data_dir_of
-from infrarsi.contract import Contract, ContractError, load_contract
+from infrarsi.commands import UserError, data_dir_of
+from infrarsi.contract import Contract, load_contract
 from infrarsi.workspace import Workspace, WorkspaceError, discard_workspace, prepare_workspace
 
 SOURCE = "cli.init"
@@ -148,34 +147,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 async def run(args: argparse.Namespace) -> int:
     data_dir = data_dir_of(args)
-    try:
-        load_contract(args.contract)  # validate before starting or reaching any server
-    except ContractError as exc:
-        for line in exc.lines():
-            print(f"error: {line}", file=sys.stderr)
-        return 2
+    load_contract(args.contract)  # validate before starting or reaching any server (ContractError: EXIT_USAGE)
 
     # Imported late: validating a contract must work where NATS is not installed or reachable.
     from infrarsi.bank.federation import read_bank_entries
-    from infrarsi.bus import BusError
-    from infrarsi.embedded import EmbeddedServerError
+    from infrarsi.commands.study_log import recording_bus
 
-    try:
-        async with connected_bus(getattr(args, "nats_url", None), data_dir) as bus:
-            bank_entries = await read_bank_entries(bus)
-            try:
-                prepared = prepare_study(args.contract, data_dir, bank_entries=bank_entries)
-            except ContractError as exc:  # the workload changed between the two loads
-                for line in exc.lines():
-                    print(f"error: {line}", file=sys.stderr)
-                return 2
-            except WorkspaceError as exc:
-                print(f"error: {args.contract}: workload.repo: {exc}", file=sys.stderr)
-                return 2
-            event = await publish_study(bus, prepared)
-    except (BusError, EmbeddedServerError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    async with recording_bus(args, SOURCE) as bus:
+        bank_entries = await read_bank_entries(bus)
+        try:  # a ContractError here: the workload changed between the two loads
+            prepared = prepare_study(args.contract, data_dir, bank_entries=bank_entries)
+        except WorkspaceError as exc:
+            raise UserError(f"{args.contract}: workload.repo: {exc}") from None
+        event = await publish_study(bus, prepared)
 
     if args.json:
         print(
@@ -200,27 +184,3 @@ async def run(args: argparse.Namespace) -> int:
         for line in [*bank_lines(prepared.created, len(bank_entries)), *(f"note: {n}" for n in prepared.notes)]:
             print(line, file=sys.stderr)
     return 0
-
-
-@contextlib.asynccontextmanager
-async def connected_bus(nats_url: str | None, data_dir: Path):
-    """A bus connection: to ``--nats-url``/``$INFRARSI_NATS_URL``/a running ``infrarsi up``, else to a
-    temporary embedded server over the same data directory (the event lands in the store ``up`` uses)."""
-    from infrarsi.bus import Bus
-    from infrarsi.embedded import EmbeddedServer, resolve_nats_url
-
-    url = resolve_nats_url(nats_url, data_dir)
-    server = None
-    if url is None:
-        print(f"note: no NATS server running; starting a temporary one over {data_dir}", file=sys.stderr)
-        server = EmbeddedServer.start(data_dir)
-        url = server.url
-    try:
-        bus = await Bus.connect(url, service=SOURCE)
-        try:
-            yield bus
-        finally:
-            await bus.close()
-    finally:
-        if server is not None:
-            server.stop()

@@ -3,7 +3,7 @@
 Shows, for every knob setting other than the golden one and every patch, the effect on step time and on
 peak memory against the baseline — the prior (knowledge base, patch metadata, textbook memory formula) next
 to the posterior — from the study's latest ``ModelUpdated``. ``--replay`` (or a study with no
-``ModelUpdated`` yet) refits by replaying the study's events through ``study_space.StudyModel`` (the fold the
+``ModelUpdated`` yet) refits by replaying the study's events through ``study_model.StudyModel`` (the fold the
 modeler service runs),
 which needs the workload's launch file and patch library on this machine. Effects are log-ratios, shown as
 percentages: −20% time is a step 20% shorter.
@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 
 import msgspec
 
 from infrarsi import events as ev
-from infrarsi.commands.doctor import cli_bus, read_study, study_created
+from infrarsi.commands.study_log import cli_bus, read_study, require_study
+from infrarsi.errors import EXIT_FAILED, UserError
 
 SOURCE = "cli.model"
 
@@ -30,25 +30,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def run(args: argparse.Namespace) -> int:
-    from infrarsi.bus import BusError
-
-    try:
-        async with cli_bus(args, SOURCE) as bus:
-            events, _ = await read_study(bus, args.study)
-    except BusError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    if study_created(events) is None:
-        print(f"error: no study {args.study!r} (no StudyCreated on the bus)", file=sys.stderr)
-        return 2
+    async with cli_bus(args, SOURCE) as bus:
+        events, _ = await read_study(bus, args.study)
+    require_study(events, args.study)
     update = None if args.replay else latest_update(events)
     how = "latest ModelUpdated"
     if update is None:
         update = replay_update(events, args.study)
         how = "replayed through the modeler"
     if update is None:
-        print("no trial of this study has finished yet: nothing to model", file=sys.stderr)
-        return 1
+        raise UserError("no trial of this study has finished yet: nothing to model", EXIT_FAILED)
     if args.json:
         print(msgspec.json.encode(update).decode())
     else:
@@ -61,7 +52,7 @@ def latest_update(events: list[ev.Event]) -> ev.ModelUpdated | None:
 
 
 def replay_update(events: list[ev.Event], study_id: str) -> ev.ModelUpdated | None:
-    from infrarsi.study_space import replay_model  # the modeler service's own fold
+    from infrarsi.study_model import replay_model  # the modeler service's own fold
 
     return replay_model(events, study_id)
 

@@ -18,7 +18,8 @@ from pathlib import Path
 import duckdb
 
 from infrarsi import events as ev
-from infrarsi.commands.doctor import cli_bus
+from infrarsi.commands.study_log import cli_bus
+from infrarsi.errors import UserError
 from infrarsi.report import build_report, render_all
 from infrarsi.report.source import ReportSourceError, snapshot_lifecycle
 
@@ -54,44 +55,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def run(args: argparse.Namespace) -> int:
-    from infrarsi.bus import BusError
-
     out_dir: Path = args.out
-    out_dir.mkdir(parents=True, exist_ok=True)
     db_path = out_dir / "analyst.duckdb" if args.fresh else (args.db or out_dir / "analyst.duckdb")
-    if args.fresh and db_path.exists():
-        db_path.unlink()
     formats = tuple(args.format or ("html", "md", "pdf"))
     if args.offline:
-        return _render(args.study, db_path, out_dir, formats)[0]
-    try:
-        async with cli_bus(args, SOURCE) as bus:
-            db_path.parent.mkdir(parents=True, exist_ok=True)
-            await refresh_db(bus, db_path)
-            rc, files, winners = _render(args.study, db_path, out_dir, formats)
-            if rc:
-                return rc
-            await bus.publish(ev.make_event(
-                ev.ReportPublished(out_dir=str(out_dir.resolve()), files=[str(f.resolve()) for f in files], winners=winners),
-                study_id=args.study, source=SOURCE,
-            ))
-    except BusError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        _prepare(out_dir, db_path, args.fresh)
+        _render(args.study, db_path, out_dir, formats)
+        return 0
+    async with cli_bus(args, SOURCE) as bus:  # connected before anything is written: no server, no --out dir
+        _prepare(out_dir, db_path, args.fresh)
+        await refresh_db(bus, db_path)
+        files, winners = _render(args.study, db_path, out_dir, formats)
+        await bus.publish(ev.make_event(
+            ev.ReportPublished(out_dir=str(out_dir.resolve()), files=[str(f.resolve()) for f in files], winners=winners),
+            study_id=args.study, source=SOURCE,
+        ))
     return 0
 
 
-def _render(study_id: str, db_path: Path, out_dir: Path, formats: tuple[str, ...]) -> tuple[int, list[Path], list[str]]:
+def _prepare(out_dir: Path, db_path: Path, fresh: bool) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    db_path.parent.mkdir(parents=True, exist_ok=True)
+    if fresh and db_path.exists():
+        db_path.unlink()
+
+
+def _render(study_id: str, db_path: Path, out_dir: Path, formats: tuple[str, ...]) -> tuple[list[Path], list[str]]:
     try:
         con = duckdb.connect(str(db_path))
     except duckdb.Error as exc:
-        print(f"error: cannot open analyst DB {db_path}: {exc}", file=sys.stderr)
-        return 1, [], []
+        raise UserError(f"cannot open analyst DB {db_path}: {exc}") from None
     try:
         report = build_report(con, study_id)
     except (ReportSourceError, LookupError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2, [], []
+        raise UserError(str(exc)) from None
     finally:
         con.close()
     files = render_all(report, out_dir, formats)
@@ -99,4 +96,4 @@ def _render(study_id: str, db_path: Path, out_dir: Path, formats: tuple[str, ...
         print(f)
     winners = [v.candidate_key for v in report.winners]
     print(f"{len(report.winners)} winner(s); {report.accelerator_hours:.4g} accelerator-hours", file=sys.stderr)
-    return 0, files, winners
+    return files, winners

@@ -14,16 +14,14 @@ The proposer does the work; this command only asks and watches, so ``--no-wait``
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
-import time
 from dataclasses import dataclass, field
 
 from infrarsi import events as ev
-from infrarsi.commands.doctor import cli_bus, read_study, study_created
-from infrarsi.contract import ContractError, contract_from_dict
-from infrarsi.study_space import TrialLedger
+from infrarsi.commands.study_log import cli_bus, follow_study, read_study, require_study, study_contract
+from infrarsi.errors import UserError
+from infrarsi.trial_ledger import TrialLedger
 
 SOURCE = "cli.run"
 BAR_WIDTH = 24
@@ -131,31 +129,18 @@ async def run(args: argparse.Namespace) -> int:
 
 
 async def _run(bus, args: argparse.Namespace) -> int:
-    request_type = getattr(ev, "RunRequested", None)
-    if request_type is None:
-        print("error: this build's event catalog has no RunRequested event", file=sys.stderr)
-        return 2
     events, next_seq = await read_study(bus, args.study)
-    created = study_created(events)
-    if created is None:
-        print(f"error: no study {args.study!r} (no StudyCreated on the bus)", file=sys.stderr)
-        return 2
-    try:
-        contract = contract_from_dict(created.contract, check=False)
-    except ContractError as exc:
-        print(f"error: the study's contract does not load: {exc}", file=sys.stderr)
-        return 2
+    created = require_study(events, args.study)
+    contract = study_contract(created)
     budget = contract.budget.trials
     if args.trials is not None and not 1 <= args.trials <= budget:
-        print(f"error: --trials must be in 1..{budget} (the contract's locked budget.trials)", file=sys.stderr)
-        return 2
+        raise UserError(f"--trials must be in 1..{budget} (the contract's locked budget.trials)")
     if args.parallel is not None and args.parallel < 1:
-        print("error: --parallel must be at least 1", file=sys.stderr)
-        return 2
+        raise UserError("--parallel must be at least 1")
     if not any(isinstance(e.payload, ev.DoctorCompleted) for e in events):
         print("note: no DoctorCompleted for this study yet: speed-ups show once a baseline is known "
               "(run `infrarsi doctor` first)", file=sys.stderr)
-    request = ev.make_event(request_type(trials=args.trials, parallel=args.parallel), study_id=args.study,
+    request = ev.make_event(ev.RunRequested(trials=args.trials, parallel=args.parallel), study_id=args.study,
                             source=SOURCE, cluster_id=created.cluster.cluster_id)
     await bus.publish(request)
     if args.no_wait:
@@ -170,9 +155,8 @@ async def _run(bus, args: argparse.Namespace) -> int:
     seen_request = False
     tty = sys.stderr.isatty()
     last = ""
-    deadline = time.monotonic() + args.timeout
-    while True:
-        new, next_seq = await read_study(bus, args.study, next_seq)
+    async for new in follow_study(bus, args.study, next_seq, timeout_s=args.timeout,
+                                  unfinished=lambda: "the search did not end"):
         for event in new:
             if event.event_id == request.event_id:
                 seen_request = True
@@ -186,11 +170,6 @@ async def _run(bus, args: argparse.Namespace) -> int:
         done = progress.finished is not None or (args.until == "searched" and progress.verify_requested is not None)
         if done:
             break
-        if time.monotonic() > deadline:
-            print(f"\nerror: the search did not end within {args.timeout:.0f}s", file=sys.stderr)
-            return 1
-        if not new:
-            await asyncio.sleep(0.5)
     if tty:
         print(file=sys.stderr)
     if args.json:

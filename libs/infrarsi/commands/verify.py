@@ -11,15 +11,14 @@ and watches, so ``--no-wait`` publishes and returns.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
-import time
 
 import msgspec
 
 from infrarsi import events as ev
 from infrarsi import verification as vf
-from infrarsi.commands.doctor import cli_bus, read_study, study_created
+from infrarsi.commands.study_log import cli_bus, follow_study, read_study, require_study, study_contract
+from infrarsi.errors import EXIT_FAILED, UserError
 
 SOURCE = "cli.verify"
 
@@ -75,23 +74,20 @@ async def run(args: argparse.Namespace) -> int:
 async def _verify(bus, args: argparse.Namespace) -> int:
     study_id = args.study
     events, next_seq = await read_study(bus, study_id)
-    created = study_created(events)
-    if created is None:
-        print(f"error: no study {study_id!r} (no StudyCreated on the bus)", file=sys.stderr)
-        return 2
-    spec = created.contract.get("verify") or {}
-    top = args.top or int(spec.get("top_k", 2))
+    created = require_study(events, study_id)
+    contract = study_contract(created)
+    top = args.top or contract.verify.top_k
     ranked = candidates_from_log(events, top)
     if not ranked:
-        print("error: no candidate to verify (no ok, invariant-passing search trial faster than the baseline)", file=sys.stderr)
-        return 1
+        raise UserError("no candidate to verify (no ok, invariant-passing search trial faster than the baseline)",
+                        EXIT_FAILED)
     for r in ranked:
         print(f"verifying {r.candidate_key}: {r.step_time_s * 1e3:.2f} ms over {r.runs} search runs  {r.candidate.knobs} {r.candidate.patches}", file=sys.stderr)
     request = ev.make_event(
         ev.VerifyRequested(
             candidates=[r.candidate for r in ranked],
-            repeats=args.repeats or int(spec.get("repeats", 3)),
-            steps=(created.contract.get("workload") or {}).get("verify_steps"),
+            repeats=args.repeats or contract.verify.repeats,
+            steps=contract.workload.verify_steps,
             reason=f"infrarsi verify --top {top}",
         ),
         study_id=study_id, source=SOURCE, cluster_id=created.cluster.cluster_id,
@@ -103,20 +99,16 @@ async def _verify(bus, args: argparse.Namespace) -> int:
 
     waiting = {vf.verify_id_for(request.event_id, r.candidate_key): r for r in ranked}
     final: dict[str, ev.VerifyCompleted] = {}
-    deadline = time.monotonic() + args.timeout
-    while len(final) < len(waiting):
-        if time.monotonic() > deadline:
-            print(f"error: {len(waiting) - len(final)} verifications unfinished after {args.timeout:.0f}s", file=sys.stderr)
-            return 1
-        new, next_seq = await read_study(bus, study_id, next_seq)
+    async for new in follow_study(bus, study_id, next_seq, timeout_s=args.timeout,
+                                  unfinished=lambda: f"{len(waiting) - len(final)} verifications unfinished"):
         for event in new:
             match event.payload:
                 case ev.VerifyCompleted(verify_id=vid) as done if vid in waiting and vid not in final:
                     print(verdict_line(done), file=sys.stderr if args.json else sys.stdout)
                     if vf.is_final(done):
                         final[vid] = done
-        if not new:
-            await asyncio.sleep(0.5)
+        if len(final) == len(waiting):
+            break
     if args.json:
         for done in final.values():
             print(msgspec.json.encode(done).decode())

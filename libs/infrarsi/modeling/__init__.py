@@ -5,7 +5,14 @@ No I/O here; the proposer/modeler services wrap `Searcher` and feed it observati
 
 from infrarsi.modeling.memory_model import MemoryModel, TransformerMeta
 from infrarsi.modeling.priors import KnowledgeBase, default_knowledge_base
-from infrarsi.modeling.search import CandidatePool, Observation, SearchConfig, Searcher, Suggestion
+from infrarsi.modeling.search import (
+    CandidatePool,
+    Observation,
+    Prediction,
+    SearchConfig,
+    Searcher,
+    Suggestion,
+)
 from infrarsi.modeling.space import (
     BoolKnob,
     Candidate,
@@ -22,6 +29,6 @@ from infrarsi.modeling.time_model import FeatureEffect, TimeModel
 
 __all__ = [
     "BoolKnob", "Candidate", "CandidatePool", "Categorical", "Constraint", "FeatureEffect", "FeatureEncoder",
-    "FloatRange", "IntChoice", "IntRange", "KnowledgeBase", "MemoryModel", "Observation", "Patch", "SearchConfig",
+    "FloatRange", "IntChoice", "IntRange", "KnowledgeBase", "MemoryModel", "Observation", "Patch", "Prediction", "SearchConfig",
     "SearchSpace", "Searcher", "Suggestion", "TimeModel", "TransformerMeta", "default_knowledge_base",
 ]

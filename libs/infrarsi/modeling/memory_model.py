@@ -189,8 +189,10 @@ class MemoryModel:
         return len(self._y)
 
     # ---- mean function and its gradient
-    def _mu_grad(self, theta: np.ndarray, x: np.ndarray, sa: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """μ (n,) and dμ/dθ (n, k) for rows x (n, p) with structural components sa (n, 2)."""
+    def log_mean_grad(self, theta: np.ndarray, x: np.ndarray, sa: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """μ (n,) and dμ/dθ (n, k) of log peak bytes at parameters θ, for encoded rows x (n, p) with structural
+        components sa (n, 2) (zeros when the workload shape is unknown). With ``covariance`` it gives the
+        delta-method std of any linear contrast of predictions (the modeler's per-setting effects)."""
         if not self.structured:
             return x @ theta, x
         p = x.shape[1]
@@ -218,7 +220,7 @@ class MemoryModel:
                    cens: np.ndarray) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
         """Negative log posterior and, in θ: gradient, Gauss-Newton Hessian; plus dμ/dθ rows."""
         sigma = math.exp(log_sigma)
-        mu, g = self._mu_grad(theta, x, sa)
+        mu, g = self.log_mean_grad(theta, x, sa)
         r = (y - mu) / sigma
         ok = ~cens
         nll = 0.5 * float(np.sum(r[ok] ** 2)) + ok.sum() * log_sigma
@@ -272,7 +274,7 @@ class MemoryModel:
                 if damping > 1e6:
                     break
             # log σ: a few golden-section steps on the exact objective
-            mu_fixed, _ = self._mu_grad(theta, x, sa)
+            mu_fixed, _ = self.log_mean_grad(theta, x, sa)
             res = minimize_scalar(self._nll_only, method="bounded", args=(mu_fixed, y, cens, theta),
                                   bounds=self.log_sigma_bounds, options={"xatol": 0.01})
             moved = abs(res.x - ls)
@@ -299,7 +301,7 @@ class MemoryModel:
             theta, ls = z[:k], z[k]
             nll, grad, _, _ = self._nll_terms(theta, ls, x, sa, y, cens)
             sigma = math.exp(ls)
-            mu, _ = self._mu_grad(theta, x, sa)
+            mu, _ = self.log_mean_grad(theta, x, sa)
             r = (y - mu) / sigma
             d_ls = float((~cens).sum() - np.sum(r[~cens] ** 2))
             if cens.any():
@@ -321,7 +323,7 @@ class MemoryModel:
     def _laplace_cov(self, x: np.ndarray, sa: np.ndarray, y: np.ndarray, cens: np.ndarray) -> np.ndarray:
         """Gauss-Newton Hessian of the negative log posterior in θ at the MAP, inverted."""
         sigma = math.exp(self.log_sigma)
-        mu, g = self._mu_grad(self.theta, x, sa)
+        mu, g = self.log_mean_grad(self.theta, x, sa)
         w = np.full(mu.shape, 1.0 / sigma**2)
         if cens.any():
             zc = (mu[cens] - y[cens]) / sigma
@@ -334,12 +336,17 @@ class MemoryModel:
             return np.linalg.pinv(h)
 
     # ---- prediction
+    @property
+    def covariance(self) -> np.ndarray:
+        """Laplace posterior covariance of θ (the prior's before any observation)."""
+        return self._cov
+
     def predict_log(self, cs: Sequence[Candidate], x: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Mean and std (parameter uncertainty + noise) of log peak bytes."""
         if x is None:
             x = np.array([self.encoder.encode_main(c) for c in cs]).reshape(len(cs), self.encoder.n_main)
         sa = np.array([self._components(c) for c in cs]).reshape(len(cs), 2)
-        mu, g = self._mu_grad(self.theta, x, sa)
+        mu, g = self.log_mean_grad(self.theta, x, sa)
         var = np.sum((g @ self._cov) * g, axis=1) + math.exp(2 * self.log_sigma)
         return mu, np.sqrt(np.maximum(var, 1e-12))
 

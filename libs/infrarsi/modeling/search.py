@@ -59,6 +59,24 @@ class Suggestion:
 
 
 @dataclass(frozen=True)
+class Prediction:
+    """What the searcher's current models expect of one candidate."""
+
+    log_time: float
+    """Posterior mean of latent log step time (seconds)."""
+    log_time_std: float
+    log_peak_bytes: float
+    """Predicted mean of log peak memory (bytes)."""
+    log_peak_std: float
+    p_oom: float
+    """P(peak > capacity); 1 inside a known-OOM region."""
+    p_invariants: float
+    """P(every invariant holds)."""
+    expected_improvement: float
+    """Over the incumbent, in log units; 0 before the first success."""
+
+
+@dataclass(frozen=True)
 class SearchConfig:
     n_seeds: int = 3
     """Space-filling seeds after the prior-guided first candidate."""
@@ -243,10 +261,25 @@ class Searcher:
         cands = [self.pool.candidates[i] for i in idx]
         if mm.structured and self.pool.mem_components is not None:
             sa = self.pool.mem_components[idx]
-            mu, g = mm._mu_grad(mm.theta, x, sa)
-            var = np.sum((g @ mm._cov) * g, axis=1) + math.exp(2 * mm.log_sigma)
+            mu, g = mm.log_mean_grad(mm.theta, x, sa)
+            var = np.sum((g @ mm.covariance) * g, axis=1) + math.exp(2 * mm.log_sigma)
             return mu, np.sqrt(var)
         return mm.predict_log(cands, x)
+
+    def predict(self, candidates: Sequence[Candidate]) -> list[Prediction]:
+        """The current models' expectation of each candidate (refits first if observations arrived)."""
+        self.refit()
+        idx = np.array(self.pool.extend(candidates), dtype=int)
+        if idx.size == 0:
+            return []
+        mu, sd = self.time_model.predict_encoded(self.pool.x_time[idx])
+        assert sd is not None
+        mem_mu, mem_sd = self._memory_arrays(idx)
+        p_oom, p_hold = self._p_oom(idx), self._p_hold(idx)
+        best = self._incumbent()
+        ei = expected_improvement(mu, sd, best) if best is not None else np.zeros(idx.size)
+        return [Prediction(float(mu[i]), float(sd[i]), float(mem_mu[i]), float(mem_sd[i]), float(p_oom[i]),
+                           float(p_hold[i]), float(ei[i])) for i in range(idx.size)]
 
     def _p_oom(self, idx: np.ndarray) -> np.ndarray:
         from scipy.special import ndtr
@@ -286,7 +319,7 @@ class Searcher:
         mu_all, _ = self.time_model.predict_encoded(self.pool.x_time, with_std=False)
         mm = self.memory_model
         if mm.structured and self.pool.mem_components is not None:
-            mem_mu, _ = mm._mu_grad(mm.theta, self.pool.x_main, self.pool.mem_components)
+            mem_mu, _ = mm.log_mean_grad(mm.theta, self.pool.x_main, self.pool.mem_components)
         else:
             mem_mu = self.pool.x_main @ mm.theta
         cap = math.log(self.capacity_bytes)
@@ -386,7 +419,7 @@ class Searcher:
         believer_rows: list[np.ndarray] = []
         while len(out) < n and usable.any():
             if believer_rows:
-                sd = self._believer_sd(idx, np.array(believer_rows))
+                sd = self.time_model.believer_std(self.pool.x_time[idx], np.array(believer_rows))
             ei = expected_improvement(mu, sd, best)
             acq = np.where(usable, acquisition(ei, p_oom, p_hold, cost, self.config.oom_risk_power), -np.inf)
             j = int(np.argmax(acq))
@@ -407,17 +440,6 @@ class Searcher:
             usable[j] = False
             believer_rows.append(self.pool.x_time[idx[j]])
         return out
-
-    def _believer_sd(self, idx: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        """Kriging believer: posterior std after pretending the chosen rows were observed at their mean
-        (the mean does not move; the variance shrinks around them, so the next pick goes elsewhere)."""
-        tm = self.time_model
-        la = tm._prec_chol @ tm._prec_chol.T + rows.T @ rows / tm.noise_std**2
-        l2 = np.linalg.cholesky(la)
-        from scipy.linalg import solve_triangular
-
-        v = solve_triangular(l2, self.pool.x_time[idx].T, lower=True)
-        return np.sqrt(np.maximum(np.einsum("ij,ij->j", v, v), 1e-12))
 
     def _pair(self, idx: np.ndarray, r: int, mu: np.ndarray, sd: np.ndarray, p_oom: np.ndarray,
               p_hold: np.ndarray, usable: np.ndarray, best: float, cost: np.ndarray) -> int | None:

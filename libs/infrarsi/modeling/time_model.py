@@ -184,6 +184,14 @@ class TimeModel:
         assert sd is not None
         return mu, sd
 
+    def believer_std(self, x: np.ndarray, chosen: np.ndarray) -> np.ndarray:
+        """Kriging believer: latent std (N,) of rows x (N, p) after pretending the rows ``chosen`` (m, p) were
+        observed at their mean — the mean does not move, the variance shrinks around them, so a batch's next
+        pick goes elsewhere."""
+        la = self._prec_chol @ self._prec_chol.T + chosen.T @ chosen / self.noise_std**2
+        v = solve_triangular(np.linalg.cholesky(la), x.T, lower=True)  # (p, N)
+        return np.sqrt(np.maximum(np.einsum("ij,ij->j", v, v), 1e-12))
+
     def covariance(self) -> np.ndarray:
         if self.n == 0:
             return np.diag(self.prior_std**2)

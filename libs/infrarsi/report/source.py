@@ -90,12 +90,6 @@ def load_events(con: duckdb.DuckDBPyConnection, events: Iterable[tuple[int, ev.E
 async def snapshot_lifecycle(bus, con: duckdb.DuckDBPyConnection) -> int:
     """Copy the lifecycle stream into the minimal ``events`` table (the fallback when eventlog is missing)."""
     n = 0
-    async for batch in bus.iter_stream(LIFECYCLE_STREAM):
-        decoded = []
-        for msg in batch:
-            try:
-                decoded.append((msg.metadata.sequence.stream, ev.decode(msg.data)))
-            except (msgspec.DecodeError, msgspec.ValidationError):
-                continue  # dead letters and foreign messages are not part of the report
+    async for decoded in bus.event_batches(LIFECYCLE_STREAM):  # dead letters are not part of the report
         n += load_events(con, decoded)
     return n
