@@ -215,13 +215,19 @@ class ShapeSpec(_Model):
     expert_parameters: int | None = Field(default=None, ge=0)
     """Of which in MoE experts."""
     layers: int | None = Field(default=None, ge=1)
+    """Transformer blocks."""
     hidden: int | None = Field(default=None, ge=1)
+    """Residual width (hidden size)."""
     heads: int | None = Field(default=None, ge=1)
+    """Attention heads."""
     seq_len: int | None = Field(default=None, ge=1)
     """Tokens per training sequence."""
     vocab: int | None = Field(default=None, ge=1)
+    """Vocabulary size."""
     experts: int | None = Field(default=None, ge=1)
+    """MoE experts per layer (unset or 1: dense)."""
     experts_per_token: int | None = Field(default=None, ge=1)
+    """MoE experts each token is routed to."""
     workspace_bytes: float | None = Field(default=None, ge=0)
     """Memory besides model state and activations (runtime, allocator, CUDA context). Unset: calibrated on
     the baseline's measured peak once one is measured (1.5 GiB on a GPU, 0.4 GiB on a CPU host until then)."""
