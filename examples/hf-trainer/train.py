@@ -18,9 +18,8 @@ import sys
 from dataclasses import dataclass, field
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, HfArgumentParser, Trainer, TrainingArguments
-
 from infrarsi.probe.integrations.hf import InfraRSICallback
+from transformers import GPT2Config, GPT2LMHeadModel, HfArgumentParser, Trainer, TrainingArguments
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded: the model is built from its config
 

@@ -14,15 +14,13 @@ The one line for InfraRSI is ``callbacks=[InfraRSICallback()]``; run by hand, th
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 
 import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 from infrarsi.probe.integrations.lightning import InfraRSICallback
+from torch import nn
 
 
 class CausalLM(nn.Module):
