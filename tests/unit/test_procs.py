@@ -108,3 +108,34 @@ def test_kill_all_ends_a_process_that_ignores_sigterm(tmp_path, hard: bool) -> N
     procs.kill_all([psutil.Process(proc.pid)], grace_s=0.5, hard=hard)
     assert proc.wait(timeout=5) == -9
     assert time.monotonic() - started < 4
+
+
+SPIKE = textwrap.dedent(
+    """
+    import time
+    time.sleep(0.3)
+    spike = bytearray(300 << 20)  # touched: resident for a few ms, far shorter than a sampling interval
+    del spike
+    time.sleep(600)
+    """
+)
+
+
+def test_a_spike_between_two_samples_is_still_an_oom(tmp_path) -> None:
+    script = tmp_path / "spike.py"
+    script.write_text(SPIKE)
+    proc = subprocess.Popen([sys.executable, str(script)], start_new_session=True)
+    seen = []
+    watchdog = procs.MemoryWatchdog([proc.pid], capacity_bytes=200 << 20, untagged_rank=0, interval_s=1.0,
+                                    on_exceed=seen.append)  # fmt: skip
+    watchdog.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert seen and seen[0].rss_bytes > 300 << 20, "the kernel's high-water mark keeps the spike"
+        assert procs._status_memory(proc.pid)[0] < 200 << 20, "the spike was gone when it was seen"
+    finally:
+        watchdog.stop()
+        procs.kill_all([psutil.Process(proc.pid)], hard=True)
+        proc.wait()
