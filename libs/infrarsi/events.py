@@ -501,6 +501,19 @@ class BankResolution(msgspec.Struct, frozen=True, kw_only=True):
     """Proposed first, with origin ``bank``, best first."""
 
 
+class BankFailure(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A lesson a study paid for: an OOM boundary, a patch conflict, an invariant violation."""
+
+    kind: str
+    """The trial status (``oom``, ``patch_conflict``, ``invariant_violation``, ...)."""
+    candidate: Candidate
+    detail: str
+    censored_peak_bytes: float | None = None
+    """OOM only: the peak the run reached before it died (a lower bound of what it needed)."""
+    capacity_bytes: float | None = None
+    """OOM only: the device memory it had."""
+
+
 class BankEntry(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     entry_id: str
     origin_study: str
@@ -508,8 +521,8 @@ class BankEntry(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     time_effects: list[Effect]
     memory_effects: list[Effect]
     winners: list[Candidate] = []
-    failures: list[dict[str, Any]] = []
-    """OOM boundaries, conflicts, invariant violations: ``{"kind": ..., "candidate": ..., "detail": ...}``."""
+    failures: list[BankFailure] = []
+    """OOM boundaries, conflicts, invariant violations."""
 
 
 class StudyFinished(msgspec.Struct, frozen=True, kw_only=True, tag=True):

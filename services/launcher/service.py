@@ -42,7 +42,7 @@ import yaml
 from infrarsi import events as ev
 from infrarsi import fswatch, procs, stats, tracing, workspace
 from infrarsi.backends import Backend, JobHandle, JobResult, JobSpec, make_backend
-from infrarsi.contract import Contract, ContractError, contract_from_dict, load_patch_library
+from infrarsi.contract import Contract, ContractError, load_patch_library, locked_contract
 from infrarsi.launch import LaunchValueError
 from infrarsi.logs import get_logger
 from infrarsi.service import Outbox, Service
@@ -179,7 +179,7 @@ class LauncherService(Service):
         created = event.payload
         assert isinstance(created, ev.StudyCreated)
         try:
-            contract = contract_from_dict(created.contract, check=False)
+            contract = locked_contract(created)
         except ContractError as exc:
             log.error("unusable contract in StudyCreated", study_id=event.study_id, error=str(exc))
             return

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from infrarsi import events as ev
 from infrarsi import stats
-from infrarsi.contract import ContractError, contract_from_dict
+from infrarsi.contract import ContractError, locked_contract
 from infrarsi.logs import get_logger
 from infrarsi.service import Outbox, Service
 from infrarsi.subjects import TELEMETRY_STREAM, telemetry_subject
@@ -145,9 +145,9 @@ class TelemetryService(Service):
         """Update the read model (also used by the replay)."""
         trial_id = event.trial_id or ""
         match event.payload:
-            case ev.StudyCreated(contract=raw, cluster=cluster):
+            case ev.StudyCreated(cluster=cluster) as created:
                 try:
-                    contract = contract_from_dict(raw, check=False)
+                    contract = locked_contract(created)
                 except ContractError as exc:
                     log.error("unusable contract", study_id=event.study_id, error=str(exc))
                     return
