@@ -12,6 +12,8 @@ built for a real (non-simulated) study from
   calibrated on the baseline's measured peak once there is one, so the formula predicts the golden run
   exactly and the learned corrections start from there.
 
+On a CPU host only a contract that states ``workload.shape`` gets the formula (``CPU_NEEDS_STATED_SHAPE``).
+
 Simulated studies keep their scenario's shape. Pure: the same contract and events give the same meta.
 Must not: read the disk, publish.
 """
@@ -33,6 +35,12 @@ REQUIRED = ("layers", "hidden", "heads", "seq_len", "vocab", "parameters")
 
 CPU_WORKSPACE_BYTES = 0.4 * 2**30
 """A CPU training process's runtime before any model (Python, torch, the framework), until calibrated."""
+
+CPU_NEEDS_STATED_SHAPE = True
+"""On a CPU host the formula is used only when the contract states a ``workload.shape`` (any field): there
+the capacity is the process tree's RSS, where data-loader worker processes, compile caches and the
+allocator move the peak by tens of per cent, and the structured model holds every non-role knob's effect
+to about 2 % — it would mispredict exactly the OOMs a CPU study meets. The generic model learns them."""
 
 _RECOMPUTE_VALUES = {"none", "selective", "full"}
 _INT_ROLES = {"micro_batch", "tp", "pp", "dp", "ep", "zero_stage"}
@@ -77,6 +85,9 @@ def study_meta(
     baseline_peak_bytes: float | None = None,
 ) -> TransformerMeta | None:
     """The study's ``TransformerMeta``, or ``None`` while a required field is unknown (see the module doc)."""
+    on_cpu = contract.cluster.accelerator.lower() == "cpu"
+    if on_cpu and contract.workload.shape is None:
+        return None  # see CPU_NEEDS_STATED_SHAPE
     shape = merged_shape(contract, probed)
     if any(field not in shape for field in REQUIRED):
         return None
@@ -84,7 +95,6 @@ def study_meta(
     gb = contract.search_space.constraints.global_batch
     micro = baseline_knobs.get(roles.get("micro_batch", "micro_batch"), 1)
     stated = contract.workload.shape.workspace_bytes if contract.workload.shape is not None else None
-    on_cpu = contract.cluster.accelerator.lower() == "cpu"
     expert_params = int(shape.get("expert_parameters", 0))
     meta = TransformerMeta(
         layers=int(shape["layers"]), hidden=int(shape["hidden"]), heads=int(shape["heads"]),

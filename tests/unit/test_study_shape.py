@@ -20,14 +20,14 @@ PROBED = ev.WorkloadShape(parameters=2_000_000, layers=4, hidden=192, heads=6, s
                           sources={"layers": "config"})
 
 
-def contract_dict(repo: Path, shape: dict[str, Any] | None = None) -> dict[str, Any]:
+def contract_dict(repo: Path, shape: dict[str, Any] | None = None, accelerator: str = "H100-80G") -> dict[str, Any]:
     workload: dict[str, Any] = {"repo": str(repo), "command": ["{python}", "train.py", "{launch_file}"],
                                 "launch_file": "launch.yaml", "steps": 10, "verify_steps": 20}
     if shape is not None:
         workload["shape"] = shape
     return {
         "name": "shaped", "goal": "faster", "workload": workload,
-        "cluster": {"id": "cpu", "accelerator": "cpu", "memory_capacity_bytes": GIB},
+        "cluster": {"id": accelerator, "accelerator": accelerator, "memory_capacity_bytes": GIB},
         "scope": {"files": [], "launch_keys": ["knobs.micro_batch_size", "knobs.activation_checkpointing",
                                                "knobs.compile"]},
         "search_space": {
@@ -41,8 +41,9 @@ def contract_dict(repo: Path, shape: dict[str, Any] | None = None) -> dict[str, 
     }  # fmt: skip
 
 
-def study(repo: Path, shape: dict[str, Any] | None = None) -> StudySpace:
-    return StudySpace.from_contract(contract_from_dict(contract_dict(repo, shape), check=False), baseline_launch=LAUNCH)
+def study(repo: Path, shape: dict[str, Any] | None = None, accelerator: str = "H100-80G") -> StudySpace:
+    contract = contract_from_dict(contract_dict(repo, shape, accelerator), check=False)
+    return StudySpace.from_contract(contract, baseline_launch=LAUNCH)
 
 
 def baseline_measured(peak: int, shape: ev.WorkloadShape | None = PROBED, kind: str = "doctor") -> ev.TrialMeasured:
@@ -79,7 +80,7 @@ def test_the_contract_states_or_overrides_the_shape(tmp_path: Path) -> None:
     stated = {"parameters": 2_000_000, "layers": 4, "hidden": 192, "heads": 6, "seq_len": 64, "vocab": 512}
     space = study(tmp_path, stated)
     assert space.meta is not None and space.meta.seq_len == 64  # no probe needed (a coarse job)
-    assert space.meta.workspace_bytes == CPU_WORKSPACE_BYTES  # until a baseline is measured
+    assert space.meta.workspace_bytes == 1.5 * GIB  # the GPU default until a baseline is measured
     shaped = adopt_shape(space, baseline_measured(600 * 2**20))
     assert shaped is not None and shaped.meta is not None and shaped.meta.seq_len == 64  # the contract wins
     partial = adopt_shape(study(tmp_path, {"seq_len": 256}), baseline_measured(600 * 2**20))
@@ -103,3 +104,11 @@ def test_the_modeler_refits_with_the_structural_formula_once_the_baseline_report
     assert model.searcher.memory_model.structured
     (predicted,) = model.searcher.predict([model.space.baseline])
     assert math.isclose(math.exp(predicted.log_peak_bytes), 600 * 2**20, rel_tol=0.05)
+
+
+def test_a_cpu_study_uses_the_formula_only_when_its_contract_states_a_shape(tmp_path: Path) -> None:
+    probed_only = adopt_shape(study(tmp_path, accelerator="cpu"), baseline_measured(600 * 2**20))
+    assert probed_only is not None and probed_only.meta is None and probed_only.probed_shape == PROBED
+    stated = study(tmp_path, {"seq_len": 128, "parameters": 2_000_000, "layers": 4, "hidden": 192, "heads": 6,
+                              "vocab": 512}, accelerator="cpu")
+    assert stated.meta is not None and stated.meta.workspace_bytes == CPU_WORKSPACE_BYTES
