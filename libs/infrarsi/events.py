@@ -71,6 +71,7 @@ TrialStatus = Literal[
     "crash",
     "timeout",
     "cancelled",
+    "infra_failure",
     "scope_violation",
     "patch_conflict",
     "invariant_violation",
