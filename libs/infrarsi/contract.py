@@ -274,9 +274,9 @@ SLURM_FIELDS = ("partition", "account", "qos", "time_limit", "gres", "constraint
 class BackendSpec(_Model):
     """How the launcher runs trials."""
 
-    kind: Literal["local", "sim", "slurm", "kubernetes"] = "local"
+    kind: Literal["local", "sim", "slurm"] = "local"
     """``local``: subprocesses on this host; ``sim``: the analytic cluster simulator (labelled as such);
-    ``slurm``: a batch job per trial (``sbatch``); ``kubernetes``: a PyTorchJob or indexed Job per trial."""
+    ``slurm``: a batch job per trial (``sbatch``)."""
     parallel: int = Field(default=1, ge=1)
     """Trials in flight at once."""
     timeout_s: float = Field(default=600.0, gt=0)
@@ -303,12 +303,6 @@ class BackendSpec(_Model):
     """For ``kind: slurm``: whole nodes (``--exclusive``)."""
     extra_sbatch: list[str] = []
     """More sbatch options, one ``--option=value`` per item (never through a shell)."""
-    namespace: str | None = None
-    """For ``kind: kubernetes``: the namespace trials run in."""
-    image: str | None = None
-    """For ``kind: kubernetes``: the container image holding the workload's environment."""
-    operator: Literal["pytorchjob", "indexed-job"] = "pytorchjob"
-    """For ``kind: kubernetes``: a Kubeflow ``PyTorchJob`` or a plain indexed ``Job`` + headless Service."""
 
     @field_validator("partition", "account", "qos", "gres", "constraint")
     @classmethod
@@ -354,12 +348,9 @@ class BackendSpec(_Model):
             "local": {"netns"},
             "sim": {"scenario"},
             "slurm": set(SLURM_FIELDS),
-            "kubernetes": {"namespace", "image", "operator"},
         }[self.kind]
         if extra := sorted(given - allowed):
             raise ValueError(f"{', '.join(extra)} do not apply to backend kind {self.kind}")
-        if self.kind == "kubernetes" and not self.image:
-            raise ValueError("kind kubernetes needs image (the container the trial runs in)")
         return self
 
 

@@ -3,7 +3,7 @@
 ``make_backend`` picks one by the contract's ``backend.kind``; the verifier and doctor reuse the same
 backends through this package. ``local`` runs real processes (on loopback, or one network namespace per
 node); ``sim`` plays trials out on the analytic cluster simulator (``infrarsi.sim``, labelled as such);
-``slurm`` submits batch jobs to a Slurm cluster; ``kubernetes`` renders PyTorchJobs / indexed Jobs.
+``slurm`` submits batch jobs to a Slurm cluster (``docs/backends.md``).
 """
 
 from __future__ import annotations
