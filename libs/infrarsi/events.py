@@ -71,7 +71,6 @@ TrialStatus = Literal[
     "crash",
     "timeout",
     "cancelled",
-    "infra_failure",
     "scope_violation",
     "patch_conflict",
     "invariant_violation",

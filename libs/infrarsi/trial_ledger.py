@@ -90,8 +90,6 @@ class TrialLedger:
     def _resolve(self, trial_id: str, t: _Trial) -> TrialOutcome | None:
         if t.outcome is not None or t.finished is None:
             return None
-        if t.finished.status == "infra_failure":
-            return None  # a failed node or a preemption says nothing of the candidate: it costs, it is not judged
         f, m = t.finished, t.measured
         candidate = t.proposed.candidate if t.proposed is not None else (
             self.by_key.get(m.candidate_key) if m is not None else None)

@@ -434,8 +434,9 @@ class LauncherService(Service):
         capacity = study.cluster.memory_capacity_bytes
         censored = None
         if job.infrastructure_failure is not None:
-            status: ev.TrialStatus = "infra_failure"
-            reason = f"{job.infrastructure_failure}: not the candidate's doing; it may be retried"
+            # marked ``infrastructure`` below: it costs, it says nothing of the candidate, it is run again
+            status: ev.TrialStatus = "cancelled"
+            reason = f"{job.infrastructure_failure}: not the candidate's doing"
         elif job.oom:
             status = "oom"
             reason = job.oom_detail

@@ -8,10 +8,8 @@ mid-trial that re-attaches to its job, and a job cancelled from outside InfraRSI
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,6 +19,7 @@ from infrarsi.embedded import EmbeddedServer
 from infrarsi_services.launcher.service import LauncherService
 from infrarsi_services.telemetry.service import TelemetryService
 from test_launcher_helpers import Harness, git_worktrees, make_workload, serving
+from test_launcher_restart import start_launcher
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
 
@@ -131,14 +130,6 @@ async def test_job_cancelled_from_outside_is_cancelled(harness, tmp_path) -> Non
     finished = await harness.wait_for(trial, "TrialFinished", timeout_s=60)
     assert finished.status == "cancelled", finished
     assert "cancelled outside InfraRSI" in finished.reason and launched.job_id in finished.reason
-
-
-def start_launcher(url: str, data_dir: Path, log) -> subprocess.Popen:
-    env = {**os.environ, "INFRARSI_LAUNCHER_ACK_WAIT_S": "4"}
-    return subprocess.Popen(
-        [sys.executable, "-m", "infrarsi_services.launcher", "--nats-url", url, "--data-dir", str(data_dir)],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
 
 
 async def test_killed_launcher_reattaches_to_its_slurm_job(tmp_path, slurm_cluster) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from infrarsi.backends import JobSpec
-from infrarsi.backends.slurm import SlurmBackend, gres_gpus, parse_sacct
+from infrarsi.backends.slurm import SlurmBackend, SlurmEnd, gres_gpus, parse_sacct, slurm_end
 from infrarsi.contract import BackendSpec
 
 
@@ -62,3 +62,26 @@ def test_sbatch_argv_carries_options_as_items_and_the_script_no_values(tmp_path:
     script = backend.job_script(spec)
     assert "rm -rf" not in script and "'; ls" not in script and "train.py" not in script
     assert "'/opt/py env/bin/python' -m infrarsi.backends.slurm_node" in script
+
+
+def end(state: str, raw: str | None = None, **kw) -> SlurmEnd:
+    args = {"ours": None, "node_oom": None, "output": "", "time_limit": "10", **kw}
+    return slurm_end("7", state, raw or state, **args)
+
+
+def test_slurm_ends_become_facts() -> None:
+    assert end("OUT_OF_MEMORY").oom_detail == "Slurm job 7 ended OUT_OF_MEMORY"
+    cuda = end("FAILED", output="x\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB\ny")
+    assert cuda.oom_detail.startswith("out-of-memory reported by the job: torch.OutOfMemoryError")
+    node = end("FAILED", node_oom={"rank": 1, "rss_bytes": 300, "capacity_bytes": 200})
+    assert "rank 1 RSS 300 B exceeded the emulated capacity 200 B" in node.oom_detail
+    assert end("TIMEOUT").cancelled == "timeout: Slurm time limit 10 reached (job 7)"
+    assert end("CANCELLED", "CANCELLED by 0", ours={"reason": "timeout: still running after 4s"}).cancelled == (
+        "timeout: still running after 4s"
+    )
+    assert end("CANCELLED", "CANCELLED by 1001").cancelled == "cancelled outside InfraRSI: Slurm job 7 CANCELLED by 1001"
+    for state in ("NODE_FAIL", "PREEMPTED", "BOOT_FAIL"):
+        e = end(state)
+        assert e.infrastructure_failure == f"Slurm job 7 ended {state}" and not e.oom_detail and e.cancelled is None
+    ok = end("COMPLETED")
+    assert (ok.oom_detail, ok.cancelled, ok.infrastructure_failure) == ("", None, None)

@@ -17,7 +17,8 @@ ranks on CPU-only allocations — not the launcher's clock.
 How Slurm's ends become facts (the launcher turns facts into statuses): ``OUT_OF_MEMORY``, a node's
 emulated-capacity kill or a CUDA OOM in the output → ``oom``; ``TIMEOUT`` → cancelled ``timeout: …``;
 ``CANCELLED`` by this backend → its reason, by anyone else → ``cancelled outside InfraRSI``;
-``NODE_FAIL``/``PREEMPTED``/``BOOT_FAIL`` → ``infrastructure_failure``.
+``NODE_FAIL``/``PREEMPTED``/``BOOT_FAIL`` → ``infrastructure_failure`` (the launcher: ``cancelled``,
+``infrastructure``: it costs, the candidate is run again).
 """
 
 from __future__ import annotations
@@ -99,6 +100,45 @@ def gres_gpus(gres: str | None) -> int | None:
         if parts[0] == "gpu":
             return int(parts[-1]) if len(parts) > 1 and parts[-1].isdigit() else 1
     return None
+
+
+@dataclass(frozen=True)
+class SlurmEnd:
+    """How a Slurm job's end reads as facts (``JobResult`` fields)."""
+
+    oom_detail: str = ""
+    cancelled: str | None = None
+    infrastructure_failure: str | None = None
+
+
+def slurm_end(
+    job_id: str, state: str, raw_state: str, *, ours: dict | None, node_oom: dict | None, output: str,
+    time_limit: str | None,
+) -> SlurmEnd:  # fmt: skip
+    """Slurm's final state, this backend's own cancel record (``ours``), a node's emulated-OOM record and the
+    job's output → the facts the launcher turns into a status."""
+    oom_detail = ""
+    if node_oom:
+        oom_detail = (
+            f"rank {node_oom['rank']} RSS {node_oom['rss_bytes']} B exceeded the emulated capacity "
+            f"{node_oom['capacity_bytes']} B (Slurm job {job_id})"
+        )
+    elif state == "OUT_OF_MEMORY":
+        oom_detail = f"Slurm job {job_id} ended OUT_OF_MEMORY"
+    elif (match := DEVICE_OOM.search(output)) is not None:
+        line_start = output.rfind("\n", 0, match.start()) + 1
+        line_end = output.find("\n", match.end())
+        line = output[line_start : line_end if line_end != -1 else None].strip()[:300]
+        oom_detail = f"out-of-memory reported by the job: {line}"
+    cancelled = None
+    if state == "TIMEOUT":
+        cancelled = f"timeout: Slurm time limit {time_limit} reached (job {job_id})"
+    elif ours is not None:
+        cancelled = str(ours["reason"])
+    elif state == "CANCELLED":
+        cancelled = f"cancelled outside InfraRSI: Slurm job {job_id} {raw_state}"
+    infrastructure = f"Slurm job {job_id} ended {raw_state}" if state in INFRASTRUCTURE else None
+    return SlurmEnd(oom_detail, cancelled, infrastructure)
 
 
 class SlurmBackend(Backend):
@@ -218,28 +258,11 @@ class SlurmBackend(Backend):
         output = "\n".join(t for t in tails if t)
         state = record.state if record else (job.state or "UNKNOWN")
         raw_state = record.raw_state if record else state
-        ours = _read_json(spec.state_dir / "cancel.json")
-        oom_detail = ""
         node_ooms = [_read_json(p) for p in sorted(spec.state_dir.glob("oom-node*.json"))]
-        if node_ooms and node_ooms[0]:
-            o = node_ooms[0]
-            oom_detail = (
-                f"rank {o['rank']} RSS {o['rss_bytes']} B exceeded the emulated capacity {o['capacity_bytes']} B "
-                f"(Slurm job {job.job_id})"
-            )
-        elif state == "OUT_OF_MEMORY":
-            oom_detail = f"Slurm job {job.job_id} ended OUT_OF_MEMORY"
-        elif (match := DEVICE_OOM.search(output)) is not None:
-            line_start = output.rfind("\n", 0, match.start()) + 1
-            line_end = output.find("\n", match.end())
-            oom_detail = f"out-of-memory reported by the job: {output[line_start : line_end if line_end != -1 else None].strip()[:300]}"
-        cancelled = None
-        if state == "TIMEOUT":
-            cancelled = f"timeout: Slurm time limit {self.options.time_limit} reached (job {job.job_id})"
-        elif ours is not None:
-            cancelled = str(ours["reason"])
-        elif state == "CANCELLED":
-            cancelled = f"cancelled outside InfraRSI: Slurm job {job.job_id} {raw_state}"
+        end = slurm_end(
+            job.job_id, state, raw_state, ours=_read_json(spec.state_dir / "cancel.json"),
+            node_oom=node_ooms[0] if node_ooms else None, output=output, time_limit=self.options.time_limit,
+        )  # fmt: skip
         peaks: dict[int, int] = {}
         for path in spec.state_dir.glob("peaks-node*.json"):
             peaks.update({int(k): int(v) for k, v in (_read_json(path) or {}).items()})
@@ -251,16 +274,14 @@ class SlurmBackend(Backend):
         return JobResult(
             exit_code=record.exit_code if record else None,
             wall_s=ended - handle.started_at,
-            oom=bool(oom_detail),
-            oom_detail=oom_detail,
+            oom=bool(end.oom_detail),
+            oom_detail=end.oom_detail,
             peak_memory_bytes=max(peaks.values(), default=0),
             peak_per_rank=peaks,
-            cancelled=cancelled,
+            cancelled=end.cancelled,
             output_tail=output[-TAIL_BYTES:],
             accelerator_s=accelerator_s,
-            infrastructure_failure=f"Slurm job {job.job_id} ended {raw_state}"
-            if state in INFRASTRUCTURE
-            else None,
+            infrastructure_failure=end.infrastructure_failure,
         )
 
     # ---------------------------------------------------------------- Slurm's commands
