@@ -100,13 +100,17 @@ ROUTES: tuple[Route, ...] = (
     _route("PatchPromoted", ("cli.apply",), ("reporter",)),
     _route("BankEntry", ("reporter", "cli.bank"), ("reporter",)),
     _route("StudyFinished", ("proposer",), ("reporter",)),
+    # The agent (libs/infrarsi/agent): the proposer asks the study's language model and records its answer;
+    # ``init --ask`` records the contract draft's exchange.
+    _route("AgentAsked", ("proposer", "cli.init"), ("reporter",)),
+    _route("AgentAnswered", ("proposer", "cli.init"), ("reporter",)),
 )
 ROUTES_BY_TYPE: dict[str, Route] = {route.event_type: route for route in ROUTES}
 
 CLI_READS: dict[str, tuple[str, ...]] = {
     "cli.init": (BANK_STREAM,),
     "cli.doctor": (LIFECYCLE_STREAM, TELEMETRY_STREAM),
-    "cli.trial": (LIFECYCLE_STREAM,),
+    "cli.trial": (LIFECYCLE_STREAM, TELEMETRY_STREAM),  # steps shown as they come
     "cli.run": (LIFECYCLE_STREAM,),
     "cli.verify": (LIFECYCLE_STREAM,),
     "cli.model": (LIFECYCLE_STREAM,),
