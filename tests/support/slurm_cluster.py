@@ -137,7 +137,19 @@ def up(
 
 
 def down(base: Path = BASE, *, remove_network: bool = True) -> None:
-    """Stop the daemons started under ``base`` (by their pid files); remove the namespaces unless told not to."""
+    """Cancel the cluster's jobs, stop the daemons started under ``base`` (by their pid files); remove the
+    namespaces unless told not to. (A stopped slurmd leaves its job steps running: they are cancelled first.)"""
+    if (base / "slurm.conf").exists():
+        env = {**os.environ, "SLURM_CONF": str(base / "slurm.conf")}
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            subprocess.run(["scancel", f"--partition={PARTITION}"], env=env, capture_output=True, timeout=30)
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                left = subprocess.run(["squeue", "-h", "-t", "running,completing"], env=env, capture_output=True,
+                                      text=True, timeout=30)  # fmt: skip
+                if left.returncode != 0 or not left.stdout.strip():
+                    break
+                time.sleep(0.5)
     for pid_file in sorted(base.glob("*.pid")) if base.is_dir() else []:
         with contextlib.suppress(OSError, ValueError):
             pid = int(pid_file.read_text().split()[0])
