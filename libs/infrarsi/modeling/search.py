@@ -368,17 +368,23 @@ class Searcher:
         p_oom = self._p_oom(idx)
         p_hold = self._p_hold(idx)
         usable = (p_oom <= self.config.oom_exclude) & (p_hold >= self.config.invariant_exclude)
-        if not usable.any() and not any(o.status == "ok" for o in self.observations):
-            # nothing has fitted yet and the prior puts every candidate above the exclusion: probe the least
-            # risky one (the shortlist holds no known-OOM region) rather than stall the study before its first
-            # measurement
+        lifted = False
+        if not usable.any():
             probe = p_hold >= self.config.invariant_exclude
-            if probe.any():
+            if not probe.any():
+                return out
+            if not any(o.status == "ok" for o in self.observations):
+                # nothing has fitted yet and the prior puts every candidate above the exclusion: probe the least
+                # risky one (the shortlist holds no known-OOM region) rather than stall the study before its
+                # first measurement
                 j = int(np.argmin(np.where(probe, p_oom, np.inf)))
                 out.append(Suggestion(self.pool.candidates[idx[j]], "prior", f"every candidate has P(oom) > "
                                       f"{self.config.oom_exclude}: the least risky probes the memory model",
                                       float(mu[j]), float(p_oom[j])))
-            return out
+                return out
+            # after a success the cut-off would end the study while should_stop() still expects a gain: lift
+            # it and let the acquisition, which prices the risk (P(no OOM)^power), choose
+            usable, lifted = probe, True
 
         # initial design: the prior's best guess, then space-filling seeds among likely-fitting candidates
         while len(out) < n and n_done + len(out) < 1 + self.config.n_seeds:
@@ -436,6 +442,8 @@ class Searcher:
                     origin = "pairing"
                     reason = (f"memory saver paired with {self.pool.candidates[idx[r]]} "
                               f"(P(oom)={p_oom[r]:.2f}) -> P(oom)={p_oom[j]:.2f}; " + reason)
+            if lifted:
+                reason = f"every candidate has P(oom) > the cut-off {self.config.oom_exclude}; " + reason
             out.append(Suggestion(self.pool.candidates[idx[j]], origin, reason, float(mu[j]), float(p_oom[j])))
             usable[j] = False
             believer_rows.append(self.pool.x_time[idx[j]])
