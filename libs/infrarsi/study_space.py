@@ -64,8 +64,12 @@ SIM_SCENARIO_ENV = "INFRARSI_SIM_SCENARIO"
 """Workload env var naming the simulator scenario, until ``BackendSpec`` has a ``scenario`` field."""
 
 _MEMORY_DIRECTION: dict[str, MemoryDirection] = {
-    # canonical knowledge-base names (priors.ALIASES); +1: larger value never lowers peak memory
-    "micro_batch": 1, "tp": -1, "pp": -1, "dp": -1, "ep": -1, "zero_stage": -1, "sequence_parallel": -1,
+    # canonical knowledge-base names (priors.ALIASES); +1: larger value never lowers peak memory. Only directions
+    # that hold whatever else is set belong here: the OOM-domination rule excludes every candidate that moves
+    # each knob the "bigger" way from a known OOM, without trying it. ZeRO stage is left out: a real stage 3
+    # can use more than stage 2 (its parameter prefetch buffers and allocator fragmentation outweigh the
+    # sharding at small data-parallel sizes), and a wrong direction here excluded settings that fit.
+    "micro_batch": 1, "tp": -1, "pp": -1, "dp": -1, "ep": -1, "sequence_parallel": -1,
     "flash_attention": -1, "offload_optimizer": -1, "bucket_mb": 1, "capacity_factor": 1,
 }
 _MEMORY_ORDER: dict[str, tuple[str, ...]] = {

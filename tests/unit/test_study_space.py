@@ -202,3 +202,25 @@ def test_every_pair_of_distinct_candidates_has_distinct_event_keys(tmp_path: Pat
     sample = study.space.enumerate()[:40]
     for a, b in itertools.combinations(sample, 2):
         assert (study.event_key(a) == study.event_key(b)) == (a == b)
+
+
+def test_an_oom_at_one_zero_stage_does_not_exclude_a_higher_stage_untried(tmp_path: Path) -> None:
+    # issue 13: the OOM-domination rule took "more sharding never raises memory" for ZeRO stages; a real stage 3
+    # can need more than stage 2 (prefetch buffers, fragmentation), and settings that fit were excluded untried
+    from infrarsi.modeling.search import Observation, Searcher
+
+    data = synthetic_contract_dict(tmp_path)
+    data["scope"]["launch_keys"] = ["train.micro_batch_size", "train.zero_stage"]
+    data["search_space"] = {"knobs": {"train.micro_batch_size": {"type": "int", "choices": [1, 2, 4, 8]},
+                                      "train.zero_stage": {"type": "int", "choices": [0, 1, 2, 3]}}}
+    study = StudySpace.from_contract(contract_from_dict(data, check=False),
+                                     baseline_launch={"train": {"micro_batch_size": 1, "zero_stage": 0}})
+    assert "zero_stage" not in study.space.memory_direction
+    assert study.space.memory_direction["micro_batch_size"] == 1
+    s = Searcher(study.space, study.capacity_bytes, kb=study.kb, baseline=study.baseline)
+    oom = Candidate.of({"micro_batch_size": 4, "zero_stage": 2})
+    s.observe(Observation(oom, "oom", None, study.capacity_bytes * 0.97))
+    stage3, bigger = oom.replace(zero_stage=3), oom.replace(micro_batch_size=8)
+    p3, p_bigger = s.predict([stage3, bigger])
+    assert p_bigger.p_oom == 1.0  # a larger micro-batch at the same stage is still dominated
+    assert p3.p_oom < 1.0

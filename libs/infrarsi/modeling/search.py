@@ -454,20 +454,32 @@ class Searcher:
         """Among usable shortlisted candidates that differ from candidate r only by memory savers (knobs moved
         in their memory-decreasing direction, at most two of them), the best one with low P(OOM)."""
         base = self.pool.candidates[idx[r]]
+        savers = self._saver_moves(base)
         best_j, best_val = None, -np.inf
         for j in np.flatnonzero(usable & (p_oom < self.config.pairing_target)):
             c = self.pool.candidates[idx[j]]
             if c.patches != base.patches:
                 continue
             moved = [k for k in self.space.knobs if c[k.name] != base[k.name]]
-            if not moved or len(moved) > 3 or not all(self._is_saver(k, base[k.name], c[k.name]) for k in moved):
+            if not moved or len(moved) > 3 or not all(
+                    (k.name, c[k.name]) in savers or self._is_saver(k, base[k.name], c[k.name]) for k in moved):
                 continue
             val = float(expected_improvement(mu[j:j + 1], sd[j:j + 1], best)[0] * p_hold[j] / cost[j])
             if val > best_val:
                 best_j, best_val = int(j), val
         return best_j
 
+    def _saver_moves(self, base: Candidate) -> set[tuple[str, object]]:
+        """Single knob changes from ``base`` that the memory model (its prior, or what it learnt) prices below
+        ``base``: memory savers on knobs no table knows, and the ones a wrong table would miss."""
+        moves = [(k.name, v) for k in self.space.knobs for v in (k.values() or ()) if v != base[k.name]]
+        if not moves:
+            return set()
+        mu, _ = self.memory_model.predict_log([base, *(base.replace(**{name: v}) for name, v in moves)])
+        return {m for m, d in zip(moves, mu[1:] - mu[0], strict=True) if d < 0}
+
     def _is_saver(self, k: object, old: object, new: object) -> bool:
+        """A move the space declares memory-saving (a categorical's memory order, a knob's memory direction)."""
         if isinstance(k, Categorical):
             if k.memory_order is None:
                 return False
