@@ -183,12 +183,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--tuners", nargs="*", default=list(TUNERS))
     ap.add_argument("--arms", nargs="*", default=list(ARMS), help="InfraRSI prior arms")
     ap.add_argument("--json", dest="json_out", default=None)
+    ap.add_argument("--merge", nargs="*", default=None, metavar="PART.json",
+                    help="summarise the per-model results of earlier runs (e.g. the family split over processes) "
+                         "instead of running")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     log = logging.getLogger("bench")
     models: list[dict[str, Any]] = []
     t_start = time.perf_counter()
-    for i in range(args.first_model, args.first_model + args.models):
+    for part in args.merge or ():
+        with open(part) as f:
+            data = json.load(f)
+        if data["budget"] != args.budget or data["seeds"] != args.seeds:
+            raise SystemExit(f"{part}: budget {data['budget']}, seeds {data['seeds']} differ from --budget "
+                             f"{args.budget} --seeds {args.seeds}")
+        models += data["per_model"]
+    if args.merge is not None:
+        args.models = len(models)
+    for i in range(args.first_model, args.first_model + args.models) if args.merge is None else ():
         t0 = time.perf_counter()
         model = draw_model(i)
         m = run_model(model, args.tuners, args.arms, args.seeds, args.budget)
