@@ -109,15 +109,35 @@ class LossPoint(msgspec.Struct, frozen=True, array_like=True):
     loss: float
 
 
+InvariantName = Literal["scope", "work.optimizer_steps", "work.tokens", "work.eval", "loss", "timing"]
+
+
 class InvariantResult(msgspec.Struct, frozen=True, kw_only=True):
     """The verdict of one invariant on one trial (ARCHITECTURE.md §7)."""
 
-    name: Literal["scope", "work.optimizer_steps", "work.tokens", "work.eval", "loss", "timing"]
+    name: InvariantName
     ok: bool
     detail: str
     observed: float | None = None
     expected: float | None = None
     tolerance: float | None = None
+
+
+class UncheckedInvariant(msgspec.Struct, frozen=True, kw_only=True):
+    """An invariant a coarse trial could not check (no probe): named with the reason, never passed."""
+
+    name: InvariantName
+    reason: str
+
+
+class OutputStep(msgspec.Struct, frozen=True, kw_only=True):
+    """A step count read from a job's output by the contract's ``step_regex`` (coarse measurement)."""
+
+    steps_done: int
+    """Steps completed by then, as the job's output says."""
+    seen_s: float
+    """Launcher's clock (s since launch) when the line became visible; ``-1`` when only the output's tail
+    was read after the job ended (no time known)."""
 
 
 class Effect(msgspec.Struct, frozen=True, kw_only=True):
@@ -291,6 +311,17 @@ class TrialFinished(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     step_seen_s: list[float] = []
     """Launcher's own clock (s since launch) when each step of rank 0 became visible; timing invariant."""
     output_tail: str = ""
+    cpu_pressure: float | None = None
+    """Share of the trial's wall time in which some task on the host waited for a CPU (Linux PSI,
+    ``/proc/pressure/cpu``); ``None`` where the kernel does not report it. The timing invariant's
+    interference signal."""
+    infrastructure: bool = False
+    """The trial failed because of the harness, not the candidate (its launcher was killed mid-trial, or
+    could not handle it): it costs its accelerator time but says nothing about the candidate, which the
+    proposer runs once more."""
+    output_steps: list[OutputStep] = []
+    """Coarse measurement only: each new step count the job's output showed (``steps_completed`` is the
+    last), for a job without a probe."""
 
 
 class TrialMeasured(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -319,7 +350,16 @@ class TrialMeasured(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     tokens: int
     invariants: list[InvariantResult]
     invariants_ok: bool
+    """Every invariant in ``invariants`` held (those in ``unchecked_invariants`` were not checked)."""
     accelerator_s: float = 0.0
+    interfered: bool = False
+    """Only the timing invariant failed, and the host's CPU pressure during the trial was too high to tell
+    a hack from noise: the trial is re-run (as after an infrastructure failure), the candidate not rejected."""
+    coarse: bool = False
+    """Measured from outside (the job has no probe): wall time, exit status, process-tree memory, steps
+    counted in the output. Step time is the launcher's estimate; tokens, MFU and loss are unknown."""
+    unchecked_invariants: list[UncheckedInvariant] = []
+    """The invariants this trial could not check, with why: never counted as held."""
 
 
 class ModelUpdated(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -357,6 +397,9 @@ class VerifyCompleted(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     invariants: list[InvariantResult]
     failed_invariants: list[str]
     trial_ids: list[str]
+    unchecked_invariants: list[str] = []
+    """Invariants no run of the round could check (coarse measurement of a job without a probe): the round
+    is judged on the others and this list says so, everywhere the verdict is shown."""
 
 
 class ReportPublished(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -371,6 +414,12 @@ class ApprovalGranted(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     approver: str
     action_classes: list[str]
     note: str = ""
+    evidence_sha256: str = ""
+    """The evidence the approver saw (``approvals.evidence_sha256``: contract, baseline, verification)."""
+    statement: str = ""
+    """The exact text signed (``approvals.Statement``); empty when unsigned."""
+    signature: str = ""
+    """OpenSSH signature (``ssh-keygen -Y sign -n infrarsi-approval``) of ``statement``; empty when unsigned."""
 
 
 class PatchPromoted(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -452,6 +501,19 @@ class BankResolution(msgspec.Struct, frozen=True, kw_only=True):
     """Proposed first, with origin ``bank``, best first."""
 
 
+class BankFailure(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A lesson a study paid for: an OOM boundary, a patch conflict, an invariant violation."""
+
+    kind: str
+    """The trial status (``oom``, ``patch_conflict``, ``invariant_violation``, ...)."""
+    candidate: Candidate
+    detail: str
+    censored_peak_bytes: float | None = None
+    """OOM only: the peak the run reached before it died (a lower bound of what it needed)."""
+    capacity_bytes: float | None = None
+    """OOM only: the device memory it had."""
+
+
 class BankEntry(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     entry_id: str
     origin_study: str
@@ -459,8 +521,8 @@ class BankEntry(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     time_effects: list[Effect]
     memory_effects: list[Effect]
     winners: list[Candidate] = []
-    failures: list[dict[str, Any]] = []
-    """OOM boundaries, conflicts, invariant violations: ``{"kind": ..., "candidate": ..., "detail": ...}``."""
+    failures: list[BankFailure] = []
+    """OOM boundaries, conflicts, invariant violations."""
 
 
 class StudyFinished(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -469,6 +531,124 @@ class StudyFinished(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     accelerator_s: float
     best_candidate_key: str | None = None
     best_speedup: float | None = None
+
+
+# --------------------------------------------------------------------------------------------------
+# The agent: what a language model was asked and what it answered (libs/infrarsi/agent)
+# --------------------------------------------------------------------------------------------------
+
+AgentPurpose = Literal["contract", "proposals"]
+"""What the model was asked for: a contract draft (``init --ask``) or candidates, diffs and priors."""
+
+AgentRefusalKind = Literal[
+    "not_json",
+    "malformed",
+    "outside_space",
+    "contract_violation",
+    "scope_violation",
+    "patch_conflict",
+    "locked_file_changed",
+    "unknown_feature",
+    "widens_scope",
+    "timeout",
+    "http_error",
+    "budget_exceeded",
+]
+"""Why part (or all) of a model's answer was refused: a name a test and a report can point at."""
+
+
+class AgentMessage(msgspec.Struct, frozen=True, kw_only=True):
+    """One chat message as sent, secrets redacted."""
+
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class AgentKnobProposal(msgspec.Struct, frozen=True, kw_only=True):
+    """A candidate the model proposed and the checks let through (the contract still re-checks it)."""
+
+    candidate: Candidate
+    reason: str = ""
+
+
+class AgentPatch(msgspec.Struct, frozen=True, kw_only=True):
+    """A unified diff the model proposed that passed the library's patch checks on the golden baseline; a
+    patch of the study from here on, ``patch_id`` ``llm-<sha256 prefix of the diff>``."""
+
+    patch_id: str
+    diff: str
+    description: str
+    files: list[str]
+    reason: str = ""
+    expected_time_log_ratio: float = 0.0
+    """The model's expected log(candidate / baseline) of step time (negative = faster)."""
+    expected_memory_log_ratio: float = 0.0
+    prior_std: float = 0.3
+    """Std of the prior the search puts on this patch: the model's stated confidence, widened by its weight."""
+
+
+class AgentPrior(msgspec.Struct, frozen=True, kw_only=True):
+    """A knowledge-base override the model proposed: an encoded feature's effect on log step time or memory."""
+
+    feature: str
+    """As the models encode it: ``autocast_dtype=bfloat16``, ``micro_batch_size:log2``, ``patch:<id>``."""
+    target: Literal["time", "memory"] = "time"
+    mean: float
+    std: float
+    """The model's stated std, divided by sqrt(weight): a prior that measurements overrule."""
+    weight: float
+    reason: str = ""
+
+
+class AgentRefusal(msgspec.Struct, frozen=True, kw_only=True):
+    """A part of an answer that was refused, by name."""
+
+    kind: AgentRefusalKind
+    item: str
+    """What was refused: ``answer``, ``candidate 2``, ``diff 1``, ``prior micro_batch_size:log2``."""
+    detail: str
+
+
+class AgentAsked(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """The proposer (or ``init --ask``) asked the study's language model something; the prompt as sent,
+    secrets redacted. Replay shows it; it never sends it again."""
+
+    ask_id: str
+    purpose: AgentPurpose
+    model: str
+    endpoint: str
+    """Base URL of the OpenAI-compatible server (no credentials)."""
+    messages: list[AgentMessage]
+    max_tokens: int
+    tokens_spent_before: int = 0
+    """Tokens of the study's ``budget.llm_tokens`` spent by earlier exchanges."""
+
+
+class AgentAnswered(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """What the model said to ``ask_id`` (redacted) and what of it passed the checks. The proposer's fold
+    reads proposals only from here, so a replay reproduces them without calling the model."""
+
+    ask_id: str
+    ok: bool
+    """False when no usable answer came back (``error`` names why); refusals of parts leave it True."""
+    text: str = ""
+    error: AgentRefusalKind | None = None
+    detail: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    attempts: int = 1
+    latency_s: float = 0.0
+    candidates: list[AgentKnobProposal] = []
+    patches: list[AgentPatch] = []
+    priors: list[AgentPrior] = []
+    refused: list[AgentRefusal] = []
+    contract: dict[str, Any] | None = None
+    """``purpose: contract``: the drafted contract as validated (``None`` if refused)."""
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
 
 
 Payload = (
@@ -489,6 +669,8 @@ Payload = (
     | PatchPromoted
     | BankEntry
     | StudyFinished
+    | AgentAsked
+    | AgentAnswered
 )
 
 PAYLOAD_TYPES: tuple[type, ...] = Payload.__args__  # type: ignore[attr-defined]

@@ -116,7 +116,13 @@ def parse_bool(text: str) -> bool | None:
 
 
 def scalar(text: str) -> Any:
-    """A golden string read as YAML would (``8`` → 8, ``true`` → True); anything not a scalar stays text."""
+    """A golden string read as a number where it is one (``8`` → 8, ``1e-3`` → 0.001), else as YAML would
+    (``true`` → True); anything not a scalar stays text."""
+    for number in (int, float):
+        try:
+            return number(text)
+        except ValueError:
+            pass
     try:
         value = yaml.safe_load(text)
     except yaml.YAMLError:

@@ -1,8 +1,10 @@
 """The apply policy: who must approve which kind of change, and when changes may not be applied.
 
 Owns the policy's pydantic models (part of the contract, validated with it at ``init``) and one pure
-function, ``check``, that says why a candidate may not be applied now. It must not do I/O: the caller
-(``infrarsi apply``, the reporter) gathers approvals from the event log and passes the clock in.
+function, ``check``, that says why a candidate may not be applied now. ``check`` does no I/O: the caller
+(``infrarsi apply``, the reporter) gathers approvals from the event log, keeps those whose signatures
+verify (``infrarsi.approvals``) and passes the clock in. The only I/O is at validation, where a policy's
+``allowed_signers`` given as a file path is read so that ``init`` locks the signers with the contract.
 
 Action classes say what kind of change a candidate makes:
 
@@ -22,10 +24,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, time, timedelta
+from pathlib import Path
 from typing import Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 ActionClass = Literal["code_patch", "kernel_patch", "comm_env", "launch_keys", "data_change"]
 ACTION_CLASSES: tuple[ActionClass, ...] = ActionClass.__args__  # type: ignore[attr-defined]
@@ -141,7 +144,28 @@ class Policy(_Model):
     """Times when listed operations or action classes are never applied."""
     members: dict[str, list[str]] = {}
     """Optional role → approver names. When a role is listed here, approvals under it by anyone else do
-    not count (the CLI cannot authenticate ``--as``; this at least pins who may claim a role)."""
+    not count. With ``allowed_signers`` the names are signers' principals, so a role is bound to keys."""
+    allowed_signers: list[str] | None = None
+    """OpenSSH allowed-signers lines (``principal key``, as git's ``gpg.ssh.allowedSignersFile``) — in
+    YAML a list of lines or a path to such a file, relative to the contract; read and locked at ``init``.
+    When set, only approvals signed by the approver's listed key count (``infrarsi approve --key``)."""
+    approval_valid_hours: float = Field(default=168.0, gt=0)
+    """How long a signed approval stays valid after it was signed."""
+
+    @field_validator("allowed_signers", mode="before")
+    @classmethod
+    def _read_signers_file(cls, value: object, info: ValidationInfo) -> object:
+        if isinstance(value, str):
+            path = Path((info.context or {}).get("base_dir") or ".") / value
+            try:
+                value = path.read_text(errors="strict").splitlines()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ValueError(f"allowed_signers file {path}: {exc}") from None
+        if isinstance(value, list):
+            value = [v.strip() for v in value if not isinstance(v, str) or v.strip() and not v.lstrip().startswith("#")]
+            if not value:
+                raise ValueError("allowed_signers names no signer")
+        return value
 
     @field_validator("actions")
     @classmethod

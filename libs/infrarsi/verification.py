@@ -122,6 +122,10 @@ class RunMeasurement:
     eval_curve: tuple[ev.LossPoint, ...] = ()
     invariants: tuple[ev.InvariantResult, ...] = ()
     reason: str = ""
+    coarse: bool = False
+    """Measured from outside (no probe): no loss curve, tokens or evals to compare."""
+    unchecked: tuple[str, ...] = ()
+    """Invariants telemetry could not check on this run."""
 
     @property
     def usable(self) -> bool:
@@ -141,6 +145,8 @@ class RunMeasurement:
             loss_curve=tuple(m.loss_curve),
             eval_curve=tuple(m.eval_curve),
             invariants=tuple(m.invariants),
+            coarse=m.coarse,
+            unchecked=tuple(u.name for u in m.unchecked_invariants),
         )
 
     @classmethod
@@ -274,8 +280,19 @@ def _curve_check(
     )
 
 
+COARSE_PAIR_UNCHECKED = ("loss", "work.tokens", "work.eval")
+"""What a pair of coarse runs cannot compare: no probe reported loss, tokens or evals."""
+
+
 def pair_invariants(baseline: RunMeasurement, candidate: RunMeasurement, rule: LossRule) -> list[ev.InvariantResult]:
-    """What verify checks of a candidate run against the baseline run it was paired with."""
+    """What verify checks of a candidate run against the baseline run it was paired with.
+
+    A coarse pair (a job without a probe) compares only the optimiser steps counted in the output, when
+    both runs were counted; the rest is unchecked (``COARSE_PAIR_UNCHECKED``), never compared as empty."""
+    if baseline.coarse or candidate.coarse:
+        if "work.optimizer_steps" in baseline.unchecked + candidate.unchecked:
+            return []
+        return [_steps_pair_check(baseline, candidate)]
     out = [
         _curve_check("loss", "train loss", baseline.loss_curve, candidate.loss_curve, rule),
     ]
@@ -283,15 +300,7 @@ def pair_invariants(baseline: RunMeasurement, candidate: RunMeasurement, rule: L
         out.append(
             _curve_check("loss", "eval loss", baseline.eval_curve, candidate.eval_curve, rule, require_all=False)
         )
-    out.append(
-        ev.InvariantResult(
-            name="work.optimizer_steps",
-            ok=candidate.optimizer_steps == baseline.optimizer_steps,
-            detail=f"optimizer steps {candidate.optimizer_steps} vs baseline {baseline.optimizer_steps}",
-            observed=_num(candidate.optimizer_steps),
-            expected=_num(baseline.optimizer_steps),
-        )
-    )
+    out.append(_steps_pair_check(baseline, candidate))
     out.append(
         ev.InvariantResult(
             name="work.tokens",
@@ -314,6 +323,16 @@ def pair_invariants(baseline: RunMeasurement, candidate: RunMeasurement, rule: L
         )
     )
     return out
+
+
+def _steps_pair_check(baseline: RunMeasurement, candidate: RunMeasurement) -> ev.InvariantResult:
+    return ev.InvariantResult(
+        name="work.optimizer_steps",
+        ok=candidate.optimizer_steps == baseline.optimizer_steps,
+        detail=f"optimizer steps {candidate.optimizer_steps} vs baseline {baseline.optimizer_steps}",
+        observed=_num(candidate.optimizer_steps),
+        expected=_num(baseline.optimizer_steps),
+    )
 
 
 def _num(value: int | None) -> float | None:
@@ -358,7 +377,8 @@ def decide(
 
     Round passes ⇔ every run finished ok, every invariant holds on every run (telemetry's verdicts and the
     paired checks), and the CI's lower bound > 1. ``passes`` counts passed rounds so far; the candidate is
-    promotable once ``passes >= passes_required``.
+    promotable once ``passes >= passes_required``. Invariants no run could check (coarse runs of a job
+    without a probe) are listed in ``unchecked_invariants``; the round is judged on the others.
     """
     by_pair: dict[int, dict[Arm, RunMeasurement]] = {}
     for run in round_.runs.values():
@@ -369,8 +389,12 @@ def decide(
     def note(where: str, result: ev.InvariantResult) -> None:
         verdicts.setdefault(result.name, []).append((where, result))
 
+    unchecked: set[str] = set()
     for run in sorted(round_.runs.values(), key=lambda r: (r.pair, r.arm)):
         where = f"pair {run.pair + 1} {run.arm}"
+        unchecked.update(u for u in run.unchecked if run.arm == "candidate" or u in _BASELINE_ARM_INVARIANTS)
+        if run.coarse:
+            unchecked.update(COARSE_PAIR_UNCHECKED)
         if run.status != "ok":
             failed_runs.append(f"run.{run.status}")
         for result in run.invariants:
@@ -433,6 +457,7 @@ def decide(
         "invariants": invariants,
         "failed_invariants": failed,
         "trial_ids": sorted(round_.runs, key=lambda t: (round_.runs[t].pair, round_.runs[t].arm)),
+        "unchecked_invariants": sorted(unchecked - set(verdicts)),
     }
 
 

@@ -593,6 +593,7 @@ def apply_candidate(
     editable: EditablePredicate | None = None,
     locked: Mapping[str, str] | None = None,
     golden_values: Mapping[str, Any] | None = None,
+    signing_key: Path | str | None = None,
 ) -> AppliedCandidate:
     """Write a candidate (``events.Candidate``: knobs + patches) to a new branch from ``baseline_ref``.
 
@@ -602,6 +603,8 @@ def apply_candidate(
     ``launch_file`` ``None``: the knobs reach the job as flags, overrides or variables (``golden_values``
     are their golden values); the commit then carries the changed values in its message and may change no
     file (an empty commit, for review all the same).
+    ``signing_key`` (an OpenSSH private key) signs the commit as git does with ``gpg.format=ssh``
+    (``git verify-commit`` checks it against an allowed-signers file).
     Returns the branch, the new commit and the files that differ from the baseline.
     """
     repo = Path(study_repo)
@@ -641,7 +644,13 @@ def apply_candidate(
             f"Patches: {patches}\nLaunch changes ({launch_file or 'the command line or environment'}): {launch}\n\n"
             f"{evidence_text.strip()}\n"
         )
-        git(worktree, "commit", "--quiet", "--no-verify", "--allow-empty", "-m", message, commit=True)
+        sign = (
+            ("-c", "gpg.format=ssh", "-c", f"user.signingkey={Path(signing_key).expanduser().resolve()}")
+            if signing_key is not None
+            else ()
+        )
+        signed = ("-S",) if signing_key is not None else ()
+        git(worktree, *sign, "commit", *signed, "--quiet", "--no-verify", "--allow-empty", "-m", message, commit=True)
         commit = git(worktree, "rev-parse", "HEAD").stdout.strip()
         files = git(repo, "diff", "--name-only", "--no-renames", baseline_ref, commit).stdout.split()
         return AppliedCandidate(branch=branch_name, commit=commit, files_changed=sorted(files))

@@ -12,7 +12,8 @@ Per trial, in this order, nothing running before the checks pass:
    YAML into the trial's state directory, flags or overrides in the argv, environment variables); the
    job's argv is a list (no shell); a value that could become an extra argument is refused
    (``scope_violation``); the environment variables of docs/trials.md;
-4. submit → ``TrialLaunched`` → poll (tailing rank 0's probe file for ``step_seen_s``; timeout) → collect;
+4. submit → ``TrialLaunched`` → poll (tailing rank 0's probe file for ``step_seen_s``, and for a coarse
+   trial rank 0's output for the contract's step pattern: ``output.py``; timeout) → collect;
 5. every probe record re-published with the probe's own ``Nats-Msg-Id`` (dedup makes it idempotent);
 6. ``TrialFinished`` with the status, cost and evidence; the worktree is removed.
 
@@ -29,6 +30,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -38,13 +40,14 @@ from pathlib import Path
 import msgspec
 import yaml
 from infrarsi import events as ev
-from infrarsi import stats, tracing, workspace
+from infrarsi import procs, stats, tracing, workspace
 from infrarsi.backends import Backend, JobHandle, JobResult, JobSpec, make_backend
-from infrarsi.contract import Contract, ContractError, contract_from_dict, load_patch_library
+from infrarsi.contract import Contract, ContractError, load_patch_library, locked_contract
 from infrarsi.launch import LaunchValueError
 from infrarsi.logs import get_logger
 from infrarsi.service import Outbox, Service
 from infrarsi.subjects import TELEMETRY_STREAM, step_msg_id, telemetry_subject
+from infrarsi_services.launcher.output import GrowingFile, OutputSteps, OutputTail
 
 log = get_logger(__name__)
 
@@ -77,25 +80,11 @@ class ProbeTail:
     """Follows a growing probe JSONL file and notes when each complete line became visible."""
 
     def __init__(self, path: Path, t0: float) -> None:
-        self.path = path
-        self.t0 = t0
-        self.offset = 0
-        self.partial = b""
+        self.file = GrowingFile(path, t0, re.compile(rb"\n"))
         self.seen_s: list[float] = []
 
     def poll(self) -> None:
-        try:
-            with open(self.path, "rb") as fh:
-                fh.seek(self.offset)
-                data = fh.read()
-        except FileNotFoundError:
-            return
-        if not data:
-            return
-        now = time.monotonic() - self.t0
-        self.offset += len(data)
-        lines = (self.partial + data).split(b"\n")
-        self.partial = lines.pop()
+        lines, now = self.file.read_lines()
         self.seen_s.extend(now for line in lines if line.strip())
 
 
@@ -171,7 +160,7 @@ class LauncherService(Service):
         capacity = study.cluster.memory_capacity_bytes if study is not None else 0
         tdir = self.state_root / event.trial_id
         tdir.mkdir(parents=True, exist_ok=True)
-        finished = ev.TrialFinished(status="crash", reason=reason, memory_capacity_bytes=capacity)
+        finished = ev.TrialFinished(status="crash", reason=reason, memory_capacity_bytes=capacity, infrastructure=True)
         await self._finish(out, tdir, finished, republish_from=tdir / "probe", trial_id=event.trial_id,
                            study_id=event.study_id)  # fmt: skip
 
@@ -179,7 +168,7 @@ class LauncherService(Service):
         created = event.payload
         assert isinstance(created, ev.StudyCreated)
         try:
-            contract = contract_from_dict(created.contract, check=False)
+            contract = locked_contract(created)
         except ContractError as exc:
             log.error("unusable contract in StudyCreated", study_id=event.study_id, error=str(exc))
             return
@@ -210,7 +199,7 @@ class LauncherService(Service):
             await self._finish(
                 out, tdir, ev.TrialFinished(
                     status="cancelled", reason="the launcher was stopped or killed mid-trial; its processes were reaped",
-                    wall_s=wall, ranks=ranks, accelerator_s=ranks * wall, warmup_accelerator_s=ranks * wall,
+                    infrastructure=True, wall_s=wall, ranks=ranks, accelerator_s=ranks * wall, warmup_accelerator_s=ranks * wall,
                     memory_capacity_bytes=study.cluster.memory_capacity_bytes,
                     steps_completed=len(_rank0_records(tdir / "probe")),
                 ),
@@ -302,6 +291,7 @@ class LauncherService(Service):
             memory_capacity_bytes=_emulated_capacity(study.cluster),
         )
         backend = self.backend(contract.backend.kind)
+        stall_before = procs.cpu_stall_s()
         try:
             handle = await asyncio.to_thread(backend.submit, spec)
         except OSError as exc:
@@ -319,11 +309,14 @@ class LauncherService(Service):
             )  # fmt: skip
             tail = ProbeTail(probe_dir / "probe-rank0.jsonl", t0)
             tailing = asyncio.create_task(_follow(tail))
+            output = _output_tail(contract, tdir, t0)
             timeout_s = contract.backend.timeout_s
             try:
                 while not await asyncio.to_thread(backend.poll, handle):
                     if time.monotonic() - t0 > timeout_s:
                         await asyncio.to_thread(backend.cancel, handle, f"timeout: still running after {timeout_s:g}s")
+                    if output is not None:
+                        output.poll()
                     await asyncio.sleep(POLL_S)
             finally:
                 tailing.cancel()
@@ -331,7 +324,14 @@ class LauncherService(Service):
             job = await asyncio.to_thread(backend.collect, handle)
         finally:
             self.running.pop(spec.name, None)
-        return self._account(job, spec, tail, candidate, study)
+        stall_after = procs.cpu_stall_s()
+        pressure = None
+        if stall_before is not None and stall_after is not None and job.wall_s > 0:
+            pressure = min(1.0, max(0.0, (stall_after - stall_before) / job.wall_s))
+        finished = msgspec.structs.replace(self._account(job, spec, tail, candidate, study), cpu_pressure=pressure)
+        if output is not None:
+            finished = _with_output_steps(finished, output, job)
+        return finished
 
     def _copy_patches(self, contract: Contract, worktree: Path, tdir: Path, patch_ids: list[str]) -> list[Path]:
         """The candidate's diffs, copied out of the pristine worktree before anything is applied."""
@@ -453,6 +453,31 @@ class LauncherService(Service):
                     headers={"Nats-Msg-Id": step_msg_id(trial_id, rank, record.payload.step)},
                     stream=TELEMETRY_STREAM,
                 )
+
+
+def _output_tail(contract: Contract, tdir: Path, t0: float) -> OutputTail | None:
+    """For a coarse trial with a step pattern: a tail of rank 0's output (the backend's ``node0.log``)."""
+    measurement = contract.workload.measurement
+    if measurement.kind != "coarse" or measurement.step_regex is None:
+        return None
+    return OutputTail(tdir / "node0.log", t0, OutputSteps(measurement.step_regex))
+
+
+def _with_output_steps(finished: ev.TrialFinished, output: OutputTail, job: JobResult) -> ev.TrialFinished:
+    """A coarse trial's ``TrialFinished``: the steps its output showed, and the cost split at the first one."""
+    output.poll(final=True)
+    if not output.read_any:  # a backend that keeps no node log here: the output's tail, without times
+        output.counter.feed_text(job.output_tail, -1.0)
+    seen = output.counter.seen
+    first = next((s.seen_s for s in seen if s.seen_s >= 0), None)
+    warmup_end = min(first, finished.wall_s) if first is not None else finished.wall_s
+    return msgspec.structs.replace(
+        finished,
+        steps_completed=output.counter.steps_done,
+        output_steps=list(seen),
+        warmup_accelerator_s=finished.ranks * warmup_end,
+        steady_accelerator_s=finished.ranks * (finished.wall_s - warmup_end),
+    )
 
 
 async def _follow(tail: ProbeTail) -> None:

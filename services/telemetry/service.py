@@ -14,18 +14,24 @@ the telemetry of every not-yet-measured trial and of each study's baseline.
 The study's baseline is its first trial of kind ``baseline`` or ``doctor`` that measured ``ok`` (at the
 same horizon: the learning-rate schedule depends on it). A baseline trial itself checks only internal
 consistency (work against the configuration, timing).
+
+A study whose contract measures coarsely (``workload.measurement.kind: coarse``, a job without a probe) has
+no step samples: its trials are measured from ``TrialFinished`` alone (``stats.measure_coarse``) as soon as
+it arrives, labelled ``coarse``, with the invariants that cannot be checked named in
+``unchecked_invariants``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
 from infrarsi import events as ev
 from infrarsi import stats
-from infrarsi.contract import ContractError, contract_from_dict
+from infrarsi.contract import ContractError, locked_contract
 from infrarsi.logs import get_logger
 from infrarsi.service import Outbox, Service
 from infrarsi.subjects import TELEMETRY_STREAM, telemetry_subject
@@ -45,6 +51,10 @@ class StudyState:
     """The contract's trial horizon."""
     cluster: ev.ClusterInfo
     peak_flops: float | None
+    coarse: bool = False
+    """The contract measures trials coarsely (the job has no probe): ``stats.measure_coarse``."""
+    counts_steps: bool = False
+    """Coarse: the contract gives a step pattern, so the launcher counted steps in the output."""
     baselines: dict[int, tuple[str, stats.Series]] = field(default_factory=dict)
     """Horizon → (trial id, series) of the study's first successful baseline at that horizon."""
 
@@ -135,9 +145,9 @@ class TelemetryService(Service):
         """Update the read model (also used by the replay)."""
         trial_id = event.trial_id or ""
         match event.payload:
-            case ev.StudyCreated(contract=raw, cluster=cluster):
+            case ev.StudyCreated(cluster=cluster) as created:
                 try:
-                    contract = contract_from_dict(raw, check=False)
+                    contract = locked_contract(created)
                 except ContractError as exc:
                     log.error("unusable contract", study_id=event.study_id, error=str(exc))
                     return
@@ -152,11 +162,15 @@ class TelemetryService(Service):
                     steps=contract.workload.steps,
                     cluster=cluster,
                     peak_flops=cluster.peak_flops,
+                    coarse=contract.workload.measurement.kind == "coarse",
+                    counts_steps=contract.workload.measurement.step_regex is not None,
                 )  # fmt: skip
-            case ev.DoctorCompleted(peak_flops_measured=peak):
+            case ev.DoctorCompleted(peak_flops_measured=peak, run_to_run_cv=cv):
                 study = self.studies.get(event.study_id)
                 if study is not None and peak and not study.cluster.peak_flops:
                     study.peak_flops = peak
+                if study is not None and cv > 0:  # the host's measured noise widens the timing allowance
+                    study.spec = dataclasses.replace(study.spec, noise_cv=cv)
             case ev.TrialProposed() as proposed:
                 if trial_id not in self.measured:
                     self._trial(event).proposed = proposed
@@ -176,7 +190,11 @@ class TelemetryService(Service):
 
     async def _maybe_measure(self, trial_id: str) -> None:
         trial = self.trials[trial_id]
-        if trial.finished is None or trial.proposed is None or not self._complete(trial):
+        if trial.finished is None or trial.proposed is None:
+            return
+        study = self.studies.get(trial.study_id)
+        # a coarse trial has no step samples to wait for: its TrialFinished holds everything known
+        if not (study is not None and study.coarse) and not self._complete(trial):
             return
         await self._measure(trial_id, trial, forced=False)
 
@@ -208,16 +226,23 @@ class TelemetryService(Service):
             horizon = (proposed.steps if proposed and proposed.steps else None) or study.steps
             is_baseline = kind in BASELINE_KINDS
             reference = None if is_baseline else study.baselines.get(horizon, (None, None))[1]
-            measured, series = stats.measure(
-                trial.steps.values(),
-                trial.finished,
-                candidate_key=proposed.candidate_key if proposed else "",
-                kind=kind,
-                horizon=horizon,
-                spec=study.spec,
-                baseline=reference,
-                peak_flops_per_device=study.peak_flops,
-            )
+            series: stats.Series | None = None
+            if study.coarse:
+                measured = stats.measure_coarse(
+                    trial.finished, candidate_key=proposed.candidate_key if proposed else "", kind=kind,
+                    horizon=horizon, spec=study.spec, counts_steps=study.counts_steps, is_baseline=is_baseline,
+                )  # fmt: skip
+            else:
+                measured, series = stats.measure(
+                    trial.steps.values(),
+                    trial.finished,
+                    candidate_key=proposed.candidate_key if proposed else "",
+                    kind=kind,
+                    horizon=horizon,
+                    spec=study.spec,
+                    baseline=reference,
+                    peak_flops_per_device=study.peak_flops,
+                )
             event = ev.make_event(
                 measured,
                 study_id=trial.study_id,
@@ -231,7 +256,7 @@ class TelemetryService(Service):
             trial.measuring = False
         self.measured.add(trial_id)
         self.trials.pop(trial_id, None)
-        if is_baseline and measured.status == "ok" and horizon not in study.baselines:
+        if is_baseline and series is not None and measured.status == "ok" and horizon not in study.baselines:
             study.baselines[horizon] = (trial_id, series)
         log.info(
             "trial measured", trial_id=trial_id, status=measured.status, step_time_s=round(measured.step_time_s, 4),

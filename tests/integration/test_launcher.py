@@ -9,18 +9,14 @@ from __future__ import annotations
 
 import pytest
 from infrarsi import procs
-from infrarsi_services.launcher.service import LauncherService
-from infrarsi_services.telemetry.service import TelemetryService
-from test_launcher_helpers import Harness, git_worktrees, make_workload, serving
+from test_launcher_helpers import Harness, git_worktrees, launcher, make_workload, serving, telemetry
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
 async def harness(tmp_path):
-    async with serving(
-        tmp_path, lambda h, url: LauncherService(h.data_dir, nats_url=url), lambda h, url: TelemetryService(complete_grace_s=5.0)
-    ) as h:
+    async with serving(tmp_path, launcher, telemetry) as h:
         yield h
 
 

@@ -5,15 +5,13 @@ that would become an extra argument before anything runs."""
 from __future__ import annotations
 
 import json
-import subprocess
 import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from infrarsi_services.launcher.service import LauncherService
-from test_launcher_helpers import Harness, serving
+from test_launcher_helpers import Harness, commit_all, launcher, serving
 
 pytestmark = pytest.mark.integration
 
@@ -31,9 +29,7 @@ def workload(root: Path, via: str, command: list[str], knobs: dict[str, Any], **
     repo = root / "workload"
     repo.mkdir()
     (repo / "job.py").write_text(JOB)
-    subprocess.run(["git", "init", "-q", str(repo)], check=True)
-    subprocess.run(["git", "-C", str(repo), "add", "."], check=True)
-    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "job"], check=True)
+    commit_all(repo)
     contract = {
         "name": f"delivery-{via}",
         "goal": "deliver knobs",
@@ -53,7 +49,7 @@ def workload(root: Path, via: str, command: list[str], knobs: dict[str, Any], **
 
 @pytest.fixture
 async def harness(tmp_path):
-    async with serving(tmp_path, lambda h, url: LauncherService(h.data_dir, nats_url=url)) as h:
+    async with serving(tmp_path, launcher) as h:
         yield h
 
 

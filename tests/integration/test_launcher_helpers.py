@@ -221,3 +221,22 @@ async def serving(tmp_path: Path, *make_services):
     finally:
         await h.close()
         server.stop()
+
+
+def launcher(h: Harness, url: str):
+    from infrarsi_services.launcher.service import LauncherService
+
+    return LauncherService(h.data_dir, nats_url=url)
+
+
+def telemetry(h: Harness, url: str):
+    from infrarsi_services.telemetry.service import TelemetryService
+
+    return TelemetryService(complete_grace_s=5.0)
+
+
+def commit_all(repo: Path) -> None:
+    """``repo`` as a git repository with everything in it committed."""
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run(["git", "-C", str(repo), "add", "."], check=True)
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "job"], check=True)

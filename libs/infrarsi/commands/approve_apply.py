@@ -1,10 +1,12 @@
 """``infrarsi approve`` and ``infrarsi apply``: a human grants approvals; a verified winner goes to a branch.
 
-``approve STUDY CANDIDATE --as ROLE`` publishes ``ApprovalGranted``. ``apply STUDY CANDIDATE`` reads the
-study's events, refuses unless the candidate passed verification, the policy's approvals are present and
-no forbidden window is open, then writes the candidate to branch ``infrarsi/<study>/<candidate>`` from the
-golden tag (``workspace.apply_candidate``: never the current branch, never a merge) and publishes
-``PatchPromoted``.
+``approve STUDY CANDIDATE --as ROLE --key KEY`` publishes ``ApprovalGranted`` carrying a statement (study,
+candidate, role, approver, the evidence hash, when) signed with the approver's OpenSSH key
+(``infrarsi.approvals``). ``apply STUDY CANDIDATE`` reads the study's events, refuses unless the candidate
+passed verification, the policy's approvals are present — signed by the policy's allowed signers, for this
+candidate and this evidence, not expired — and no forbidden window is open, then writes the candidate to
+branch ``infrarsi/<study>/<candidate>`` from the golden tag (``workspace.apply_candidate``: never the
+current branch, never a merge; the commit signed when a key is configured) and publishes ``PatchPromoted``.
 
 The decisions are pure functions over a list of events (``plan_apply``) so they are tested without NATS;
 ``run_*`` only read and publish.
@@ -16,6 +18,7 @@ import argparse
 import getpass
 import json
 import os
+import sys
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,12 +29,14 @@ import msgspec
 import yaml
 from pydantic import ValidationError
 
+from infrarsi import approvals as appr
 from infrarsi import events as ev
 from infrarsi.bus import Bus
 from infrarsi.commands.study_log import read_study, recording_bus
-from infrarsi.contract import Contract, PatchIndex, PatchInfo, contract_from_dict
+from infrarsi.contract import Contract, PatchIndex, PatchInfo, locked_contract
 from infrarsi.errors import EXIT_FAILED, EXIT_REFUSED, UserError
 from infrarsi.policy import ACTION_CLASSES, Operation, check
+from infrarsi.signing import SigningError
 from infrarsi.workspace import (
     AppliedCandidate,
     WorkspaceError,
@@ -44,6 +49,7 @@ from infrarsi.workspace import (
 
 SOURCE_APPROVE = "cli.approve"
 SOURCE_APPLY = "cli.apply"
+SIGNING_KEY_ENV = "INFRARSI_SIGNING_KEY"
 
 __all__ = [
     "ApplyPlan",
@@ -76,6 +82,9 @@ class ApplyPlan:
     contract: Contract
     verification: ev.VerifyCompleted
     approvals: list[ev.ApprovalGranted]
+    """The approvals that count (signatures verified when the policy names signers)."""
+    not_counted: list[str]
+    """One line per approval of this candidate that does not count, with the reason."""
     action_classes: list[str]
     launch_changes: dict[str, ev.KnobValue]
     patch_texts: dict[str, str]
@@ -114,7 +123,7 @@ def plan_apply(
     if not created_list:
         raise ApplyRefused([f"study {study_id} not found (no StudyCreated)"])
     created: ev.StudyCreated = created_list[0]
-    contract = contract_from_dict(created.contract, check=False)
+    contract = locked_contract(created)
     key = resolve_candidate_key(events, candidate)
 
     verifications = [v for v in _payloads(events, ev.VerifyCompleted) if v.candidate_key == key]
@@ -140,16 +149,26 @@ def plan_apply(
         baseline = contract.golden_values()
     changes = launch_changes(baseline, verification.candidate.knobs)
     classes = contract.action_classes(changes, verification.candidate.patches, library)
-    approvals = [a for a in _payloads(events, ev.ApprovalGranted) if a.candidate_key == key]
-    reasons = check(contract.apply_policy, classes, approvals, now, operation=operation)
+    granted = [a for a in _payloads(events, ev.ApprovalGranted) if a.candidate_key == key]
+    policy = contract.apply_policy
+    counted = appr.count(
+        granted,
+        policy=policy,
+        study_id=study_id,
+        candidate_key=key,
+        evidence=appr.evidence_sha256(created, verification),
+        now=now,
+    )
+    reasons = check(policy, classes, counted.approvals, now, operation=operation)
     if reasons:
-        raise ApplyRefused(reasons)
+        raise ApplyRefused(reasons + counted.not_counted)
     return ApplyPlan(
         study_id=study_id,
         created=created,
         contract=contract,
         verification=verification,
-        approvals=approvals,
+        approvals=counted.approvals,
+        not_counted=counted.not_counted,
         action_classes=classes,
         launch_changes=changes,
         patch_texts=texts,
@@ -198,6 +217,8 @@ def evidence_text(plan: ApplyPlan) -> str:
     """The commit message body: why this change is safe to review (numbers from VerifyCompleted)."""
     v = plan.verification
     held = "all held" if not v.failed_invariants else f"FAILED: {', '.join(v.failed_invariants)}"
+    if v.unchecked_invariants:
+        held += f"; UNCHECKED (coarse measurement, no probe): {', '.join(v.unchecked_invariants)}"
     mfu = ""
     if v.mfu_before is not None and v.mfu_after is not None:
         mfu = f"MFU {v.mfu_before:.3f} -> {v.mfu_after:.3f}\n"
@@ -216,8 +237,10 @@ def evidence_text(plan: ApplyPlan) -> str:
     )
 
 
-def execute_apply(plan: ApplyPlan) -> ev.PatchPromoted:
-    """Write the planned candidate to its branch; the scope is checked again against the locked hashes."""
+def execute_apply(plan: ApplyPlan, signing_key: Path | None = None) -> ev.PatchPromoted:
+    """Write the planned candidate to its branch; the scope is checked again against the locked hashes.
+
+    ``signing_key`` signs the branch commit (OpenSSH key, git's ``gpg.format=ssh``)."""
     with tempfile.TemporaryDirectory(prefix="infrarsi-patches-") as scratch:
         paths = []
         for patch_id, text in plan.patch_texts.items():
@@ -235,6 +258,7 @@ def execute_apply(plan: ApplyPlan) -> ev.PatchPromoted:
             editable=plan.contract.editable,
             locked=plan.created.locked_files,
             golden_values=plan.contract.golden_values() if plan.contract.workload.launch_file is None else None,
+            signing_key=signing_key,
         )
     return ev.PatchPromoted(
         candidate_key=plan.verification.candidate_key,
@@ -270,10 +294,21 @@ def add_approve_arguments(parser: argparse.ArgumentParser) -> None:
         help="limit the approval to these classes of change (repeatable; default: all)",
     )
     parser.add_argument("--note", default="", help="free text kept with the approval")
+    _key_argument(parser, "your OpenSSH private key to sign the approval with")
+
+
+def _key_argument(parser: argparse.ArgumentParser, help_text: str) -> None:
+    parser.add_argument(
+        "--key",
+        type=Path,
+        default=os.environ.get(SIGNING_KEY_ENV) or None,
+        help=f"{help_text} (default: ${SIGNING_KEY_ENV}; none: unsigned)",
+    )
 
 
 def add_apply_arguments(parser: argparse.ArgumentParser) -> None:
     _common(parser)
+    _key_argument(parser, "OpenSSH private key to sign the branch commit with (git's gpg.format=ssh)")
 
 
 add_arguments = add_apply_arguments
@@ -285,36 +320,73 @@ async def load_study_events(bus: Bus, study_id: str) -> list[ev.Event]:
     return (await read_study(bus, study_id))[0]
 
 
-async def run_approve(args: argparse.Namespace) -> int:
+def approval_for(
+    events: Sequence[ev.Event], args: argparse.Namespace, approver: str, now: datetime
+) -> ev.ApprovalGranted:
+    """The approval ``infrarsi approve`` publishes: signed over the candidate's current evidence.
+
+    Raises ``ApplyRefused`` when there is nothing to approve yet, or when the policy asks for signatures
+    and this one would not count (no key, a key not listed for ``approver``), so the approver learns it
+    now rather than at apply.
+    """
+    created_list = _payloads(events, ev.StudyCreated)
+    if not created_list:
+        raise ApplyRefused([f"study {args.study} not found"])
+    created: ev.StudyCreated = created_list[0]
+    key = resolve_candidate_key(events, args.candidate)
+    promotable = [v for v in _payloads(events, ev.VerifyCompleted) if v.candidate_key == key and v.promotable]
+    if not promotable:
+        raise ApplyRefused([f"candidate {key} has not passed verification: there is no evidence to approve"])
+    statement = appr.Statement(
+        study_id=args.study,
+        candidate_key=key,
+        role=args.role,
+        approver=approver,
+        action_classes=tuple(sorted(set(args.action_classes))),
+        evidence_sha256=appr.evidence_sha256(created, promotable[-1]),
+        signed_at=now,
+    )
+    policy = locked_contract(created).apply_policy
+    signing_key = getattr(args, "key", None)
+    if policy.allowed_signers is not None and signing_key is None:
+        raise ApplyRefused(
+            [f"this study's policy counts only signed approvals: pass --key or set {SIGNING_KEY_ENV}"]
+        )
+    granted = appr.signed_approval(statement, signing_key, note=args.note)
+    reason = appr.refusal(
+        granted,
+        policy=policy,
+        study_id=args.study,
+        candidate_key=key,
+        evidence=statement.evidence_sha256,
+        now=now,
+    )
+    if reason is not None:
+        raise ApplyRefused([f"this approval would not count: {reason}"])
+    return granted
+
+
+async def run_approve(args: argparse.Namespace, *, now: datetime | None = None) -> int:
     approver = args.approver or os.environ.get("USER") or getpass.getuser()
     async with recording_bus(args, SOURCE_APPROVE) as bus:
         events = await load_study_events(bus, args.study)
-        created = _payloads(events, ev.StudyCreated)
-        if not created:
-            raise UserError(f"study {args.study} not found")
         try:
-            key = resolve_candidate_key(events, args.candidate)
-        except ApplyRefused as exc:
+            granted = approval_for(events, args, approver, now or datetime.now(UTC))
+        except (ApplyRefused, SigningError) as exc:
             raise UserError(str(exc)) from None
-        granted = ev.ApprovalGranted(
-            candidate_key=key,
-            role=args.role,
-            approver=approver,
-            action_classes=sorted(set(args.action_classes)),
-            note=args.note,
-        )
         event = ev.make_event(
-            granted, study_id=args.study, source=SOURCE_APPROVE, cluster_id=created[0].cluster.cluster_id
+            granted,
+            study_id=args.study,
+            source=SOURCE_APPROVE,
+            cluster_id=_payloads(events, ev.StudyCreated)[0].cluster.cluster_id,
         )
         await bus.publish(event)
+    key, signed = granted.candidate_key, bool(granted.signature)
     if args.json:
-        print(
-            json.dumps(
-                {"event_id": event.event_id, "candidate_key": key, "role": args.role, "approver": approver}
-            )
-        )
+        fields = {"event_id": event.event_id, "candidate_key": key, "role": args.role, "approver": approver}
+        print(json.dumps({**fields, "signed": signed, "evidence_sha256": granted.evidence_sha256}))
     else:
-        print(f"approved {key} as {args.role} ({approver})")
+        print(f"approved {key} as {args.role} ({approver}, {'signed' if signed else 'unsigned'})")
     return 0
 
 
@@ -323,7 +395,11 @@ async def run_apply(args: argparse.Namespace, *, now: datetime | None = None) ->
         events = await load_study_events(bus, args.study)
         try:
             plan = plan_apply(events, args.study, args.candidate, now or datetime.now(UTC))
-            promoted = execute_apply(plan)
+            for line in plan.not_counted:
+                print(f"note: {line}", file=sys.stderr)
+            if plan.contract.apply_policy.allowed_signers is None and plan.approvals:
+                print("note: the policy names no allowed_signers, so approvals were taken on their word", file=sys.stderr)
+            promoted = execute_apply(plan, getattr(args, "key", None))
         except ApplyRefused as exc:
             raise UserError(f"{args.candidate}: not applied", EXIT_REFUSED,
                             details=[f"refused: {reason}" for reason in exc.reasons]) from None

@@ -238,6 +238,11 @@ def _print_run(label: str, run: dict[str, Any]) -> None:
             f"steady {f.get('steady_accelerator_s', 0):.1f})"
             + (f"  censored peak {f['censored_peak_bytes']} B" if f.get("censored_peak_bytes") else "")
         )
+    if m.get("coarse"):
+        print("  COARSE: measured from outside the job (it reports no steps to the probe): step time is the "
+              "launcher's estimate; tokens/s and MFU unknown")  # fmt: skip
     for inv in m["invariants"]:
         mark = "ok  " if inv["ok"] else "FAIL"
         print(f"  [{mark}] {inv['name']}: {inv['detail']}")
+    for unchecked in m.get("unchecked_invariants", []):
+        print(f"  [----] {unchecked['name']}: UNCHECKED ({unchecked['reason']})")

@@ -1,0 +1,97 @@
+"""Reading a job's files as they grow, and counting its steps in its own output for coarse measurement.
+
+Owns following a file another process appends to (``GrowingFile``: the probe's JSONL, rank 0's node log),
+and for a job without a probe, reading its output as it grows, splitting it into lines at ``\\n`` or ``\\r``
+(progress bars redraw with ``\\r``), matching the contract's ``measurement.step_regex`` against each line
+and noting when the step count went up, on the launcher's clock. The count rule (docs/trials.md):
+
+- a group named ``step`` is the number of steps completed so far (tqdm's ``12/30``);
+- a group named ``index`` is the zero-based index of the step just done (``step 11`` → 12 done);
+- without either group, each matching line is one step.
+
+The count never goes down (a progress bar redrawn for another epoch does not undo steps). It derives no
+statistics: telemetry turns the counts into a measurement.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+from infrarsi import events as ev
+
+_LINE_END = re.compile(rb"[\r\n]")
+
+
+class OutputSteps:
+    """Step counts read from output text, fed in pieces as it arrives."""
+
+    def __init__(self, pattern: str) -> None:
+        self.regex = re.compile(pattern)
+        self.steps_done = 0
+        self.seen: list[ev.OutputStep] = []
+
+    def feed_line(self, line: str, seen_s: float) -> None:
+        match = self.regex.search(line)
+        if match is None:
+            return
+        groups = match.groupdict()
+        if groups.get("step") is not None:
+            done = int(groups["step"])
+        elif groups.get("index") is not None:
+            done = int(groups["index"]) + 1
+        else:
+            done = self.steps_done + 1
+        if done > self.steps_done:
+            self.steps_done = done
+            self.seen.append(ev.OutputStep(steps_done=done, seen_s=seen_s))
+
+    def feed_text(self, text: str, seen_s: float) -> None:
+        for line in re.split(r"[\r\n]", text):
+            self.feed_line(line, seen_s)
+
+
+class GrowingFile:
+    """A file another process is appending to: each ``read_lines`` returns the lines completed since the
+    last one, and when they became visible on the launcher's clock (s since ``t0``)."""
+
+    def __init__(self, path: Path, t0: float, line_end: re.Pattern[bytes]) -> None:
+        self.path = path
+        self.t0 = t0
+        self.line_end = line_end
+        self.offset = 0
+        self.partial = b""
+        self.read_any = False
+
+    def read_lines(self, *, final: bool = False) -> tuple[list[bytes], float]:
+        """New complete lines (``final``: the writer has ended, so an unterminated last line too)."""
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read()
+        except FileNotFoundError:
+            return [], 0.0
+        self.read_any = True
+        now = time.monotonic() - self.t0
+        self.offset += len(data)
+        pieces = self.line_end.split(self.partial + data)
+        self.partial = b"" if final else pieces.pop()
+        return pieces, now
+
+
+class OutputTail:
+    """Follows a job's output and counts steps in each complete line as it becomes visible."""
+
+    def __init__(self, path: Path, t0: float, counter: OutputSteps) -> None:
+        self.file = GrowingFile(path, t0, _LINE_END)
+        self.counter = counter
+
+    @property
+    def read_any(self) -> bool:
+        return self.file.read_any
+
+    def poll(self, *, final: bool = False) -> None:
+        lines, now = self.file.read_lines(final=final)
+        for line in lines:
+            self.counter.feed_line(line.decode(errors="replace"), now)

@@ -1,0 +1,115 @@
+"""Coarse measurement, the pure parts: counting steps in a job's output, the measurement telemetry makes of
+a TrialFinished alone, and a verification round of coarse runs naming what it could not check."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from infrarsi import events as ev
+from infrarsi import stats
+from infrarsi import verification as vf
+from infrarsi.contract import MeasurementSpec
+from infrarsi_services.launcher.output import OutputSteps, OutputTail
+from pydantic import ValidationError
+
+
+def counted(pattern: str, text: str) -> OutputSteps:
+    counter = OutputSteps(pattern)
+    counter.feed_text(text, 1.0)
+    return counter
+
+
+def test_count_rules() -> None:
+    tqdm = "  0%|          | 0/30 [00:00<?, ?it/s]\r 40%|████      | 12/30 [00:05<00:07]\r100%|██████████| 30/30 [00:12<00:00]\n"
+    assert counted(r"(?P<step>\d+)/\d+ \[", tqdm).steps_done == 30  # a progress bar redrawn with \r
+    assert counted(r"^step (?P<index>\d+)", "step 0 loss 1\nstep 1 loss 1\nstep 2 loss 1\n").steps_done == 3
+    assert counted(r"loss=", "loss=1\nnoise\nloss=2\n").steps_done == 2  # no group: one step per line
+    # a second epoch's bar counts from 0 again: the count does not go back
+    assert counted(r"(?P<step>\d+)/\d+ \[", "10/10 [\n3/10 [\n").steps_done == 10
+
+
+def test_tail_counts_complete_lines_as_they_appear(tmp_path: Path) -> None:
+    log = tmp_path / "node0.log"
+    tail = OutputTail(log, 0.0, OutputSteps(r"^step (?P<index>\d+)"))
+    tail.poll()
+    assert not tail.read_any
+    log.write_text("step 0\nstep 1")  # the second line is not finished yet
+    tail.poll()
+    assert tail.counter.steps_done == 1
+    tail.poll(final=True)  # the job ended: an unterminated last line counts
+    assert tail.counter.steps_done == 2 and [s.steps_done for s in tail.counter.seen] == [1, 2]
+
+
+def test_step_regex_is_validated() -> None:
+    with pytest.raises(ValidationError, match="not a regular expression"):
+        MeasurementSpec(kind="coarse", step_regex="(unclosed")
+    with pytest.raises(ValidationError, match="only used with kind: coarse"):
+        MeasurementSpec(kind="probe", step_regex="x")
+
+
+SPEC = stats.InvariantSpec(loss_tolerance=0.05)
+
+
+def finished(*, steps: int, seen: list[tuple[int, float]], wall: float = 10.0, status: ev.TrialStatus = "ok") -> ev.TrialFinished:
+    return ev.TrialFinished(
+        status=status, wall_s=wall, accelerator_s=wall, peak_memory_bytes=123 << 20, steps_completed=steps,
+        output_steps=[ev.OutputStep(steps_done=n, seen_s=t) for n, t in seen],
+    )  # fmt: skip
+
+
+def test_step_time_from_counts_excludes_start_up() -> None:
+    # first count at 4 s (imports, model build), then 2 steps a second
+    f = finished(steps=20, seen=[(1, 4.0), (10, 8.5), (20, 13.5)], wall=14.0)
+    steady, with_warmup, warmup = stats.coarse_step_time(f, 20)
+    assert steady == pytest.approx(0.5) and with_warmup == pytest.approx(0.7) and warmup == 1
+    # only the output's tail was read (no times): the whole run over the steps
+    assert stats.coarse_step_time(finished(steps=20, seen=[(20, -1.0)], wall=14.0), 20)[0] == pytest.approx(0.7)
+
+
+def test_measure_coarse_checks_what_it_can_and_names_the_rest() -> None:
+    m = stats.measure_coarse(finished(steps=20, seen=[(1, 1.0), (20, 10.5)]), candidate_key="k", kind="search",
+                             horizon=20, spec=SPEC, counts_steps=True, is_baseline=False)  # fmt: skip
+    assert m.coarse and m.status == "ok" and m.invariants_ok
+    assert [i.name for i in m.invariants] == ["scope", "work.optimizer_steps"]
+    assert [u.name for u in m.unchecked_invariants] == ["work.tokens", "work.eval", "loss", "timing"]
+    assert m.peak_memory_bytes == [123 << 20] and m.mfu is None and m.tokens == 0
+    short = stats.measure_coarse(finished(steps=10, seen=[(1, 1.0), (10, 5.5)]), candidate_key="k", kind="search",
+                                 horizon=20, spec=SPEC, counts_steps=True, is_baseline=False)  # fmt: skip
+    assert short.status == "invariant_violation" and not short.invariants_ok
+    crashed = stats.measure_coarse(finished(steps=3, seen=[], status="crash"), candidate_key="k", kind="search",
+                                   horizon=20, spec=SPEC, counts_steps=True, is_baseline=False)  # fmt: skip
+    assert crashed.status == "crash" and not crashed.invariants_ok and crashed.step_time_s == 0.0
+
+
+def _coarse_run(trial_id: str, arm: vf.Arm, pair: int, t: float, steps: int = 20, *, counted: bool = True) -> vf.RunMeasurement:
+    unchecked = ("work.tokens", "loss", "timing") + (() if counted else ("work.optimizer_steps",))
+    checks = (ev.InvariantResult(name="scope", ok=True, detail="in scope"),)
+    return vf.RunMeasurement(trial_id=trial_id, arm=arm, pair=pair, status="ok", step_time_s=t, optimizer_steps=steps,
+                             tokens=0, invariants=checks, coarse=True, unchecked=unchecked)  # fmt: skip
+
+
+def _round(runs: list[vf.RunMeasurement]) -> vf.Round:
+    r = vf.Round("v1", ev.Candidate(knobs={"x": 1}), 1, len(runs) // 2)
+    r.runs = {run.trial_id: run for run in runs}
+    return r
+
+
+RULE = vf.LossRule(tolerance=0.02, mode="relative")
+
+
+def test_a_coarse_round_names_unchecked_invariants_and_never_compares_empty_curves() -> None:
+    runs = [_coarse_run(f"{arm}{i}", arm, i, t) for i in range(3) for arm, t in (("baseline", 1.0), ("candidate", 0.8))]
+    done = ev.VerifyCompleted(**vf.decide(_round(runs), passes_before=0, passes_required=1, loss_rule=RULE))
+    assert done.unchecked_invariants == ["loss", "timing", "work.eval", "work.tokens"]
+    assert {i.name for i in done.invariants} == {"scope", "work.optimizer_steps"}  # no "loss ok" from empty curves
+    assert done.promotable and done.speedup == pytest.approx(1.25)
+    # a candidate that stopped early is caught by the counted steps
+    runs[1] = _coarse_run("candidate0", "candidate", 0, 0.8, steps=10)
+    bad = ev.VerifyCompleted(**vf.decide(_round(runs), passes_before=0, passes_required=1, loss_rule=RULE))
+    assert bad.failed_invariants == ["work.optimizer_steps"] and not bad.promotable
+    # not counted at all: the step count is unchecked too, not compared as 0 == 0
+    uncounted = [_coarse_run(f"{a}{i}", a, i, t, steps=0, counted=False) for i in range(2) for a, t in (("baseline", 1.0), ("candidate", 0.8))]
+    done = ev.VerifyCompleted(**vf.decide(_round(uncounted), passes_before=0, passes_required=1, loss_rule=RULE))
+    assert "work.optimizer_steps" in done.unchecked_invariants
+    assert {i.name for i in done.invariants} == {"scope"}
