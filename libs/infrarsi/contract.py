@@ -700,6 +700,8 @@ class Contract(_Model):
             gb = (space.get("constraints") or {}).get("global_batch") if isinstance(space.get("constraints"), Mapping) else None
             if isinstance(gb, Mapping):
                 gb = {k: strip(v) if k.endswith("_key") and isinstance(v, str) else v for k, v in gb.items()}
+                if isinstance(gb.get("parallel_keys"), list):
+                    gb["parallel_keys"] = [strip(k) if isinstance(k, str) else k for k in gb["parallel_keys"]]
                 space["constraints"] = {**space["constraints"], "global_batch": gb}
         return data
 
@@ -1171,6 +1173,7 @@ def _delivery_problems(contract: Contract) -> list[Problem]:
         where = "search_space.constraints.global_batch"
         named += [(f"{where}.{field}", key) for field in ("micro_batch_key", "size_key", "accumulation_key")
                   if (key := getattr(gb, field)) is not None]  # fmt: skip
+        named += [(f"{where}.parallel_keys[{i}]", key) for i, key in enumerate(gb.parallel_keys)]
     problems = [Problem(where, reason) for where, key in named if (reason := launch.key_problem(key, via))]
     for key, knob in space.knobs.items():
         for choice in getattr(knob, "choices", None) or []:
