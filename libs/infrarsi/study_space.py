@@ -215,11 +215,7 @@ class StudySpace:
                           memory_prior=(p.expected_memory_log_ratio, p.prior_std),
                           invariant_prior=_INVARIANT_PRIOR["medium"], risk="medium") for p in patches)
         space = dataclasses.replace(self.space, patches=self.space.patches + new)
-        contract = self.contract
-        if patches:
-            search = contract.search_space.model_copy(
-                update={"patches": [*contract.search_space.patches, *(p.patch_id for p in patches)]})
-            contract = contract.model_copy(update={"search_space": search})
+        contract = self.contract.with_study_patches(p.patch_id for p in patches)
         time = {p.feature: (p.mean, p.std) for p in priors if p.target == "time"}
         memory = {p.feature: (p.mean, p.std) for p in priors if p.target == "memory"}
         kb = self.kb

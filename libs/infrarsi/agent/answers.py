@@ -35,6 +35,7 @@ from typing import Any
 
 from infrarsi import events as ev
 from infrarsi import workspace
+from infrarsi.contract import Contract
 from infrarsi.modeling.space import FeatureEncoder
 from infrarsi.study_space import CandidateOutsideSpace, StudySpace
 
@@ -68,6 +69,25 @@ class GoldenRepo:
     @classmethod
     def of(cls, created: ev.StudyCreated) -> GoldenRepo:
         return cls(Path(created.workload_dir), created.baseline_ref, created.locked_files)
+
+    def editable_files(self, contract: Contract, *, max_files: int = 20) -> dict[str, str]:
+        """The editable text files at the golden baseline (what the model may diff against), by path."""
+        listed = workspace.git(self.repo, "ls-tree", "-r", "-z", "--name-only", self.baseline_ref, check=False)
+        paths = [p for p in listed.stdout.split("\0") if p and contract.editable(p)][:max_files]
+        files = {}
+        for path in paths:
+            shown = workspace.git(self.repo, "show", f"{self.baseline_ref}:{path}", check=False)
+            if shown.returncode == 0 and "\0" not in shown.stdout:
+                files[path] = shown.stdout
+        return files
+
+
+def golden_editable_files(created: ev.StudyCreated, contract: Contract) -> dict[str, str]:
+    """``GoldenRepo.editable_files`` of a study; empty when its repo cannot be read here."""
+    try:
+        return GoldenRepo.of(created).editable_files(contract)
+    except (OSError, workspace.WorkspaceError):
+        return {}
 
 
 class NotJSON(ValueError):
