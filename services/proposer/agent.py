@@ -14,6 +14,12 @@ like any library patch, their prior the model's expected effect with its stated 
 knowledge-base overrides whose std is widened by ``agent.prior_weight`` (measurements overrule them); the
 candidates (and each new patch on the baseline, if no candidate tries it) join the agent's queue.
 
+**Measurements overrule it.** After each finished trial the role compares how well the measured step times
+are explained with and without the model's priors (``infrarsi.agent.prior_check``); once the data prefer the
+study without them (log Bayes factor > ``DROP_LOG_BF``) its priors are dropped for good — its patches stay,
+with flat priors — and the knowledge base's own best guess is queued (origin ``prior``), the candidate the
+model's priors had displaced.
+
 **The mix rule.** At most ``floor(agent.share × trials)`` of the study's search trials (at least one when
 ``share`` > 0) come from the queue, origin ``llm``; when a slot frees and the queue holds a candidate not yet
 proposed, it goes first; otherwise the searcher fills the slot. A queued candidate still passes the contract
@@ -26,8 +32,10 @@ import math
 from dataclasses import dataclass, field
 
 from infrarsi import events as ev
+from infrarsi.agent.prior_check import contradicted
 from infrarsi.agent.prompts import proposal_messages, trial_row
 from infrarsi.modeling.search import Searcher
+from infrarsi.modeling.time_model import TimeModel
 from infrarsi.study_model import setting_effects
 from infrarsi.study_space import StudySpace
 from infrarsi.trial_ledger import TrialLedger, TrialOutcome
@@ -46,6 +54,35 @@ class AgentRole:
     """Checked candidates of the answers, with the model's reason, in answer order."""
     proposed: int = 0
     """Search trials proposed from the queue (origin ``llm``)."""
+    patches: list[ev.AgentPatch] = field(default_factory=list)
+    priors: list[ev.AgentPrior] = field(default_factory=list)
+    distrusted_at: int | None = None
+    """Finished trials when the measurements overruled the model's priors (``None``: still trusted)."""
+    log_bayes_factor: float = 0.0
+    """The last check's log Bayes factor (without / with the model's priors)."""
+
+    def space(self, base: StudySpace) -> StudySpace:
+        """The study as the search sees it: ``base`` with the accepted patches, and the model's priors while
+        they are trusted."""
+        return base.with_agent(self.patches, self.priors, trust_model=self.distrusted_at is None)
+
+    def check_priors(self, base: StudySpace, outcomes: list[TrialOutcome], noise_std: float) -> bool:
+        """Whether the measurements just overruled the model's priors (then ``space`` drops them)."""
+        if self.distrusted_at is not None or not (self.priors or self.patches):
+            return False
+        trusted, without = self.space(base), base.with_agent(self.patches, trust_model=False)
+        measured = []
+        for o in outcomes:
+            if o.status == "ok" and o.step_time_s and o.candidate is not None:
+                try:
+                    measured.append((trusted.from_event(o.candidate), o.step_time_s))
+                except ValueError:
+                    continue
+        drop, self.log_bayes_factor = contradicted(TimeModel(trusted.space, trusted.kb),
+                                                   TimeModel(without.space, without.kb), measured, noise_std)
+        if drop:
+            self.distrusted_at = len(outcomes)
+        return drop
 
     @property
     def tokens_spent(self) -> int:
@@ -86,19 +123,20 @@ class AgentRole:
         self.asked.append(asked)
         return asked
 
-    def on_answer(self, answered: ev.AgentAnswered, study: StudySpace) -> StudySpace:
-        """Record an answer; the study with its patches and priors laid on (unchanged for a failed one)."""
+    def on_answer(self, answered: ev.AgentAnswered) -> bool:
+        """Record an answer; whether it changed the study (new patches or priors: ``space`` again)."""
         if answered.ask_id in self.answers or all(a.ask_id != answered.ask_id for a in self.asked):
-            return study
+            return False
         self.answers[answered.ask_id] = answered
         if not answered.ok:
-            return study
-        extended = study.with_agent(answered.patches, answered.priors)
+            return False
+        self.patches += answered.patches
+        self.priors += answered.priors
         tried = {p for c in answered.candidates for p in c.candidate.patches}
         self.queue += [(c.candidate, c.reason) for c in answered.candidates]
         self.queue += [(ev.Candidate(patches=[p.patch_id]), f"{p.description} — {p.reason}".strip(" —"))
                        for p in answered.patches if p.patch_id not in tried]
-        return extended
+        return bool(answered.patches or answered.priors)
 
     def next_candidate(self, study: StudySpace, target_trials: int, proposed_keys: set[str]
                        ) -> tuple[ev.Candidate, str] | None:

@@ -100,6 +100,11 @@ class _Study:
     verdicts: dict[str, ev.VerifyCompleted] = field(default_factory=dict)
     agent: AgentRole | None = None
     """The agent role, when the contract gives it tokens and the service has a model to ask (agent.py)."""
+    base_space: StudySpace | None = None
+    """The study before the agent's patches and priors (``space`` is ``agent.space(base_space)``)."""
+    recovery: list[Candidate] = field(default_factory=list)
+    """Queued (origin ``prior``) when a rebuilt searcher starts: the knowledge base's best guess once the
+    model's priors were dropped."""
 
 
 class ProposerState(Fold):
@@ -155,16 +160,28 @@ class ProposerState(Fold):
         agent = None
         if space is not None and space.contract.budget.llm_tokens > 0 and self.agent_available(space.contract):
             agent = AgentRole(files=self.load_files(created, space.contract))
-        return _Study(study_id=study_id, created=created, space=space, load_error=error, agent=agent)
+        return _Study(study_id=study_id, created=created, space=space, load_error=error, agent=agent,
+                      base_space=space)
 
     def _on_agent_answer(self, study: _Study, answered: ev.AgentAnswered) -> list[Emission]:
-        if study.agent is None or study.space is None:
+        if study.agent is None or study.base_space is None:
             return []
-        extended = study.agent.on_answer(answered, study.space)
-        if extended is not study.space:
-            study.space = extended
+        if study.agent.on_answer(answered):
+            study.space = study.agent.space(study.base_space)
             study.searcher = None  # rebuilt over the new patches and priors, every outcome observed again
         return self._fill(study)
+
+    def _check_agent_priors(self, study: _Study) -> None:
+        """Drop the model's priors once the measurements overrule them (agent.py); the searcher is rebuilt and
+        starts with the knowledge base's own best guess."""
+        if study.agent is None or study.base_space is None or study.searcher is None:
+            return
+        study.searcher.refit()
+        if study.agent.check_priors(study.base_space, study.outcomes, study.searcher.time_model.noise_std):
+            study.space = study.agent.space(study.base_space)
+            fresh = build_searcher(study.space, study.study_id, doctor=study.doctor, config=self.config)
+            study.recovery = [s.candidate for s in fresh.suggest(1)]
+            study.searcher = None
 
     def _on_run(self, study: _Study, request: RunRequested) -> list[Emission]:
         study.requests += 1
@@ -191,6 +208,7 @@ class ProposerState(Fold):
             obs = observation(study.space, outcome)
             if obs is not None:
                 study.searcher.observe(obs)
+        self._check_agent_priors(study)
         return self._fill(study)
 
     def _on_verified(self, study: _Study, done: ev.VerifyCompleted) -> list[Emission]:
@@ -214,6 +232,8 @@ class ProposerState(Fold):
             assert study.space is not None
             study.searcher = build_searcher(study.space, study.study_id, doctor=study.doctor,
                                             outcomes=study.outcomes, bank=study.created.bank, config=self.config)
+            study.searcher.enqueue(study.recovery, "prior",
+                                   "the knowledge base's best guess, once the measurements overruled the model's priors")
         return study.searcher
 
     def _fill(self, study: _Study) -> list[Emission]:

@@ -149,3 +149,32 @@ def test_share_zero_never_spends_a_trial_on_the_agent(tmp_path: Path) -> None:
     log = run_events([state()], ScriptedModel(loader(created.payload), answers=[good_answer()]),
                      [created, envelope(RunRequested(parallel=1))])
     assert not [e for e in of_type(log, ev.TrialProposed) if e.payload.origin == "llm"]
+
+
+def test_measurements_overrule_a_confidently_wrong_model(tmp_path: Path) -> None:
+    """The world's compile and sdpa make steps faster; a model claiming both slow them by ×1.8 has its priors
+    dropped after a few trials, and the search then finds the fast settings all the same."""
+    wrong = [ev.AgentPrior(feature=f, mean=0.6, std=0.1, weight=0.5, reason="confidently wrong")
+             for f in ("compile", "attention=sdpa")]
+    created = agent_study(tmp_path, trials=14, share=0.0)
+    fold = state()
+    log = run_events([fold], ScriptedModel(loader(created.payload), answers=[good_answer(candidates=[], priors=wrong)]),
+                     [created, envelope(RunRequested(parallel=1))])
+    agent = fold.studies[created.study_id].agent
+    assert agent.distrusted_at is not None and agent.distrusted_at <= 8, agent.log_bayes_factor
+    study = fold.studies[created.study_id].space
+    assert "compile" not in study.agent_features and study.kb.time.get("compile") != (0.6, 0.1)
+    best = of_type(log, ev.VerifyRequested)[0].payload.candidates[0]
+    assert best.knobs.get("train.compile") is True and best.knobs.get("model.attention") == "sdpa"
+
+
+def test_a_right_model_keeps_its_priors(tmp_path: Path) -> None:
+    right = [ev.AgentPrior(feature="compile", mean=-0.3, std=0.05, weight=0.5, reason="right"),
+             ev.AgentPrior(feature="attention=sdpa", mean=-0.2, std=0.05, weight=0.5, reason="right")]
+    created = agent_study(tmp_path, trials=10, share=0.0)
+    fold = state()
+    run_events([fold], ScriptedModel(loader(created.payload), answers=[good_answer(candidates=[], priors=right)]),
+               [created, envelope(RunRequested(parallel=1))])
+    agent = fold.studies[created.study_id].agent
+    assert agent.distrusted_at is None and agent.log_bayes_factor < 0
+    assert fold.studies[created.study_id].space.kb.time["compile"] == (-0.3, 0.05)

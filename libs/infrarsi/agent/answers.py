@@ -242,9 +242,21 @@ def _check_prior(i: int, item: Any, features: set[str], names: Mapping[str, str]
     except ValueError as exc:
         out.refuse("malformed", name, str(exc))
         return
-    out.priors.append(ev.AgentPrior(feature=feature, target=target, mean=_clamp(mean),
-                                    std=max(MIN_PRIOR_STD, abs(std)) / math.sqrt(weight), weight=weight,
-                                    reason=str(item.get("reason", ""))[:2000]))
+    out.priors.append(prior_from_answer(feature, target, mean, std, weight, str(item.get("reason", ""))[:2000]))
+
+
+def prior_from_answer(feature: str, target: str, mean: float, std: float, weight: float, reason: str) -> ev.AgentPrior:
+    """A model's stated prior as the search will hold it: the mean clamped to ±``MAX_PRIOR_MEAN``, the std
+    floored at ``MIN_PRIOR_STD`` and widened by 1/sqrt(``weight``) — a prior that measurements overrule."""
+    return ev.AgentPrior(feature=feature, target="memory" if target == "memory" else "time", mean=_clamp(mean),
+                         std=max(MIN_PRIOR_STD, abs(std)) / math.sqrt(weight), weight=weight, reason=reason)
+
+
+def prior_overrides(priors: list[ev.AgentPrior]) -> tuple[dict[str, tuple[float, float]], dict[str, tuple[float, float]]]:
+    """(time, memory) knowledge-base overrides of a list of accepted priors (later ones win)."""
+    time = {p.feature: (p.mean, p.std) for p in priors if p.target == "time"}
+    memory = {p.feature: (p.mean, p.std) for p in priors if p.target == "memory"}
+    return time, memory
 
 
 def _clamp(value: float) -> float:
