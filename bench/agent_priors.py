@@ -89,8 +89,8 @@ def pool_for(name: str, space: SearchSpace) -> CandidatePool:
 
 
 def recovery_guess(fresh: Searcher) -> list:
-    """The first candidate a search without the model's priors would have tried."""
-    return [s.candidate for s in fresh.suggest(1)]
+    """The initial design a search without the model's priors would have tried (its best guess, then seeds)."""
+    return [s.candidate for s in fresh.suggest(1 + fresh.config.n_seeds)]
 
 
 def run(args: tuple[str, str, int, int, dict[str, float], bool]) -> dict:
@@ -132,10 +132,10 @@ def run(args: tuple[str, str, int, int, dict[str, float], bool]) -> dict:
             searcher.refit()
             drop, _bf = contradicted(with_model, without_model, measured, searcher.time_model.noise_std)
             if drop:  # the measurements overrule the model: the rest of the search without its priors, starting
-                dropped_at = trial  # with the knowledge base's own best guess (what the model's priors displaced)
+                dropped_at = trial  # with the knowledge base's own initial design (what the model's priors displaced)
                 searcher = searcher_for(sc.space, base_kb, observations)
                 searcher.enqueue(recovery_guess(searcher_for(sc.space, base_kb, [])), "prior",
-                                 "the knowledge base's best guess, once the model's priors were dropped")
+                                 "the knowledge base's initial design, once the model's priors were dropped")
     return {"scenario": name, "arm": arm, "seed": seed, "dropped_at": dropped_at,
             "trials_to_95": reached if reached is not None else max_trials + 1, "reached": reached is not None}
 

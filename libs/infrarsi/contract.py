@@ -11,13 +11,19 @@ Validation runs in two passes. Pydantic checks the shape (types, unknown fields,
 the repo, knobs inside the editable launch keys, the global-batch constraint satisfiable, patches present).
 Both report ``ContractError`` with the field path of every problem.
 
-This module reads files; it never writes, runs git, or talks to the bus.
+A study's contract travels locked in ``StudyCreated.contract`` (``Contract.to_dict``: defaults filled, paths
+absolute); ``locked_contract(created)`` turns it back into a ``Contract``, once per contract. Services and
+commands read it through that, never by walking the dict: the defaults live only in the models here.
+
+This module reads files and lists a workload's tracked files with ``git ls-files``; it never writes, changes
+a repository, or talks to the bus.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import hashlib
 import json
 import os
@@ -30,6 +36,7 @@ from functools import cached_property
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
 
+import msgspec
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -46,7 +53,7 @@ from pydantic import (
 )
 
 from infrarsi import launch, userfiles
-from infrarsi.events import ClusterInfo
+from infrarsi.events import ClusterInfo, StudyCreated
 from infrarsi.launch import KnobsVia, LaunchValueError, SwitchOff
 from infrarsi.policy import Policy
 
@@ -1002,6 +1009,20 @@ def contract_from_dict(
         if problems:
             raise ContractError(problems, source)
     return contract
+
+
+def locked_contract(created: StudyCreated) -> Contract:
+    """The contract ``init`` locked into ``created``, validated without touching the disk.
+
+    Cached per contract content: every service and command asking about the same study shares one
+    ``Contract`` (treat it as read-only). Raises ``ContractError`` when the locked contract no longer validates
+    (a log written by another version)."""
+    return _locked(msgspec.json.encode(created.contract))
+
+
+@functools.lru_cache(maxsize=64)
+def _locked(raw: bytes) -> Contract:
+    return contract_from_dict(msgspec.json.decode(raw), check=False)
 
 
 def check_contract(contract: Contract) -> list[Problem]:

@@ -311,6 +311,14 @@ class TrialFinished(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     step_seen_s: list[float] = []
     """Launcher's own clock (s since launch) when each step of rank 0 became visible; timing invariant."""
     output_tail: str = ""
+    cpu_pressure: float | None = None
+    """Share of the trial's wall time in which some task on the host waited for a CPU (Linux PSI,
+    ``/proc/pressure/cpu``); ``None`` where the kernel does not report it. The timing invariant's
+    interference signal."""
+    infrastructure: bool = False
+    """The trial failed because of the harness, not the candidate (its launcher was killed mid-trial, or
+    could not handle it): it costs its accelerator time but says nothing about the candidate, which the
+    proposer runs once more."""
     output_steps: list[OutputStep] = []
     """Coarse measurement only: each new step count the job's output showed (``steps_completed`` is the
     last), for a job without a probe."""
@@ -344,6 +352,9 @@ class TrialMeasured(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     invariants_ok: bool
     """Every invariant in ``invariants`` held (those in ``unchecked_invariants`` were not checked)."""
     accelerator_s: float = 0.0
+    interfered: bool = False
+    """Only the timing invariant failed, and the host's CPU pressure during the trial was too high to tell
+    a hack from noise: the trial is re-run (as after an infrastructure failure), the candidate not rejected."""
     coarse: bool = False
     """Measured from outside (the job has no probe): wall time, exit status, process-tree memory, steps
     counted in the output. Step time is the launcher's estimate; tokens, MFU and loss are unknown."""
@@ -490,6 +501,19 @@ class BankResolution(msgspec.Struct, frozen=True, kw_only=True):
     """Proposed first, with origin ``bank``, best first."""
 
 
+class BankFailure(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A lesson a study paid for: an OOM boundary, a patch conflict, an invariant violation."""
+
+    kind: str
+    """The trial status (``oom``, ``patch_conflict``, ``invariant_violation``, ...)."""
+    candidate: Candidate
+    detail: str
+    censored_peak_bytes: float | None = None
+    """OOM only: the peak the run reached before it died (a lower bound of what it needed)."""
+    capacity_bytes: float | None = None
+    """OOM only: the device memory it had."""
+
+
 class BankEntry(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     entry_id: str
     origin_study: str
@@ -497,8 +521,8 @@ class BankEntry(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     time_effects: list[Effect]
     memory_effects: list[Effect]
     winners: list[Candidate] = []
-    failures: list[dict[str, Any]] = []
-    """OOM boundaries, conflicts, invariant violations: ``{"kind": ..., "candidate": ..., "detail": ...}``."""
+    failures: list[BankFailure] = []
+    """OOM boundaries, conflicts, invariant violations."""
 
 
 class StudyFinished(msgspec.Struct, frozen=True, kw_only=True, tag=True):

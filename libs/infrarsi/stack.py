@@ -105,7 +105,7 @@ async def connect_for_cli(
             f"no NATS server: pass --nats-url, set INFRARSI_NATS_URL, or start one with `infrarsi up` "
             f"(no running stack under {Path(data_dir).absolute()})"
         )
-    return await Bus.connect(url, service=service, ensure=ensure, connect_timeout_s=connect_timeout_s)
+    return await Bus.connect(url, service=service, ensure=ensure, connect_timeout_s=connect_timeout_s, data_dir=data_dir)
 
 
 # --------------------------------------------------------------------------------------------------

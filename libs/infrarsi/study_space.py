@@ -40,8 +40,8 @@ from infrarsi.contract import (
     FloatKnob,
     IntKnob,
     PatchInfo,
-    contract_from_dict,
     get_dotted,
+    locked_contract,
 )
 from infrarsi.modeling.memory_model import TransformerMeta
 from infrarsi.modeling.priors import KnowledgeBase, default_knowledge_base
@@ -319,7 +319,7 @@ class StudySpace:
 def load_study_space(created: ev.StudyCreated) -> StudySpace:
     """``StudySpace`` of a study: the locked contract, its golden launch file and patch library from the
     workload repo. A launch file or library that cannot be read is noted, not fatal (flat priors)."""
-    contract = contract_from_dict(created.contract, check=False)
+    contract = locked_contract(created)
     notes = []
     launch: dict[str, Any] | None = None
     try:

@@ -17,8 +17,8 @@ candidates (and each new patch on the baseline, if no candidate tries it) join t
 **Measurements overrule it.** After each finished trial the role compares how well the measured step times
 are explained with and without the model's priors (``infrarsi.agent.prior_check``); once the data prefer the
 study without them (log Bayes factor > ``DROP_LOG_BF``) its priors are dropped for good — its patches stay,
-with flat priors — and the knowledge base's own best guess is queued (origin ``prior``), the candidate the
-model's priors had displaced.
+with flat priors — and the knowledge base's own initial design is queued (origin ``prior``): the candidates
+the model's priors had displaced.
 
 **The mix rule.** At most ``floor(agent.share × trials)`` of the study's search trials (at least one when
 ``share`` > 0) come from the queue, origin ``llm``; when a slot frees and the queue holds a candidate not yet

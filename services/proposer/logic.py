@@ -31,8 +31,10 @@ the contract's locked ``budget.trials``; a later, larger request extends a finis
 recorded in ``StudyCreated.bank``: origin ``bank``; then the prior's best guess, then space-filling seeds:
 origins ``prior``/``seed``; the priors themselves are the bank-adjusted ones, ``StudySpace.with_bank``), then one suggestion per freed slot (origins ``ei``/``pairing``), each
 with the model's ``Prediction`` and the searcher's reason. A trial is done when its failed ``TrialFinished``
-arrives, or its ok ``TrialFinished`` *and* its ``TrialMeasured`` (``TrialLedger``). Never proposes a
-candidate twice (the searcher excludes observed and pending candidates; ``events.Candidate.key()`` is
+arrives, or its ok ``TrialFinished`` *and* its ``TrialMeasured`` (``TrialLedger``). A trial that failed
+because of the harness (``TrialFinished.infrastructure``: its launcher was killed mid-trial) costs its
+accelerator time but not the candidate: it is re-run once, outside the trial budget, and the models never
+see the failure. Never proposes a candidate twice otherwise (the searcher excludes observed and pending candidates; ``events.Candidate.key()`` is
 checked again here), never a candidate the contract rejects. Stops when the trial budget is proposed, when
 the next trial would overrun the accelerator-hours (spent = every ``TrialFinished.accelerator_s`` of the
 study, doctor and failed trials included; the next trial's cost is estimated from the search trials so far),
@@ -52,6 +54,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+import msgspec
 from infrarsi import events as ev
 from infrarsi import verification as vf
 from infrarsi.agent.answers import golden_editable_files
@@ -75,6 +78,9 @@ class Proposal:
     candidate: Candidate
     key: str
     """``events.Candidate.key()`` of the proposed candidate."""
+    retry_of: str | None = None
+    """The trial this one re-runs after an infrastructure failure; a retry does not count against the budget's
+    trials (the candidate was not used up), only its accelerator time does."""
 
 
 @dataclass
@@ -105,6 +111,11 @@ class _Study:
     recovery: list[Candidate] = field(default_factory=list)
     """Queued (origin ``prior``) when a rebuilt searcher starts: the knowledge base's best guess once the
     model's priors were dropped."""
+
+    @property
+    def trials_used(self) -> int:
+        """Search trials counted against the budget: every proposal but the re-runs of infrastructure failures."""
+        return sum(1 for p in self.proposals if p.retry_of is None)
 
 
 class ProposerState(Fold):
@@ -173,14 +184,14 @@ class ProposerState(Fold):
 
     def _check_agent_priors(self, study: _Study) -> None:
         """Drop the model's priors once the measurements overrule them (agent.py); the searcher is rebuilt and
-        starts with the knowledge base's own best guess."""
+        starts with the knowledge base's own initial design (its best guess, then space-filling seeds)."""
         if study.agent is None or study.base_space is None or study.searcher is None:
             return
         study.searcher.refit()
         if study.agent.check_priors(study.base_space, study.outcomes, study.searcher.time_model.noise_std):
             study.space = study.agent.space(study.base_space)
             fresh = build_searcher(study.space, study.study_id, doctor=study.doctor, config=self.config)
-            study.recovery = [s.candidate for s in fresh.suggest(1)]
+            study.recovery = [s.candidate for s in fresh.suggest(1 + fresh.config.n_seeds)]
             study.searcher = None
 
     def _on_run(self, study: _Study, request: RunRequested) -> list[Emission]:
@@ -192,9 +203,9 @@ class ProposerState(Fold):
         study.target_trials = min(request.trials or budget.trials, budget.trials)
         study.parallel = max(1, request.parallel or study.space.contract.backend.parallel)
         if study.phase in ("idle", "finished"):
-            if study.target_trials <= len(study.proposals):
+            if study.target_trials <= study.trials_used:
                 study.phase = "finished"
-                return [self._finished(study, f"trial budget already spent ({len(study.proposals)} search trials)")]
+                return [self._finished(study, f"trial budget already spent ({study.trials_used} search trials)")]
             study.phase = "searching"
             study.stop_reason = ""
             study.verify_keys, study.verdicts = [], {}
@@ -204,6 +215,9 @@ class ProposerState(Fold):
         if outcome is None:
             return []
         study.outcomes.append(outcome)
+        retry = self._retry(study, outcome)
+        if retry is not None:
+            return [retry]
         if study.searcher is not None and study.space is not None:
             obs = observation(study.space, outcome)
             if obs is not None:
@@ -225,6 +239,19 @@ class ProposerState(Fold):
         summary = f"{len(promotable)} of {len(study.verify_keys)} verified candidates promotable"
         return [self._finished(study, f"{study.stop_reason}; {summary}", best)]
 
+    def _retry(self, study: _Study, outcome: TrialOutcome) -> Emission | None:
+        """The same candidate once more after an infrastructure failure of a search trial (not of a retry)."""
+        proposal = next((p for p in study.proposals if p.trial_id == outcome.trial_id), None)
+        failed = study.ledger.trials[outcome.trial_id].proposed
+        if (not outcome.infrastructure or proposal is None or proposal.retry_of is not None or failed is None
+                or study.phase != "searching"):  # fmt: skip
+            return None
+        trial_id = ev.derived_id(outcome.trial_id, "retry")
+        payload = msgspec.structs.replace(failed, reason=f"re-run of trial {outcome.trial_id} ({outcome.detail[:200]})")
+        study.proposals.append(Proposal(trial_id, proposal.candidate, proposal.key, retry_of=outcome.trial_id))
+        study.ledger.proposed(trial_id, payload)
+        return Emission(payload, study.study_id, trial_id, f"retry:{outcome.trial_id}")
+
     # ------------------------------------------------------------------------------------------- search
 
     def _searcher(self, study: _Study) -> Searcher:
@@ -233,7 +260,7 @@ class ProposerState(Fold):
             study.searcher = build_searcher(study.space, study.study_id, doctor=study.doctor,
                                             outcomes=study.outcomes, bank=study.created.bank, config=self.config)
             study.searcher.enqueue(study.recovery, "prior",
-                                   "the knowledge base's best guess, once the measurements overruled the model's priors")
+                                   "the knowledge base's initial design, once the measurements overruled the model's priors")
         return study.searcher
 
     def _fill(self, study: _Study) -> list[Emission]:
@@ -246,12 +273,12 @@ class ProposerState(Fold):
         out: list[Emission] = []
         while True:
             in_flight = [p for p in study.proposals if study.ledger.outcome(p.trial_id) is None]
-            left = study.target_trials - len(study.proposals)
+            left = study.target_trials - study.trials_used
             spent = study.ledger.accelerator_s
             next_cost = self._cost_estimate(study) * (len(in_flight) + repeats)
             if not study.stop_reason:
                 if left <= 0:
-                    study.stop_reason = f"trial budget spent ({len(study.proposals)} search trials)"
+                    study.stop_reason = f"trial budget spent ({study.trials_used} search trials)"
                 elif spent >= budget_s or (next_cost > 0 and spent + next_cost > budget_s):
                     study.stop_reason = (f"accelerator budget: {spent / 3600:.3g} of {budget_s / 3600:.3g} h spent, "
                                          f"the next trial would overrun it")

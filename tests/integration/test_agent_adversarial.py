@@ -21,6 +21,7 @@ from infrarsi.agent.client import ChatClient, Endpoint, redact
 from infrarsi.agent.prompts import proposal_messages
 from infrarsi.agent.role import answer
 from infrarsi.commands.init import prepare_study
+from infrarsi.contract import locked_contract
 from infrarsi.study_space import load_study_space
 from support.chat_server import ChatScript, Turn, chat_server
 
@@ -67,7 +68,7 @@ def diff_of(repo: Path, rel: str, old: str, new: str) -> str:
 
 def ask(created: ev.StudyCreated, space, base_url: str, *, spent: int = 0, files: dict | None = None,
         client: ChatClient | None = None) -> ev.AgentAnswered:
-    messages = proposal_messages(created.contract, files or {}, [], [], ["patch:fused-qkv"], ["fused-qkv"])
+    messages = proposal_messages(locked_contract(created), files or {}, [], [], ["patch:fused-qkv"], ["fused-qkv"])
     asked = ev.AgentAsked(ask_id="a1", purpose="proposals", model="scripted", endpoint=base_url,
                           messages=messages, max_tokens=1000, tokens_spent_before=spent)
     env = {"INFRARSI_LLM_BASE_URL": base_url, "INFRARSI_LLM_API_KEY": KEY}

@@ -13,6 +13,7 @@ import json
 from collections.abc import Mapping, Sequence
 
 from infrarsi import events as ev
+from infrarsi.contract import Contract
 
 MAX_FILE_CHARS = 12_000
 """Per editable file shown; the rest is cut (the model is told)."""
@@ -35,7 +36,7 @@ PROPOSALS_FORMAT = """{
 
 
 def proposal_messages(
-    contract: Mapping[str, object],
+    contract: Contract,
     files: Mapping[str, str],
     trials: Sequence[Mapping[str, object]],
     effects: Sequence[ev.Effect],
@@ -43,16 +44,15 @@ def proposal_messages(
     library: Sequence[str],
 ) -> list[ev.AgentMessage]:
     """The messages of one proposals exchange (pure: the same study state gives the same prompt)."""
-    scope = contract.get("scope", {})
-    space = contract.get("search_space", {})
+    knobs = {key: knob.model_dump(mode="json", by_alias=True) for key, knob in contract.search_space.knobs.items()}
     parts = [
-        f"Goal: {contract.get('goal', '')}",
-        "Editable files (diffs may touch only these): " + json.dumps(scope.get("files", []) if isinstance(scope, dict) else []),
-        "Knobs (launch key -> allowed values): " + json.dumps(space.get("knobs", {}) if isinstance(space, dict) else {},
-                                                              sort_keys=True, default=str),
+        f"Goal: {contract.goal}",
+        "Editable files (diffs may touch only these): " + json.dumps(list(contract.scope.files)),
+        "Knobs (launch key -> allowed values): " + json.dumps(knobs, sort_keys=True, default=str),
         "Library patches: " + json.dumps(list(library)),
         "Model features you may give priors for: " + json.dumps(list(features)),
-        "Invariants (locked): " + json.dumps(contract.get("invariants", {}), sort_keys=True, default=str),
+        "Invariants (locked): " + json.dumps(contract.invariants.model_dump(mode="json", by_alias=True),
+                                             sort_keys=True, default=str),
     ]
     for path, text in sorted(files.items()):
         cut = len(text) > MAX_FILE_CHARS

@@ -24,12 +24,16 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import duckdb
+import msgspec
 
-from infrarsi.contract import ContractError, load_patch_library
-from infrarsi.report.source import VIEW, ensure_view
+from infrarsi import events as ev
+from infrarsi.contract import Contract, ContractError, load_patch_library, locked_contract
+from infrarsi.report.source import VIEW, ReportSourceError, ensure_view
+
+P = TypeVar("P", bound=msgspec.Struct)
 
 OUTCOMES = ("ok", "oom", "crash", "timeout", "violation")
 
@@ -204,7 +208,7 @@ class Verdict:
     candidate_step_s: float
     mfu_before: float | None
     mfu_after: float | None
-    invariants: list[dict[str, Any]]
+    invariants: list[ev.InvariantResult]
     failed_invariants: list[str]
     rounds: int
     trial_ids: list[str]
@@ -221,12 +225,12 @@ class Report:
     study_id: str
     name: str
     goal: str
-    contract: dict[str, Any]
-    cluster: dict[str, Any]
+    contract: Contract
+    cluster: ev.ClusterInfo
     workload_dir: str
     baseline_ref: str
     baseline_step_s: float | None
-    doctor: dict[str, Any] | None
+    doctor: ev.DoctorCompleted | None
     doctor_run_step_s: list[float]
     trials: list[TrialRow]
     cost_by_outcome: dict[str, float]
@@ -235,8 +239,8 @@ class Report:
     best_speedup_curve: list[tuple[int, float]]
     """(search trials measured so far, best speed-up so far)."""
     verdicts: list[Verdict]
-    model: dict[str, Any] | None
-    """Payload of the last ModelUpdated."""
+    model: ev.ModelUpdated | None
+    """The last ModelUpdated."""
     invariant_failures: dict[str, int]
     """Search/verify runs failing each invariant (from TrialMeasured)."""
     memory_capacity_bytes: int | None
@@ -265,21 +269,27 @@ def _connect(db: str | Path | duckdb.DuckDBPyConnection) -> tuple[duckdb.DuckDBP
     return duckdb.connect(str(db), read_only=False), True
 
 
-def _last_payload(con, study_id: str, event_type: str) -> dict[str, Any] | None:
+def _last_payload(con: duckdb.DuckDBPyConnection, study_id: str, payload_type: type[P]) -> P | None:
+    """The study's last payload of ``payload_type``, decoded into its struct."""
     row = con.execute(
         f"SELECT CAST(payload AS VARCHAR) FROM {VIEW} WHERE study_id = $study AND type = $type ORDER BY seq DESC LIMIT 1",
-        {"study": study_id, "type": event_type},
+        {"study": study_id, "type": payload_type.__name__},
     ).fetchone()
-    return json.loads(row[0]) if row else None
+    if row is None:
+        return None
+    try:
+        return msgspec.json.decode(row[0], type=payload_type)
+    except msgspec.ValidationError as exc:
+        raise ReportSourceError(f"the study's {payload_type.__name__} does not decode: {exc}") from None
 
 
 def _patch_audit(workload_dir: Path | None, patch_dir: str, patch_id: str, origins: _PatchOrigins) -> PatchAudit:
     measured = origins.posterior.get(f"patch:{patch_id}")
     agent = origins.agent.get(patch_id)
     if agent is not None:
-        reason = " — ".join(x for x in (agent.get("description", ""), agent.get("reason", "")) if x)
-        return PatchAudit(patch_id, list(agent.get("files", [])), agent.get("diff", ""), True, "agent", reason,
-                          agent.get("expected_time_log_ratio"), measured)
+        reason = " — ".join(x for x in (agent.description, agent.reason) if x)
+        return PatchAudit(patch_id, list(agent.files), agent.diff, True, "agent", reason,
+                          agent.expected_time_log_ratio, measured)
     proposed_by = "bank" if patch_id in origins.bank else "library"
     if workload_dir is not None:
         try:  # the library's index names each diff (<id>.patch, <id>.diff, or an explicit file)
@@ -297,7 +307,7 @@ def _patch_audit(workload_dir: Path | None, patch_dir: str, patch_id: str, origi
 
 @dataclass(frozen=True)
 class _PatchOrigins:
-    agent: dict[str, dict[str, Any]]
+    agent: dict[str, ev.AgentPatch]
     """The agent's accepted diffs (``AgentAnswered.patches``), by patch id."""
     bank: set[str]
     """Library patches whose first search trial was a bank seed."""
@@ -305,14 +315,15 @@ class _PatchOrigins:
     """Posterior mean of each feature's time effect, from the last ``ModelUpdated``."""
 
 
-def _patch_origins(answers: list[dict[str, Any]], trials: list[TrialRow], model: dict[str, Any] | None) -> _PatchOrigins:
-    agent = {p["patch_id"]: p for a in answers for p in a.get("patches", [])}
+def _patch_origins(answers: list[ev.AgentAnswered], trials: list[TrialRow], model: ev.ModelUpdated | None
+                   ) -> _PatchOrigins:
+    agent = {p.patch_id: p for a in answers for p in a.patches}
     first: dict[str, str] = {}
     for t in trials:
         if t.kind == "search":
             for p in t.patches:
                 first.setdefault(p, t.origin)
-    posterior = {e["feature"]: float(e["post_mean"]) for e in (model or {}).get("time_effects", [])}
+    posterior = {e.feature: e.post_mean for e in model.time_effects} if model is not None else {}
     return _PatchOrigins(agent, {p for p, origin in first.items() if origin == "bank"}, posterior)
 
 
@@ -329,12 +340,15 @@ def build_report(db: str | Path | duckdb.DuckDBPyConnection, study_id: str) -> R
 
 def _build(con: duckdb.DuckDBPyConnection, study_id: str) -> Report:
     params = {"study": study_id}
-    created = _last_payload(con, study_id, "StudyCreated")
+    created = _last_payload(con, study_id, ev.StudyCreated)
     if created is None:
         raise LookupError(f"no StudyCreated for study {study_id!r} in the analyst DB")
-    contract = created.get("contract") or {}
-    doctor = _last_payload(con, study_id, "DoctorCompleted")
-    model = _last_payload(con, study_id, "ModelUpdated")
+    try:
+        contract = locked_contract(created)
+    except ContractError as exc:
+        raise ReportSourceError(f"the study's contract does not load: {exc}") from None
+    doctor = _last_payload(con, study_id, ev.DoctorCompleted)
+    model = _last_payload(con, study_id, ev.ModelUpdated)
 
     counts = dict(con.execute(f"SELECT type, count(*) FROM {VIEW} WHERE study_id = $study GROUP BY type ORDER BY type", params).fetchall())
 
@@ -367,8 +381,8 @@ def _build(con: duckdb.DuckDBPyConnection, study_id: str) -> Report:
         n_by_outcome[outcome] = int(n)
 
     if doctor is not None:
-        baseline_s = float(doctor["step_time_s"])
-        doctor_ids = list(doctor.get("baseline_trial_ids", []))
+        baseline_s = doctor.step_time_s
+        doctor_ids = list(doctor.baseline_trial_ids)
     else:
         baseline_s = con.execute(
             f"""SELECT median(CAST(m.payload->>'step_time_s' AS DOUBLE)) FROM {VIEW} m
@@ -397,66 +411,56 @@ def _build(con: duckdb.DuckDBPyConnection, study_id: str) -> Report:
             invariant_failures[name] = invariant_failures.get(name, 0) + 1
 
     workload_dir = _workload_dir(created, contract)
-    patch_dir = (contract.get("workload") or {}).get("patch_dir", "patches")
-    asked = _payloads(con, study_id, "AgentAsked")
-    answers = _payloads(con, study_id, "AgentAnswered")
+    asked = _payloads(con, study_id, ev.AgentAsked)
+    answers = _payloads(con, study_id, ev.AgentAnswered)
     origins = _patch_origins(answers, trials, model)
-    verdicts = _verdicts(con, study_id, workload_dir, patch_dir, origins)
+    verdicts = _verdicts(con, study_id, workload_dir, str(contract.workload.patch_dir), origins)
     agent = _agent_summary(asked, answers, trials, verdicts, baseline_s, contract) if asked else None
-    capacity = (created.get("cluster") or {}).get("memory_capacity_bytes") or None
+    capacity = created.cluster.memory_capacity_bytes or None
     return Report(
-        study_id=study_id, name=created.get("name", ""), goal=created.get("goal", ""), contract=contract,
-        cluster=created.get("cluster") or {}, workload_dir=created.get("workload_dir", ""),
-        baseline_ref=created.get("baseline_ref", ""), baseline_step_s=baseline_s, doctor=doctor,
+        study_id=study_id, name=created.name, goal=created.goal, contract=contract,
+        cluster=created.cluster, workload_dir=created.workload_dir,
+        baseline_ref=created.baseline_ref, baseline_step_s=baseline_s, doctor=doctor,
         doctor_run_step_s=doctor_runs, trials=trials, cost_by_outcome=cost, trials_by_outcome=n_by_outcome,
         best_speedup_curve=curve, verdicts=verdicts, model=model, invariant_failures=invariant_failures,
         memory_capacity_bytes=capacity, generated_from=counts, agent=agent,
     )
 
 
-def _payloads(con, study_id: str, event_type: str) -> list[dict[str, Any]]:
+def _payloads(con: duckdb.DuckDBPyConnection, study_id: str, payload_type: type[P]) -> list[P]:
+    """Every payload of ``payload_type`` of the study, in log order, decoded into its struct."""
     rows = con.execute(
         f"SELECT CAST(payload AS VARCHAR) FROM {VIEW} WHERE study_id = $study AND type = $type ORDER BY seq",
-        {"study": study_id, "type": event_type},
+        {"study": study_id, "type": payload_type.__name__},
     ).fetchall()
-    return [json.loads(r[0]) for r in rows]
+    try:
+        return [msgspec.json.decode(r[0], type=payload_type) for r in rows]
+    except msgspec.ValidationError as exc:
+        raise ReportSourceError(f"the study's {payload_type.__name__} does not decode: {exc}") from None
 
 
-def _agent_summary(asked: list[dict[str, Any]], answers: list[dict[str, Any]], trials: list[TrialRow],
-                   verdicts: list[Verdict], baseline_s: float | None, contract: dict[str, Any]) -> AgentSummary:
+def _agent_summary(asked: list[ev.AgentAsked], answers: list[ev.AgentAnswered], trials: list[TrialRow],
+                   verdicts: list[Verdict], baseline_s: float | None, contract: Contract) -> AgentSummary:
     failed: dict[str, int] = {}
     for a in answers:
-        if not a.get("ok"):
-            failed[a.get("error") or "unknown"] = failed.get(a.get("error") or "unknown", 0) + 1
-    rows = []
-    for a in answers:
-        for p in a.get("patches", []):
-            rows.append(_agent_patch_row(p, trials, verdicts, baseline_s))
+        if not a.ok:
+            failed[a.error or "unknown"] = failed.get(a.error or "unknown", 0) + 1
     return AgentSummary(
-        model=asked[0].get("model", ""), exchanges=len(asked), failed=failed,
-        tokens=sum(int(a.get("prompt_tokens", 0)) + int(a.get("completion_tokens", 0)) for a in answers),
-        cost_usd=sum(float(a.get("cost_usd", 0.0)) for a in answers),
-        budget_tokens=int((contract.get("budget") or {}).get("llm_tokens", 0)),
-        refusals=[(r["kind"], r["item"], r["detail"]) for a in answers for r in a.get("refused", [])],
-        patches=rows,
-        candidates=[(_candidate_key(c["candidate"]), c.get("reason", "")) for a in answers for c in a.get("candidates", [])],
+        model=asked[0].model, exchanges=len(asked), failed=failed, tokens=sum(a.tokens for a in answers),
+        cost_usd=sum(a.cost_usd for a in answers), budget_tokens=contract.budget.llm_tokens,
+        refusals=[(r.kind, r.item, r.detail) for a in answers for r in a.refused],
+        patches=[_agent_patch_row(p, trials, verdicts, baseline_s) for a in answers for p in a.patches],
+        candidates=[(c.candidate.key(), c.reason) for a in answers for c in a.candidates],
     )
 
 
-def _candidate_key(candidate: dict[str, Any]) -> str:
-    from infrarsi import events as ev  # the key is the catalog's canonical one
-
-    return ev.Candidate(knobs=candidate.get("knobs", {}), patches=candidate.get("patches", [])).key()
-
-
-def _agent_patch_row(p: dict[str, Any], trials: list[TrialRow], verdicts: list[Verdict],
+def _agent_patch_row(p: ev.AgentPatch, trials: list[TrialRow], verdicts: list[Verdict],
                      baseline_s: float | None) -> AgentPatchRow:
-    pid = p["patch_id"]
-    held = [t for t in trials if t.kind == "search" and pid in t.patches and t.outcome is not None]
+    held = [t for t in trials if t.kind == "search" and p.patch_id in t.patches and t.outcome is not None]
     failed = sorted({name for t in held for name in t.failed_invariants})
     ok_times = [t.step_time_s for t in held if t.outcome == "ok" and t.step_time_s]
     best = min(ok_times) / baseline_s if ok_times and baseline_s else None
-    mine = [v for v in verdicts if any(a.patch_id == pid for a in v.patches)]
+    mine = [v for v in verdicts if any(a.patch_id == p.patch_id for a in v.patches)]
     if any(v.promotable for v in mine):
         verdict = "promoted"
     elif mine:
@@ -466,10 +470,10 @@ def _agent_patch_row(p: dict[str, Any], trials: list[TrialRow], verdicts: list[V
     else:
         verdict = "not verified" if held else "not tried"
     return AgentPatchRow(
-        patch_id=pid, description=p.get("description", ""), reason=p.get("reason", ""), files=list(p.get("files", [])),
-        expected_time_log_ratio=float(p.get("expected_time_log_ratio", 0.0)),
-        expected_memory_log_ratio=float(p.get("expected_memory_log_ratio", 0.0)), trials=len(held),
-        outcomes=[t.outcome or "" for t in held], failed_invariants=failed, best_step_ratio=best, verdict=verdict,
+        patch_id=p.patch_id, description=p.description, reason=p.reason, files=list(p.files),
+        expected_time_log_ratio=p.expected_time_log_ratio, expected_memory_log_ratio=p.expected_memory_log_ratio,
+        trials=len(held), outcomes=[t.outcome or "" for t in held], failed_invariants=failed, best_step_ratio=best,
+        verdict=verdict,
     )
 
 
@@ -483,8 +487,8 @@ def _outcome(status: str, invariants_ok: bool | None) -> str:
     return "crash"
 
 
-def _workload_dir(created: dict[str, Any], contract: dict[str, Any]) -> Path | None:
-    for candidate in (created.get("workload_dir"), (contract.get("workload") or {}).get("repo")):
+def _workload_dir(created: ev.StudyCreated, contract: Contract) -> Path | None:
+    for candidate in (created.workload_dir, contract.workload.repo):
         if candidate and Path(candidate).is_dir():
             return Path(candidate)
     return None
@@ -499,19 +503,18 @@ def _verdicts(con, study_id: str, workload_dir: Path | None, patch_dir: str, ori
     ).fetchall()
     out = []
     for verify_id, rounds, last_json in rows:
-        last = json.loads(last_json)
-        candidate = last.get("candidate") or {}
+        last = msgspec.json.decode(last_json, type=ev.VerifyCompleted)
         out.append(
             Verdict(
-                verify_id=verify_id, candidate_key=last["candidate_key"], knobs=candidate.get("knobs", {}),
-                patches=[_patch_audit(workload_dir, patch_dir, p, origins) for p in candidate.get("patches", [])],
-                promotable=bool(last["promotable"]), passes=int(last["passes"]), speedup=float(last["speedup"]),
-                ci_low=float(last["ci_low"]), ci_high=float(last["ci_high"]),
-                baseline_step_s=float(last["baseline_step_s"]), candidate_step_s=float(last["candidate_step_s"]),
-                mfu_before=last.get("mfu_before"), mfu_after=last.get("mfu_after"),
-                invariants=list(last.get("invariants", [])), failed_invariants=list(last.get("failed_invariants", [])),
-                rounds=int(rounds), trial_ids=list(last.get("trial_ids", [])),
-                unchecked_invariants=list(last.get("unchecked_invariants", [])),
+                verify_id=verify_id, candidate_key=last.candidate_key, knobs=dict(last.candidate.knobs),
+                patches=[_patch_audit(workload_dir, patch_dir, p, origins) for p in last.candidate.patches],
+                promotable=last.promotable, passes=last.passes, speedup=last.speedup,
+                ci_low=last.ci_low, ci_high=last.ci_high,
+                baseline_step_s=last.baseline_step_s, candidate_step_s=last.candidate_step_s,
+                mfu_before=last.mfu_before, mfu_after=last.mfu_after,
+                invariants=list(last.invariants), failed_invariants=list(last.failed_invariants),
+                rounds=int(rounds), trial_ids=list(last.trial_ids),
+                unchecked_invariants=list(last.unchecked_invariants),
             )
         )
     out.sort(key=lambda v: (not v.promotable, -v.speedup))
