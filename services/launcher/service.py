@@ -42,11 +42,7 @@ import yaml
 from infrarsi import events as ev
 from infrarsi import fswatch, procs, stats, tracing, workspace
 from infrarsi.backends import Backend, JobHandle, JobResult, JobSpec, make_backend
-<<<<<<< HEAD
-from infrarsi.contract import Contract, ContractError, PatchInfo, contract_from_dict, load_patch_library
-=======
-from infrarsi.contract import Contract, ContractError, load_patch_library, locked_contract
->>>>>>> main
+from infrarsi.contract import Contract, ContractError, PatchInfo, load_patch_library, locked_contract
 from infrarsi.launch import LaunchValueError
 from infrarsi.logs import get_logger
 from infrarsi.service import Outbox, Service
