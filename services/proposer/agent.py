@@ -113,7 +113,7 @@ class AgentRole:
         rows = [trial_row(o.status, o.candidate, _origin(ledger, o.trial_id), o.step_time_s, o.peak_bytes, o.detail)
                 for o in outcomes if o.candidate is not None]
         library = [p.id for p in study.space.patches]
-        messages = proposal_messages(study.contract.to_dict(), self.files, rows, time_effects, features, library)
+        messages = proposal_messages(study.contract, self.files, rows, time_effects, features, library)
         asked = ev.AgentAsked(
             ask_id=ev.derived_id(study_id, "agent", str(len(self.asked))), purpose="proposals",
             model=agent.model or "", endpoint=agent.base_url or "", messages=messages,
