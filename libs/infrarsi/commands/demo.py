@@ -51,11 +51,15 @@ def with_backend(contract: Path, kind: str, data_dir: Path) -> Path:
     if kind == "slurm":
         if shutil.which("sinfo") is None:
             raise UserError("--backend slurm: the Slurm client (sinfo, sbatch) is not installed (make slurm-deps)")
-        probe = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=30)
-        if probe.returncode != 0:
+        try:
+            probe = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=10)
+            problem = probe.stderr.strip()[:200] if probe.returncode != 0 else None
+        except subprocess.TimeoutExpired:
+            problem = "sinfo did not answer within 10 s"
+        if problem is not None:
             raise UserError(
                 "--backend slurm: no Slurm cluster answers (start one with `make slurm-up` and "
-                f"`export SLURM_CONF=/run/infrarsi-slurm/slurm.conf`): {probe.stderr.strip()[:200]}"
+                f"`export SLURM_CONF=/run/infrarsi-slurm/slurm.conf`): {problem}"
             )
     data = yaml.safe_load(contract.read_text())
     data["workload"]["repo"] = str((contract.parent / data["workload"]["repo"]).resolve())
