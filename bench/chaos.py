@@ -31,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import sim_study  # noqa: E402
 from infrarsi.bus import Bus  # noqa: E402
-from infrarsi.logs import setup_logging  # noqa: E402
 from infrarsi.embedded import EmbeddedServer  # noqa: E402
 from infrarsi.eventlog import analyst_db_path  # noqa: E402
+from infrarsi.logs import setup_logging  # noqa: E402
 from infrarsi.stack import SERVICES, Stack  # noqa: E402
 
 STUDY_ID = "01chaos0000000000000000000"
