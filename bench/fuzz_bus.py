@@ -154,13 +154,16 @@ async def fuzz_then_study(root: Path, args: argparse.Namespace, contract: Path) 
             return found
 
         deadline = time.monotonic() + args.timeout
-        found = await letters()
-        while not expected <= set(found) and time.monotonic() < deadline:
+        found, grew_at = await letters(), time.monotonic()
+        while not expected <= set(found) and time.monotonic() < deadline and time.monotonic() - grew_at < 30.0:
             await asyncio.sleep(2.0)
-            found = await letters()
+            before, found = len(found), await letters()
+            if len(found) > before:
+                grew_at = time.monotonic()
         lettered = expected & set(found)
         health_after_fuzz = await alive_and_pulling(stack, bus, pids)
-        missing_by_kind = Counter(k for k, seq, stream, svcs in sent for s in svcs if (s, stream, seq) not in found)
+        missing = [(k, seq, stream, s) for k, seq, stream, svcs in sent for s in svcs if (s, stream, seq) not in found]
+        missing_by_kind = Counter(m[0] for m in missing)
 
         await sim_study.create_study(bus, contract, data_dir, STUDY_ID)
         finished = await sim_study.run_study(bus, STUDY_ID, trials=args.trials, parallel=1, timeout_s=args.timeout)
@@ -179,6 +182,7 @@ async def fuzz_then_study(root: Path, args: argparse.Namespace, contract: Path) 
         "dead_lettered_share": round(len(lettered) / len(expected), 6) if expected else 1.0,
         "letters_without_reason": sum(1 for k in lettered if not found[k]),
         "missing_by_kind": dict(missing_by_kind),
+        "missing_examples": [{"kind": k, "seq": seq, "stream": stream, "service": s} for k, seq, stream, s in missing[:5]],
         "reasons": dict(Counter(found[k].split(":")[0][:40] for k in lettered).most_common(8)),
         "crashes": len(health_after_fuzz["died"]) + len(health_after_study["died"]),
         "health_after_fuzz": health_after_fuzz,
