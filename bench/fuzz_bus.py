@@ -119,7 +119,7 @@ async def alive_and_pulling(stack: Stack, bus: Bus, pids: dict[str, int]) -> dic
 
 async def fuzz_then_study(root: Path, args: argparse.Namespace, contract: Path) -> dict[str, object]:
     rng = random.Random(args.seed)
-    data_dir = root / "fuzzed"
+    data_dir = root / "fuzzed" / "data"
     stack = await asyncio.to_thread(Stack.start, data_dir)
     try:
         pids = {n: p.pid for n, p in stack.processes.items()}
@@ -193,7 +193,7 @@ async def fuzz_then_study(root: Path, args: argparse.Namespace, contract: Path) 
 
 
 async def reference(root: Path, args: argparse.Namespace, contract: Path) -> dict[str, object] | None:
-    data_dir = root / "reference"
+    data_dir = root / "reference" / "data"
     stack = await asyncio.to_thread(Stack.start, data_dir)
     try:
         bus = await Bus.connect(stack.url, service="bench")
@@ -208,9 +208,11 @@ async def reference(root: Path, args: argparse.Namespace, contract: Path) -> dic
 async def measure(args: argparse.Namespace) -> dict[str, object]:
     with tempfile.TemporaryDirectory(prefix="irsi-fuzz-") as tmp:
         root = Path(tmp)
-        contract = sim_study.write_contract(root, trials=args.trials, parallel=1)
+        contract = sim_study.write_contract(root / "fuzzed", trials=args.trials, parallel=1)
         fuzzed = await fuzz_then_study(root, args, contract)
-        fuzzed["reference_result"] = await reference(root, args, contract)
+        # The same workload written again (its own repo: the study id's golden tag is taken in the first).
+        twin = sim_study.write_contract(root / "reference", trials=args.trials, parallel=1)
+        fuzzed["reference_result"] = await reference(root, args, twin)
     fuzzed["study_unaffected"] = fuzzed["result"] is not None and fuzzed["result"] == fuzzed["reference_result"]
     return fuzzed
 
