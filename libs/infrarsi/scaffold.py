@@ -726,8 +726,8 @@ _PROBE_HINT = {
                   "# `from infrarsi.probe.integrations.hf import InfraRSICallback`, then scaffold again.",
     "lightning": "For a full measurement add Trainer(..., callbacks=[InfraRSICallback()]) with\n"
                  "# `from infrarsi.probe.integrations.lightning import InfraRSICallback`, then scaffold again.",
-    "plain": "For a full measurement wrap the loop with infrarsi.probe.integrations.torch (instrument,\n"
-             "# optimizer_step) or call infrarsi.probe's Probe.step(), then scaffold again.",
+    "plain": "For a full measurement wrap the loop's step with `from infrarsi.probe.integrations.torch import\n"
+             "# track` (@track(model, opt).step), then scaffold again.",
 }  # fmt: skip
 
 
