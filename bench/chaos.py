@@ -103,7 +103,7 @@ async def measure(args: argparse.Namespace) -> dict:
     per_service = {name: sum(1 for k in kills if k["killed"] == name) for name in SERVICES}
     return {
         "study_finished": finished is not None,
-        "result": sim_study.result_of(finished),
+        "result": sim_study.result_of(finished, ledger),
         "study_s": round(study_s, 1),
         "service_kills": len(kills),
         "service_kills_during_study": sum(1 for k in kills if k.get("during_study")),

@@ -95,11 +95,14 @@ def study_ledger(events: list[ev.Event]) -> dict[str, Any]:
     }
 
 
-def result_of(finished: ev.StudyFinished | None) -> dict[str, Any] | None:
+def result_of(finished: ev.StudyFinished | None, ledger: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The study's result; ``search_trials`` leaves out the re-runs of infrastructure failures and of timing
+    verdicts taken under host interference (they depend on the host's load, not on the study)."""
     if finished is None:
         return None
+    retries = ledger["infrastructure_retries"] if ledger else 0
     return {"best_candidate_key": finished.best_candidate_key, "best_speedup": finished.best_speedup,
-            "trials": finished.trials}  # fmt: skip
+            "trials": finished.trials, "search_trials": finished.trials - retries}  # fmt: skip
 
 
 def _dump(path: Path) -> dict[str, list[tuple]]:

@@ -46,6 +46,9 @@ DEADLETTER_RAW_MAX = 64 * 1024
 """Bytes of a bad message kept in its dead letter: a copy of the whole (up to the server's max payload,
 less base64's third) would itself be refused, and a consumer that cannot park a message cannot move on."""
 DEADLETTER_ERROR_MAX = 2000
+MAX_EVENT_BYTES = 4 << 20
+"""The largest message a service handles: the largest real events (a ``StudyCreated`` of a big repo's locked
+files, a long trial's ``step_seen_s``) stay well under it; a bigger one is a bad message, not a slow decode."""
 
 
 LOST_AFTER_S = 120.0
@@ -447,6 +450,8 @@ class Bus:
 
 
 def decode_delivery(msg: Msg) -> Delivery:
+    if len(msg.data) > MAX_EVENT_BYTES:
+        return Delivery(msg=msg, event=None, error=f"oversized: {len(msg.data)} bytes, over the {MAX_EVENT_BYTES} an event may take")
     try:
         event = ev.decode(msg.data)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
