@@ -17,6 +17,7 @@ import os
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 
 import msgspec
 import nats
@@ -26,8 +27,8 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import api
 
+from infrarsi import credentials, subjects, tracing
 from infrarsi import events as ev
-from infrarsi import subjects, tracing
 from infrarsi.logs import get_logger
 
 log = get_logger(__name__)
@@ -133,9 +134,16 @@ class Bus:
         ensure: bool = True,
         connect_timeout_s: float = 5.0,
         replicas: int | None = None,
+        data_dir: Path | str | None = None,
     ) -> Bus:
-        """Connect (failing fast with ``BusError`` if the server cannot be reached) and ensure the streams."""
+        """Connect (failing fast with ``BusError`` if the server cannot be reached) and ensure the streams.
+
+        ``service`` is also the principal whose credentials authenticate the connection
+        (``credentials.for_principal``: ``$INFRARSI_NKEY_FILE``, else ``<data_dir>/creds/<service>.nk``;
+        ``data_dir`` defaults to ``$INFRARSI_DATA_DIR``); none found means connecting without.
+        """
         holder: dict[str, Bus] = {}
+        creds = credentials.for_principal(service, data_dir or os.environ.get("INFRARSI_DATA_DIR"))
 
         async def on_reconnect() -> None:
             # A server restarted from an empty store (or a fresh cluster member) has no streams:
@@ -168,6 +176,7 @@ class Bus:
                     reconnect_time_wait=0.5,
                     reconnected_cb=on_reconnect,
                     error_cb=on_error,
+                    **(creds.connect_options() if creds is not None else {}),
                 ),
                 timeout=connect_timeout_s,
             )
@@ -175,7 +184,14 @@ class Bus:
             with contextlib.suppress(Exception):
                 await nc.close()
             cause = initial_errors[-1] if initial_errors else exc
-            raise BusError(f"cannot reach NATS at {url}: {cause or type(cause).__name__}") from None
+            hint = ""
+            if "authorization" in str(cause).lower():
+                hint = (
+                    f" (connecting as {creds.principal!r} with {creds.seed_file})" if creds is not None
+                    else f" (the server requires credentials; none found for {service!r}: run the verb with the "
+                    f"--data-dir of the `infrarsi up` that made them, or set {credentials.NKEY_FILE_ENV})"
+                )
+            raise BusError(f"cannot reach NATS at {url}: {cause or type(cause).__name__}{hint}") from None
         bus = cls(nc, service, replicas if replicas is not None else replicas_from_env())
         holder["bus"] = bus
         if ensure:

@@ -22,6 +22,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from infrarsi import credentials
+
 DEFAULT_DATA_DIR = Path(".infrarsi")
 SERVER_STATE_FILE = "nats-server.json"
 
@@ -71,14 +73,22 @@ class EmbeddedServer:
         server_name: str = "infrarsi-embedded",
         extra_config: str = "",
         ready_timeout_s: float = 20.0,
+        authorize: bool = False,
     ) -> EmbeddedServer:
         """Start a server with its store under ``data_dir/jetstream`` and wait until it is healthy.
 
         ``extra_config`` is appended to the generated config (leaf nodes, domains; see deploy/nats).
+        ``authorize``: every connection needs a principal's nkey (made under ``data_dir/creds`` if missing)
+        and may use only that principal's subjects (``infrarsi.credentials``). The stack-starting verbs
+        pass it; so does any start over a data directory that already has credentials, so a later verb
+        never opens a store that ``infrarsi up`` protected.
         """
         data_dir = Path(data_dir).absolute()
         data_dir.mkdir(parents=True, exist_ok=True)
         server = cls(data_dir=data_dir, port=port or free_port(), monitor_port=free_port())
+        auth = ""
+        if authorize or credentials.has_credentials(data_dir):
+            auth = credentials.authorization_block(credentials.ensure(data_dir))
         config_path = data_dir / "nats-server.conf"
         config_path.write_text(
             "\n".join(
@@ -92,6 +102,7 @@ class EmbeddedServer:
                     "  max_file_store: 8GB",
                     "}",
                     "max_payload: 8MB",
+                    auth,
                     extra_config,
                 ]
             )

@@ -114,10 +114,10 @@ async def recording_bus(args: argparse.Namespace, source: str) -> AsyncIterator[
     server = None
     if url is None:
         print(f"note: no NATS server running; starting a temporary one over {data_dir}", file=sys.stderr)
-        server = EmbeddedServer.start(data_dir)
+        server = EmbeddedServer.start(data_dir, authorize=True)
         url = server.url
     try:
-        bus = await Bus.connect(url, service=source)
+        bus = await Bus.connect(url, service=source, data_dir=data_dir)
         try:
             yield bus
         finally:
