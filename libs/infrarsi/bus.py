@@ -29,6 +29,7 @@ from nats.js import api
 
 from infrarsi import credentials, subjects, tracing
 from infrarsi import events as ev
+from infrarsi import subjects as _subjects  # event_batches' parameter shadows the module
 from infrarsi.logs import get_logger
 
 log = get_logger(__name__)
@@ -377,14 +378,19 @@ class Bus:
         types: tuple[type, ...] | None = None,
         *,
         start_seq: int = 1,
+        owned_only: bool = False,
     ) -> AsyncIterator[list[tuple[int, ev.Event]]]:
         """``iter_stream`` decoded: per fetched batch, the (stream sequence, event) of every message that decodes
-        and, given ``types``, has one of those payload types. Dead letters and foreign bytes are skipped."""
+        and, given ``types``, has one of those payload types. Dead letters and foreign bytes are skipped;
+        ``owned_only`` also skips events their publisher may not own (``subjects.publisher_problem``)."""
         async for msgs in self.iter_stream(stream, start_seq, subjects=subjects):
             batch = []
             for msg in msgs:
                 event = ev.decode_or_none(msg.data, types)
-                if event is not None:
+                problem = _subjects.publisher_problem(event, msg.subject) if event and owned_only else None
+                if problem is not None:
+                    log.warning("skipped an event its publisher may not own", problem=problem)
+                elif event is not None:
                     batch.append((msg.metadata.sequence.stream, event))
             if batch:
                 yield batch
@@ -419,8 +425,14 @@ class Bus:
 
 
 def decode_delivery(msg: Msg) -> Delivery:
+    """One consumed message, decoded and checked against the subjects table: an event its publisher may not
+    own (``subjects.publisher_problem``) is a bad message like an undecodable one (dead-lettered)."""
     try:
-        return Delivery(msg=msg, event=ev.decode(msg.data), error=None)
+        event = ev.decode(msg.data)
+        problem = subjects.publisher_problem(event, msg.subject)
+        if problem is not None:
+            return Delivery(msg=msg, event=None, error=f"wrong publisher: {problem}")
+        return Delivery(msg=msg, event=event, error=None)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         return Delivery(msg=msg, event=None, error=f"{type(exc).__name__}: {exc}")
     except Exception as exc:  # noqa: BLE001 — whatever a message can make a decoder raise, it is a bad message
