@@ -69,6 +69,7 @@ VERBS: tuple[Verb, ...] = (
     ),
     Verb("demo", "demo", "the five stages end to end on the reference workload"),
     Verb("bank", "bank", "the experience bank: list, show, export, import"),
+    Verb("creds", "creds", "make the bus credentials (nkeys) and the server's authorization block"),
 )
 VERBS_BY_NAME = {verb.name: verb for verb in VERBS}
 

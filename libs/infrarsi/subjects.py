@@ -88,8 +88,8 @@ ROUTES: tuple[Route, ...] = (
            ("proposer", "launcher", "telemetry", "modeler", "reporter")),
     _route("TrialLaunched", ("launcher",), ("reporter",)),
     # The launcher relays the probe's own file after a job ends (steps a killed job never sent) and hosts the
-    # simulator backend, which publishes for its simulated jobs.
-    _route("TrialStep", (PROBE, "launcher"), ("telemetry", "reporter")),
+    # simulator backend, which publishes for its simulated jobs, labelled "sim" (with the probe's credentials).
+    _route("TrialStep", (PROBE, "launcher", "sim"), ("telemetry", "reporter")),
     _route("TrialFinished", ("launcher",), ("proposer", "telemetry", "modeler", "verifier", "reporter")),
     _route("TrialMeasured", ("telemetry",), ("proposer", "telemetry", "modeler", "verifier", "reporter")),
     _route("ModelUpdated", ("modeler",), ("reporter",)),

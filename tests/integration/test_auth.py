@@ -80,3 +80,50 @@ def test_stack_services_connect_with_their_credentials(tmp_path: Path) -> None:
     with Stack.start(tmp_path / "data", services=("proposer", "verifier")) as stack:
         assert credentials.has_credentials(stack.data_dir)
         assert "authorization" in (stack.data_dir / "nats-server.conf").read_text()
+
+
+async def test_trial_job_publishes_steps_as_the_probe_only(server: EmbeddedServer) -> None:
+    """A job gets the probe's seed file (``$INFRARSI_NKEY_FILE``, set by the launcher): its steps land, and
+    the same connection cannot publish a lifecycle event."""
+    from infrarsi.probe.sinks import NatsPublisher
+    from infrarsi.subjects import TELEMETRY_STREAM, step_msg_id, telemetry_subject
+
+    seed = credentials.stored("probe", server.data_dir)
+    assert seed is not None
+    await (await Bus.connect(server.url, service=credentials.ADMIN, data_dir=server.data_dir)).close()  # streams
+    step = ev.TrialStep(rank=0, world_size=1, step=0, loss=1.0, step_time_s=0.1, tokens=8, optimizer_steps=1,
+                        peak_memory_bytes=1)
+    publisher = NatsPublisher(server.url, nkey_file=str(seed.seed_file))
+    publisher.publish(telemetry_subject("s1", "t1"), ev.encode(ev.make_event(step, study_id="s1", trial_id="t1",
+                      source="probe")), {"Nats-Msg-Id": step_msg_id("t1", 0, 0)})
+    publisher.publish(lifecycle_subject("s1", "TrialMeasured"), b"{}", {"Nats-Msg-Id": "forged"})
+    publisher.close(timeout_s=20.0)  # the refused publish is never acked: it fails after the JetStream timeout
+    assert (publisher.published, publisher.failed) == (1, 1)
+    admin = await Bus.connect(server.url, service=credentials.ADMIN, data_dir=server.data_dir, ensure=False)
+    try:
+        assert (await admin.stream_counts())[TELEMETRY_STREAM]["messages"] == 1
+    finally:
+        await admin.close()
+    assert await stored_types(server) == []
+
+
+async def test_consumers_refuse_an_event_its_publisher_may_not_own(bus: Bus) -> None:
+    """Every service's consume loop decodes through ``decode_delivery``: an event from a source the table
+    does not list for its type, or on another type's subject, is a bad message (dead-lettered)."""
+    from infrarsi.bus import decode_delivery
+
+    study = ev.new_id()
+    finished = ev.StudyFinished(reason="r", trials=0, accelerator_s=0.0)
+    await bus.publish(ev.make_event(finished, study_id=study, source="proposer"))
+    await bus.publish(ev.make_event(finished, study_id=study, source="cli.apply"))
+    smuggled = ev.make_event(finished, study_id=study, source="proposer")
+    await bus.publish_raw(lifecycle_subject(study, "TrialProposed"), ev.encode(smuggled))
+    seen = []
+    async for msgs in bus.iter_stream(LIFECYCLE_STREAM, subjects=lifecycle_subject(study, "*")):
+        seen += [decode_delivery(m) for m in msgs]
+    assert [d.error for d in seen] == [
+        None,
+        "wrong publisher: 'cli.apply' may not publish StudyFinished (publishers: proposer)",
+        f"wrong publisher: StudyFinished on subject irsi.{study}.TrialProposed (its subject is "
+        f"irsi.{study}.StudyFinished)",
+    ]

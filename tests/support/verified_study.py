@@ -6,17 +6,13 @@ these, so a test of apply needs the whole chain, not a lone ``VerifyCompleted``.
 from __future__ import annotations
 
 from infrarsi import events as ev
-from infrarsi import subjects
 from infrarsi import verification as vf
+from support.owned import owned_event
+
+__all__ = ["Piece", "final", "owned_event", "verification"]
 
 Piece = tuple[object, str | None]
 """A payload and its trial id (``None`` for study-level events)."""
-
-
-def owned_event(payload, *, study_id: str, trial_id: str | None = None, **fields) -> ev.Event:
-    """``payload`` in an envelope from its type's first listed publisher."""
-    source = subjects.route(type(payload).__name__).publishers[0]
-    return ev.make_event(payload, study_id=study_id, trial_id=trial_id, source=source, **fields)
 
 
 def _measured(candidate_key: str, step_s: float) -> ev.TrialMeasured:
