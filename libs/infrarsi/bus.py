@@ -178,6 +178,7 @@ class Bus:
                     reconnected_cb=on_reconnect,
                     error_cb=on_error,
                     **(creds.connect_options() if creds is not None else {}),
+                    **credentials.tls_options(),
                 ),
                 timeout=connect_timeout_s,
             )

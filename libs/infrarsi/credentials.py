@@ -60,6 +60,18 @@ class Credentials:
         return {"nkeys_seed": str(self.seed_file), "inbox_prefix": self.inbox_prefix}
 
 
+TLS_CA_ENV = "INFRARSI_NATS_CA"
+"""A CA file to verify a TLS server with (deploy/nats/secure signs its servers with its own CA)."""
+
+
+def tls_options() -> dict[str, object]:
+    """nats-py ``connect`` arguments for a server with TLS: a context trusting ``$INFRARSI_NATS_CA``, if set."""
+    import ssl
+
+    ca = os.environ.get(TLS_CA_ENV)
+    return {"tls": ssl.create_default_context(cafile=ca)} if ca else {}
+
+
 def inbox_prefix(principal: str) -> str:
     """A principal's own reply subjects (``_INBOX_<name>.…``): nobody else may subscribe to them."""
     return "_INBOX_" + "".join(c if c.isalnum() else "_" for c in principal)
