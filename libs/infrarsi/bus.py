@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import hashlib
 import os
+import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -30,6 +31,7 @@ from nats.js import api
 from infrarsi import credentials, subjects, tracing
 from infrarsi import events as ev
 from infrarsi import subjects as _subjects  # event_batches' parameter shadows the module
+from infrarsi.embedded import running_server_url
 from infrarsi.logs import get_logger
 
 log = get_logger(__name__)
@@ -45,6 +47,11 @@ DEADLETTER_RAW_MAX = 64 * 1024
 """Bytes of a bad message kept in its dead letter: a copy of the whole (up to the server's max payload,
 less base64's third) would itself be refused, and a consumer that cannot park a message cannot move on."""
 DEADLETTER_ERROR_MAX = 2000
+
+
+LOST_AFTER_S = 120.0
+"""How long a client following a data dir's server waits for it to come back before giving up."""
+FOLLOW_POLL_S = 1.0
 
 
 def server_urls(url: str) -> list[str]:
@@ -123,6 +130,9 @@ class Bus:
         self.js = nc.jetstream(timeout=10.0)
         self.service = service
         self.replicas = replicas
+        self.lost: str | None = None
+        """Why the connection was given up (see ``connect(data_dir=…)``); ``None`` while it is not."""
+        self._follower: asyncio.Task | None = None
 
     # ---------------------------------------------------------------- connection
 
@@ -136,12 +146,17 @@ class Bus:
         connect_timeout_s: float = 5.0,
         replicas: int | None = None,
         data_dir: Path | str | None = None,
+        lost_after_s: float = LOST_AFTER_S,
     ) -> Bus:
         """Connect (failing fast with ``BusError`` if the server cannot be reached) and ensure the streams.
 
         ``service`` is also the principal whose credentials authenticate the connection
         (``credentials.for_principal``: ``$INFRARSI_NKEY_FILE``, else ``<data_dir>/creds/<service>.nk``;
         ``data_dir`` defaults to ``$INFRARSI_DATA_DIR``); none found means connecting without.
+
+        ``data_dir``: when ``url`` is the embedded server that ``infrarsi up`` runs there, follow it: if the
+        connection is lost and the server comes back on another port, switch to it; if none is back after
+        ``lost_after_s``, close the connection and set ``lost`` (the next call fails with a clear error).
         """
         holder: dict[str, Bus] = {}
         creds = credentials.for_principal(service, data_dir or os.environ.get("INFRARSI_DATA_DIR"))
@@ -196,12 +211,38 @@ class Bus:
             raise BusError(f"cannot reach NATS at {url}: {cause or type(cause).__name__}{hint}") from None
         bus = cls(nc, service, replicas if replicas is not None else replicas_from_env())
         holder["bus"] = bus
+        if data_dir is not None and running_server_url(data_dir) == url:
+            bus._follower = asyncio.create_task(bus._follow_server(Path(data_dir), lost_after_s), name="follow-server")
         if ensure:
             await bus.ensure_streams()
         return bus
 
+    async def _follow_server(self, data_dir: Path, lost_after_s: float) -> None:
+        """While disconnected, look for the embedded server under ``data_dir`` (restarted, maybe on a new port)."""
+        lost_since: float | None = None
+        while not self.nc.is_closed:
+            await asyncio.sleep(FOLLOW_POLL_S)
+            if self.nc.is_connected:
+                lost_since = None
+                continue
+            lost_since = lost_since or time.monotonic()
+            url = running_server_url(data_dir)
+            pool = [srv.uri.geturl() for srv in self.nc.server_pool]
+            if url is not None and server_urls(url) != pool:
+                log.warning("the NATS server under the data dir moved; following it", old=pool, new=url)
+                with contextlib.suppress(nats.errors.Error):
+                    self.nc.set_server_pool(server_urls(url))
+            elif time.monotonic() - lost_since > lost_after_s:
+                self.lost = (f"lost the NATS server at {', '.join(pool)} for {lost_after_s:.0f}s and no server "
+                             f"runs under {data_dir} (start one with `infrarsi up`)")  # fmt: skip
+                log.error("giving up on NATS", reason=self.lost)
+                await self.nc.close()
+                return
+
     async def close(self) -> None:
         """Drain (finish in-flight deliveries and flush publishes), then close."""
+        if self._follower is not None:
+            self._follower.cancel()
         if self.nc.is_closed:
             return
         try:

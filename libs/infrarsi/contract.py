@@ -11,13 +11,19 @@ Validation runs in two passes. Pydantic checks the shape (types, unknown fields,
 the repo, knobs inside the editable launch keys, the global-batch constraint satisfiable, patches present).
 Both report ``ContractError`` with the field path of every problem.
 
-This module reads files; it never writes, runs git, or talks to the bus.
+A study's contract travels locked in ``StudyCreated.contract`` (``Contract.to_dict``: defaults filled, paths
+absolute); ``locked_contract(created)`` turns it back into a ``Contract``, once per contract. Services and
+commands read it through that, never by walking the dict: the defaults live only in the models here.
+
+This module reads files and lists a workload's tracked files with ``git ls-files``; it never writes, changes
+a repository, or talks to the bus.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import hashlib
 import json
 import os
@@ -30,6 +36,7 @@ from functools import cached_property
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
 
+import msgspec
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -46,7 +53,7 @@ from pydantic import (
 )
 
 from infrarsi import launch, userfiles
-from infrarsi.events import ClusterInfo
+from infrarsi.events import ClusterInfo, StudyCreated
 from infrarsi.launch import KnobsVia, LaunchValueError, SwitchOff
 from infrarsi.policy import Policy
 
@@ -528,6 +535,10 @@ class Budget(_Model):
     """Accelerator-hours for the whole study, failed trials included."""
     repeats_per_trial: int = Field(default=1, ge=1)
     """Runs of each search candidate (doctor may recommend more)."""
+    llm_tokens: int = Field(default=0, ge=0)
+    """Language-model tokens (prompt + completion) the agent may spend on this study; 0 = no agent."""
+    llm_usd: float | None = Field(default=None, ge=0)
+    """Cost cap in US dollars for the agent, at ``agent.usd_per_1k_tokens``; ``None`` = tokens only."""
 
 
 class DoctorSpec(_Model):
@@ -547,6 +558,38 @@ class VerifySpec(_Model):
     passes_required: int = Field(default=2, ge=1)
     """Verification rounds a candidate must pass (every invariant on every run, CI lower bound > 1) to be
     promotable; a failed round ends its verification."""
+
+
+class AgentSpec(_Model):
+    """The study's language model (docs/agent.md). Used only when ``budget.llm_tokens`` > 0 and an endpoint
+    is configured here or by ``INFRARSI_LLM_BASE_URL``/``INFRARSI_LLM_MODEL``. The API key is never written
+    here: it comes from ``INFRARSI_LLM_API_KEY`` or the file ``key_file`` names."""
+
+    base_url: str | None = None
+    """OpenAI-compatible server, e.g. ``http://localhost:8000/v1``; ``None`` = ``$INFRARSI_LLM_BASE_URL``."""
+    model: str | None = None
+    """Model name the server serves; ``None`` = ``$INFRARSI_LLM_MODEL``."""
+    key_file: str | None = None
+    """File holding the API key (first line); ``None`` = ``$INFRARSI_LLM_API_KEY`` or
+    ``$INFRARSI_LLM_API_KEY_FILE``, or no key."""
+    share: float = Field(default=0.25, ge=0, le=1)
+    """At most this share of the study's search trials may be the agent's proposals (origin ``llm``)."""
+    ask_every: int = Field(default=4, ge=1)
+    """The model is asked when the search starts and again after this many finished trials."""
+    max_asks: int = Field(default=4, ge=0)
+    """Exchanges per study, at most."""
+    prior_weight: float = Field(default=0.5, gt=0, le=1)
+    """How much a model's prior counts: its stated std is divided by sqrt(weight) (0.5 → √2 wider)."""
+    max_patches: int = Field(default=3, ge=0)
+    """Diffs kept from one answer, at most."""
+    timeout_s: float = Field(default=60.0, gt=0)
+    """Per HTTP request."""
+    retries: int = Field(default=2, ge=0)
+    """Retries after a timeout, a connection error, HTTP 429 or 5xx (exponential backoff from 1 s)."""
+    max_tokens: int = Field(default=2048, ge=16)
+    """Completion tokens asked for per answer."""
+    usd_per_1k_tokens: float = Field(default=0.0, ge=0)
+    """Price used for ``budget.llm_usd`` and the cost shown in the report."""
 
 
 def _policy_json_schema(schema: dict[str, Any]) -> None:
@@ -579,6 +622,8 @@ class Contract(_Model):
     """Baseline health check."""
     verify: VerifySpec = VerifySpec()
     """Verification of the best candidates."""
+    agent: AgentSpec = AgentSpec()
+    """The language model that may propose candidates, diffs and priors (only with ``budget.llm_tokens``)."""
     policy: Policy | None = Field(default=None, json_schema_extra=_policy_json_schema)
     """Apply policy, inline or as a path relative to the contract file; when absent every change needs one
     approval by role ``owner``."""
@@ -955,6 +1000,20 @@ def contract_from_dict(
         if problems:
             raise ContractError(problems, source)
     return contract
+
+
+def locked_contract(created: StudyCreated) -> Contract:
+    """The contract ``init`` locked into ``created``, validated without touching the disk.
+
+    Cached per contract content: every service and command asking about the same study shares one
+    ``Contract`` (treat it as read-only). Raises ``ContractError`` when the locked contract no longer validates
+    (a log written by another version)."""
+    return _locked(msgspec.json.encode(created.contract))
+
+
+@functools.lru_cache(maxsize=64)
+def _locked(raw: bytes) -> Contract:
+    return contract_from_dict(msgspec.json.decode(raw), check=False)
 
 
 def check_contract(contract: Contract) -> list[Problem]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -51,6 +52,25 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def previous_port(data_dir: Path) -> int | None:
+    """The client port of the last server started over ``data_dir`` (its config stays behind), if free now."""
+    try:
+        config = (data_dir / "nats-server.conf").read_text()
+    except OSError:
+        return None
+    match = re.search(r"^listen: 127\.0\.0\.1:(\d+)$", config, re.MULTILINE)
+    if match is None:
+        return None
+    port = int(match.group(1))
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as nats-server binds: TIME_WAIT is free
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return None  # taken (by something else, or a server still alive): a fresh port instead
+    return port
+
+
 @dataclass
 class EmbeddedServer:
     """One running nats-server process with JetStream, listening on loopback."""
@@ -82,10 +102,13 @@ class EmbeddedServer:
         and may use only that principal's subjects (``infrarsi.credentials``). The stack-starting verbs
         pass it; so does any start over a data directory that already has credentials, so a later verb
         never opens a store that ``infrarsi up`` protected.
+        Without ``port`` it listens where the last server over this data dir did, when that port is free:
+        clients of the killed one (a running ``infrarsi run``, the services) reconnect on their own.
         """
         data_dir = Path(data_dir).absolute()
         data_dir.mkdir(parents=True, exist_ok=True)
-        server = cls(data_dir=data_dir, port=port or free_port(), monitor_port=free_port())
+        port = port or previous_port(data_dir) or free_port()
+        server = cls(data_dir=data_dir, port=port, monitor_port=free_port())
         auth = ""
         if authorize or credentials.has_credentials(data_dir):
             auth = credentials.authorization_block(credentials.ensure(data_dir))

@@ -254,11 +254,26 @@ CREATE OR REPLACE VIEW failures AS
            censored_peak_bytes, memory_capacity_bytes, steps_completed,
            wall_s, coalesce(accelerator_s, measured_accelerator_s, 0.0) AS accelerator_s, finished_at
     FROM trials WHERE status IS NOT NULL AND status <> 'ok';
+CREATE OR REPLACE VIEW agent_exchanges AS
+    SELECT a.study_id, a.payload->>'ask_id' AS ask_id, a.payload->>'purpose' AS purpose,
+           a.payload->>'model' AS model, a.ts AS asked_at, b.ts AS answered_at,
+           CAST(b.payload->>'ok' AS BOOLEAN) AS ok, b.payload->>'error' AS error,
+           CAST(b.payload->>'prompt_tokens' AS BIGINT) AS prompt_tokens,
+           CAST(b.payload->>'completion_tokens' AS BIGINT) AS completion_tokens,
+           CAST(b.payload->>'cost_usd' AS DOUBLE) AS cost_usd,
+           json_array_length(b.payload->'candidates') AS candidates,
+           json_array_length(b.payload->'patches') AS patches, json_array_length(b.payload->'priors') AS priors,
+           json_array_length(b.payload->'refused') AS refused, a.payload->'messages' AS messages,
+           b.payload->>'text' AS answer
+    FROM lifecycle_events a
+    LEFT JOIN lifecycle_events b
+        ON b.type = 'AgentAnswered' AND b.study_id = a.study_id AND b.payload->>'ask_id' = a.payload->>'ask_id'
+    WHERE a.type = 'AgentAsked';
 """
 
 PROJECTION_TABLES: tuple[str, ...] = (
     "events", "lifecycle_events", "studies", "trials", "steps", "failures", "models", "verifications", "bank",
-    "dead_letters", "undecodable", "_positions",
+    "dead_letters", "undecodable", "_positions", "agent_exchanges",
 )
 """Every table (and view) a replay fills, for comparisons of whole databases."""
 

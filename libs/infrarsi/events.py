@@ -311,6 +311,14 @@ class TrialFinished(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     step_seen_s: list[float] = []
     """Launcher's own clock (s since launch) when each step of rank 0 became visible; timing invariant."""
     output_tail: str = ""
+    cpu_pressure: float | None = None
+    """Share of the trial's wall time in which some task on the host waited for a CPU (Linux PSI,
+    ``/proc/pressure/cpu``); ``None`` where the kernel does not report it. The timing invariant's
+    interference signal."""
+    infrastructure: bool = False
+    """The trial failed because of the harness, not the candidate (its launcher was killed mid-trial, or
+    could not handle it): it costs its accelerator time but says nothing about the candidate, which the
+    proposer runs once more."""
     output_steps: list[OutputStep] = []
     """Coarse measurement only: each new step count the job's output showed (``steps_completed`` is the
     last), for a job without a probe."""
@@ -344,6 +352,9 @@ class TrialMeasured(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     invariants_ok: bool
     """Every invariant in ``invariants`` held (those in ``unchecked_invariants`` were not checked)."""
     accelerator_s: float = 0.0
+    interfered: bool = False
+    """Only the timing invariant failed, and the host's CPU pressure during the trial was too high to tell
+    a hack from noise: the trial is re-run (as after an infrastructure failure), the candidate not rejected."""
     coarse: bool = False
     """Measured from outside (the job has no probe): wall time, exit status, process-tree memory, steps
     counted in the output. Step time is the launcher's estimate; tokens, MFU and loss are unknown."""
@@ -490,6 +501,19 @@ class BankResolution(msgspec.Struct, frozen=True, kw_only=True):
     """Proposed first, with origin ``bank``, best first."""
 
 
+class BankFailure(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A lesson a study paid for: an OOM boundary, a patch conflict, an invariant violation."""
+
+    kind: str
+    """The trial status (``oom``, ``patch_conflict``, ``invariant_violation``, ...)."""
+    candidate: Candidate
+    detail: str
+    censored_peak_bytes: float | None = None
+    """OOM only: the peak the run reached before it died (a lower bound of what it needed)."""
+    capacity_bytes: float | None = None
+    """OOM only: the device memory it had."""
+
+
 class BankEntry(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     entry_id: str
     origin_study: str
@@ -497,8 +521,8 @@ class BankEntry(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     time_effects: list[Effect]
     memory_effects: list[Effect]
     winners: list[Candidate] = []
-    failures: list[dict[str, Any]] = []
-    """OOM boundaries, conflicts, invariant violations: ``{"kind": ..., "candidate": ..., "detail": ...}``."""
+    failures: list[BankFailure] = []
+    """OOM boundaries, conflicts, invariant violations."""
 
 
 class StudyFinished(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -507,6 +531,124 @@ class StudyFinished(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     accelerator_s: float
     best_candidate_key: str | None = None
     best_speedup: float | None = None
+
+
+# --------------------------------------------------------------------------------------------------
+# The agent: what a language model was asked and what it answered (libs/infrarsi/agent)
+# --------------------------------------------------------------------------------------------------
+
+AgentPurpose = Literal["contract", "proposals"]
+"""What the model was asked for: a contract draft (``init --ask``) or candidates, diffs and priors."""
+
+AgentRefusalKind = Literal[
+    "not_json",
+    "malformed",
+    "outside_space",
+    "contract_violation",
+    "scope_violation",
+    "patch_conflict",
+    "locked_file_changed",
+    "unknown_feature",
+    "widens_scope",
+    "timeout",
+    "http_error",
+    "budget_exceeded",
+]
+"""Why part (or all) of a model's answer was refused: a name a test and a report can point at."""
+
+
+class AgentMessage(msgspec.Struct, frozen=True, kw_only=True):
+    """One chat message as sent, secrets redacted."""
+
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class AgentKnobProposal(msgspec.Struct, frozen=True, kw_only=True):
+    """A candidate the model proposed and the checks let through (the contract still re-checks it)."""
+
+    candidate: Candidate
+    reason: str = ""
+
+
+class AgentPatch(msgspec.Struct, frozen=True, kw_only=True):
+    """A unified diff the model proposed that passed the library's patch checks on the golden baseline; a
+    patch of the study from here on, ``patch_id`` ``llm-<sha256 prefix of the diff>``."""
+
+    patch_id: str
+    diff: str
+    description: str
+    files: list[str]
+    reason: str = ""
+    expected_time_log_ratio: float = 0.0
+    """The model's expected log(candidate / baseline) of step time (negative = faster)."""
+    expected_memory_log_ratio: float = 0.0
+    prior_std: float = 0.3
+    """Std of the prior the search puts on this patch: the model's stated confidence, widened by its weight."""
+
+
+class AgentPrior(msgspec.Struct, frozen=True, kw_only=True):
+    """A knowledge-base override the model proposed: an encoded feature's effect on log step time or memory."""
+
+    feature: str
+    """As the models encode it: ``autocast_dtype=bfloat16``, ``micro_batch_size:log2``, ``patch:<id>``."""
+    target: Literal["time", "memory"] = "time"
+    mean: float
+    std: float
+    """The model's stated std, divided by sqrt(weight): a prior that measurements overrule."""
+    weight: float
+    reason: str = ""
+
+
+class AgentRefusal(msgspec.Struct, frozen=True, kw_only=True):
+    """A part of an answer that was refused, by name."""
+
+    kind: AgentRefusalKind
+    item: str
+    """What was refused: ``answer``, ``candidate 2``, ``diff 1``, ``prior micro_batch_size:log2``."""
+    detail: str
+
+
+class AgentAsked(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """The proposer (or ``init --ask``) asked the study's language model something; the prompt as sent,
+    secrets redacted. Replay shows it; it never sends it again."""
+
+    ask_id: str
+    purpose: AgentPurpose
+    model: str
+    endpoint: str
+    """Base URL of the OpenAI-compatible server (no credentials)."""
+    messages: list[AgentMessage]
+    max_tokens: int
+    tokens_spent_before: int = 0
+    """Tokens of the study's ``budget.llm_tokens`` spent by earlier exchanges."""
+
+
+class AgentAnswered(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """What the model said to ``ask_id`` (redacted) and what of it passed the checks. The proposer's fold
+    reads proposals only from here, so a replay reproduces them without calling the model."""
+
+    ask_id: str
+    ok: bool
+    """False when no usable answer came back (``error`` names why); refusals of parts leave it True."""
+    text: str = ""
+    error: AgentRefusalKind | None = None
+    detail: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    attempts: int = 1
+    latency_s: float = 0.0
+    candidates: list[AgentKnobProposal] = []
+    patches: list[AgentPatch] = []
+    priors: list[AgentPrior] = []
+    refused: list[AgentRefusal] = []
+    contract: dict[str, Any] | None = None
+    """``purpose: contract``: the drafted contract as validated (``None`` if refused)."""
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
 
 
 Payload = (
@@ -527,6 +669,8 @@ Payload = (
     | PatchPromoted
     | BankEntry
     | StudyFinished
+    | AgentAsked
+    | AgentAnswered
 )
 
 PAYLOAD_TYPES: tuple[type, ...] = Payload.__args__  # type: ignore[attr-defined]

@@ -29,6 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 
@@ -227,6 +228,20 @@ class MemoryWatchdog(threading.Thread):
             if not any(is_live(r) for r in self._roots):
                 return
             self._stopping.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
+
+
+PSI_CPU = Path("/proc/pressure/cpu")
+
+
+def cpu_stall_s() -> float | None:
+    """Seconds, since boot, in which some task on the host waited for a CPU (PSI ``some total``); ``None``
+    where the kernel has no pressure accounting. The difference over a trial is its interference."""
+    try:
+        first = PSI_CPU.read_text().split("\n", 1)[0]
+    except OSError:
+        return None
+    total = next((f for f in first.split() if f.startswith("total=")), None)
+    return int(total.removeprefix("total=")) / 1e6 if total is not None else None
 
 
 def is_live(proc: psutil.Process) -> bool:

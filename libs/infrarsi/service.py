@@ -36,13 +36,14 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import ClassVar, Protocol
 
 import structlog
 
 from infrarsi import events as ev
 from infrarsi import tracing
-from infrarsi.bus import Bus, Delivery
+from infrarsi.bus import Bus, BusError, Delivery
 from infrarsi.embedded import resolve_nats_url
 from infrarsi.logs import get_logger, setup_logging
 from infrarsi.subjects import LIFECYCLE_STREAM, PING_SUBJECT, heartbeat_subject, stream_for_type
@@ -480,23 +481,37 @@ async def _stop_when_orphaned(parent_pid: int, stopping: asyncio.Event) -> None:
         await asyncio.sleep(PARENT_POLL_S)
 
 
-async def serve(service: Service, nats_url: str) -> None:
-    """Run ``service`` until SIGTERM/SIGINT (or, started by a stack, until that stack's process is gone)."""
-    bus = await Bus.connect(nats_url, service=service.name)
+async def _stop_when_lost(bus: Bus, stopping: asyncio.Event) -> None:
+    while bus.lost is None:
+        await asyncio.sleep(1.0)
+    stopping.set()
+
+
+async def serve(service: Service, nats_url: str, data_dir: Path | None = None) -> None:
+    """Run ``service`` until SIGTERM/SIGINT (or, started by a stack, until that stack's process is gone).
+
+    With ``data_dir`` it follows the embedded server there (``Bus.connect``); when the bus gives up on it,
+    the service stops and exits non-zero, for its supervisor (``infrarsi up``, systemd) to restart it.
+    """
+    bus = await Bus.connect(nats_url, service=service.name, data_dir=data_dir)
     runner = Runner(service, bus)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, runner.stopping.set)
     parent = os.environ.get(PARENT_PID_ENV, "")
     watch = asyncio.create_task(_stop_when_orphaned(int(parent), runner.stopping)) if parent.isdigit() else None
+    lost = asyncio.create_task(_stop_when_lost(bus, runner.stopping))
     try:
         await runner.run()
     finally:
+        lost.cancel()
         if watch is not None:
             watch.cancel()
         await bus.close()
         tracing.shutdown_tracing()
         log.info("service stopped")
+    if bus.lost is not None:
+        raise BusError(bus.lost)
 
 
 def main(service_factory: type[Service]) -> None:
@@ -516,7 +531,7 @@ def main(service_factory: type[Service]) -> None:
         raise SystemExit(2)
     os.environ.setdefault("INFRARSI_DATA_DIR", args.data_dir)
     try:
-        asyncio.run(serve(service_factory(), url))
+        asyncio.run(serve(service_factory(), url, Path(args.data_dir)))
     except Exception as exc:  # noqa: BLE001 — top of the process: report and exit non-zero
         log.exception("service crashed", error=repr(exc))
         raise SystemExit(1) from None

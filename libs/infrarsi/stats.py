@@ -18,9 +18,15 @@ Definitions (also in docs/trials.md):
 - **straggler**: a rank whose steady median exceeds the median of the other ranks' medians by more than
   ``max(k · σ̂_pooled, 5 %)``.
 - **timing invariant**: over the steady steps, the launcher's own clock (``TrialFinished.step_seen_s``,
-  when each rank-0 step became visible in the probe's file) must agree with the sum of reported step times
-  within the contract's tolerance. Intervals next to an eval step are left out: eval is not part of a
-  training step.
+  when each rank-0 step became visible in the probe's file) must agree with the reported step times.
+  Each steady interval gives a ratio reported / launcher-seen; their **median** must be within
+  ``tolerance + 3 · doctor noise CV + 3 · standard error of that median`` of 1. Intervals next to an eval
+  step are left out: eval is not part of a training step. Why the median and the allowance: a reward hack
+  that slows the probe's clock moves *every* interval by the same factor (median far from 1, little
+  spread), while a loaded host stretches some intervals (descheduled between two records, the launcher
+  late to see one) and leaves the median near 1 with a wide spread, which widens the allowance. A trial
+  that still fails while the host's CPU pressure during it was ``≥ INTERFERENCE_RERUN`` is marked
+  ``interfered``: its verdict is not about the candidate, and it is re-run instead of rejected.
 """
 
 from __future__ import annotations
@@ -248,33 +254,64 @@ class InvariantSpec:
     tokens: bool = True
     eval: bool = True
     timing_tolerance: float = 0.10
+    noise_cv: float = 0.0
+    """The doctor's run-to-run CV of the baseline on this host (0 before the doctor ran): widens the timing
+    allowance on a host whose timings vary."""
     global_batch: int | None = None
     """Sequences per optimiser step, when the contract fixes it (tokens per step must be a multiple)."""
 
 
-def timing_check(series: Series, step_seen_s: Sequence[float], tolerance: float) -> ev.InvariantResult:
-    """Launcher wall clock over the steady steps vs the sum of the probe's step times (see module doc)."""
+INTERFERENCE_RERUN = 0.25
+"""Host CPU pressure (share of a trial's wall time in which some task waited for a CPU, ``TrialFinished.
+cpu_pressure``) at or above which a failed timing check says more about the host than about the candidate."""
+MEDIAN_SE = 1.2533
+"""Standard error of a median = 1.2533 · σ / √n (normal samples)."""
+
+
+def timing_ratios(series: Series, step_seen_s: Sequence[float]) -> list[float]:
+    """Reported step time / launcher-seen interval, for each steady interval not next to an eval."""
     n = min(len(step_seen_s), len(series.rank0_times))
     eval_steps = set(series.eval_steps)
-    wall = reported = 0.0
-    used = 0
+    ratios = []
     for i in range(max(series.warmup_steps, 1), n):
         if series.rank0_steps[i - 1] in eval_steps or series.rank0_steps[i] in eval_steps:
             continue  # an eval ran next to this interval (before or after its record was written)
-        wall += float(step_seen_s[i] - step_seen_s[i - 1])
-        reported += float(series.rank0_times[i])
-        used += 1
-    if used < 3 or wall <= 0:
-        return ev.InvariantResult(name="timing", ok=True, detail=f"not checked: {used} comparable steady steps")
-    error = abs(wall - reported) / wall
-    return ev.InvariantResult(
-        name="timing",
-        ok=bool(error <= tolerance),
-        detail=f"launcher wall {wall:.3f}s vs reported {reported:.3f}s over {used} steady steps ({error:.1%} apart)",
-        observed=reported,
-        expected=wall,
-        tolerance=tolerance,
-    )
+        wall = float(step_seen_s[i] - step_seen_s[i - 1])
+        if wall > 0:
+            ratios.append(float(series.rank0_times[i]) / wall)
+    return ratios
+
+
+def timing_check(
+    series: Series,
+    step_seen_s: Sequence[float],
+    tolerance: float,
+    *,
+    noise_cv: float = 0.0,
+    cpu_pressure: float | None = None,
+) -> ev.InvariantResult:
+    """The probe's step times vs the launcher's own clock (see the module doc for the rule and why)."""
+    ratios = timing_ratios(series, step_seen_s)
+    if len(ratios) < 3:
+        return ev.InvariantResult(name="timing", ok=True, detail=f"not checked: {len(ratios)} comparable steady steps")
+    observed = median(ratios)
+    standard_error = MEDIAN_SE * robust_sigma(ratios) / math.sqrt(len(ratios))
+    allowed = tolerance + 3.0 * max(noise_cv, 0.0) + 3.0 * standard_error
+    error = abs(observed - 1.0)
+    ok = bool(error <= allowed)
+    detail = (f"reported / launcher-seen step time {observed:.3f} (median of {len(ratios)} steady steps), "
+              f"{error:.1%} off; allowed {allowed:.1%} = tolerance {tolerance:.0%} + 3 × noise {max(noise_cv, 0):.1%} "
+              f"+ 3 × s.e. {standard_error:.1%}")
+    if cpu_pressure is not None:
+        detail += f"; host CPU pressure {cpu_pressure:.0%}"
+        if not ok and cpu_pressure >= INTERFERENCE_RERUN:
+            detail += " (measured under interference: re-run, not a verdict)"
+    return ev.InvariantResult(name="timing", ok=ok, detail=detail, observed=observed, expected=1.0, tolerance=allowed)
+
+
+def interfered(result: ev.InvariantResult, cpu_pressure: float | None) -> bool:
+    """A failed timing verdict taken while the host was too loaded to tell a hack from noise."""
+    return result.name == "timing" and not result.ok and cpu_pressure is not None and cpu_pressure >= INTERFERENCE_RERUN
 
 
 def _loss_checkpoints(spec: InvariantSpec, trial: Series, base: Series) -> tuple[str, list[tuple[int, float, float]]]:
@@ -331,7 +368,8 @@ def check_invariants(
         results.append(_eval_check(trial, baseline))
     if baseline is not None:
         results.append(loss_check(spec, trial, baseline))
-    results.append(timing_check(trial, finished.step_seen_s, spec.timing_tolerance))
+    results.append(timing_check(trial, finished.step_seen_s, spec.timing_tolerance, noise_cv=spec.noise_cv,
+                                cpu_pressure=finished.cpu_pressure))
     return results
 
 
@@ -430,6 +468,8 @@ def measure(
     status: ev.TrialStatus = finished.status
     if status == "ok" and not invariants_ok:
         status = "invariant_violation"
+    failed = [r for r in invariants if not r.ok]
+    under_interference = bool(failed) and all(interfered(r, finished.cpu_pressure) for r in failed)
     tokens_per_step = median(series.tokens_per_step[series.warmup_steps :] or series.tokens_per_step) if series.steps else 0.0
     devices = series.world_size or finished.ranks
     utilisation = mfu(series.flops_per_step, series.step_time_s, peak_flops_per_device, devices)
@@ -458,6 +498,7 @@ def measure(
         invariants=invariants,
         invariants_ok=invariants_ok,
         accelerator_s=finished.accelerator_s,
+        interfered=under_interference and finished.status == "ok",
     )
     return measured, series
 

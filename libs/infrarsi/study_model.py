@@ -32,9 +32,9 @@ from infrarsi.trial_ledger import TrialLedger, TrialOutcome
 
 def observation(study: StudySpace, outcome: TrialOutcome) -> Observation | None:
     """The modeling observation of a trial outcome; ``None`` when its candidate is unknown or outside the
-    study's space (a manual candidate, say)."""
-    if outcome.candidate is None:
-        return None
+    study's space (a manual candidate, say), or when the harness, not the candidate, failed."""
+    if outcome.candidate is None or outcome.infrastructure:
+        return None  # an infrastructure failure is not the candidate's: the models learn nothing from it
     try:
         c = study.from_event(outcome.candidate)
     except CandidateOutsideSpace:

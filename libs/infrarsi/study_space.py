@@ -25,7 +25,7 @@ Reads the disk only in ``load_study_space`` (the golden launch file and the patc
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,8 +40,8 @@ from infrarsi.contract import (
     FloatKnob,
     IntKnob,
     PatchInfo,
-    contract_from_dict,
     get_dotted,
+    locked_contract,
 )
 from infrarsi.modeling.memory_model import TransformerMeta
 from infrarsi.modeling.priors import KnowledgeBase, default_knowledge_base
@@ -131,6 +131,8 @@ class StudySpace:
     """What the conversion had to assume (a launch file that could not be read, a patch without metadata)."""
     bank_features: frozenset[str] = frozenset()
     """Encoded features whose time prior comes from the experience bank (``with_bank``)."""
+    agent_features: frozenset[str] = frozenset()
+    """Encoded features whose prior comes from the language model (``with_agent``)."""
 
     # ---------------------------------------------------------------------------------------- building
 
@@ -199,6 +201,36 @@ class StudySpace:
         space, kb = with_priors(self.space, self.kb, time, memory)
         return dataclasses.replace(self, space=space, kb=kb, bank_features=frozenset(time) | frozenset(memory))
 
+    def with_agent(self, patches: Iterable[ev.AgentPatch] = (), priors: Iterable[ev.AgentPrior] = ()) -> StudySpace:
+        """This study with the agent's accepted diffs as patches of the study (their ids added to the contract's
+        ``search_space.patches``, so every later ``contract_problems`` check knows them) and its priors laid over
+        the knowledge base (``AgentPrior.std`` already widened by the contract's ``agent.prior_weight``). Pure,
+        so the proposer and the modeler agree. Diffs are medium risk to the invariant model: unreviewed code."""
+        patches = [p for p in patches if p.patch_id not in {q.id for q in self.space.patches}]
+        priors = list(priors)
+        if not patches and not priors:
+            return self
+        new = tuple(Patch(p.patch_id, description=p.description,
+                          time_prior=(p.expected_time_log_ratio, p.prior_std),
+                          memory_prior=(p.expected_memory_log_ratio, p.prior_std),
+                          invariant_prior=_INVARIANT_PRIOR["medium"], risk="medium") for p in patches)
+        space = dataclasses.replace(self.space, patches=self.space.patches + new)
+        contract = self.contract
+        if patches:
+            search = contract.search_space.model_copy(
+                update={"patches": [*contract.search_space.patches, *(p.patch_id for p in patches)]})
+            contract = contract.model_copy(update={"search_space": search})
+        time = {p.feature: (p.mean, p.std) for p in priors if p.target == "time"}
+        memory = {p.feature: (p.mean, p.std) for p in priors if p.target == "memory"}
+        kb = self.kb
+        if time or memory:
+            from infrarsi.bank.adapt import with_priors
+
+            space, kb = with_priors(space, kb, time, memory)
+        features = frozenset(time) | frozenset(memory) | {f"patch:{p.patch_id}" for p in patches}
+        return dataclasses.replace(self, contract=contract, space=space, kb=kb,
+                                   agent_features=self.agent_features | features)
+
     # ---------------------------------------------------------------------------------------- candidates
 
     def binding(self, name_or_key: str) -> KnobBinding:
@@ -262,6 +294,8 @@ class StudySpace:
 
     def prior_source(self, spec: FeatureSpec) -> str:
         """Where the prior of one encoded feature comes from."""
+        if spec.name in self.agent_features:
+            return "llm"
         if spec.name in self.bank_features:
             return "bank"
         if spec.kind == "patch":
@@ -285,7 +319,7 @@ class StudySpace:
 def load_study_space(created: ev.StudyCreated) -> StudySpace:
     """``StudySpace`` of a study: the locked contract, its golden launch file and patch library from the
     workload repo. A launch file or library that cannot be read is noted, not fatal (flat priors)."""
-    contract = contract_from_dict(created.contract, check=False)
+    contract = locked_contract(created)
     notes = []
     launch: dict[str, Any] | None = None
     try:

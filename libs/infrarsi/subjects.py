@@ -100,6 +100,10 @@ ROUTES: tuple[Route, ...] = (
     _route("PatchPromoted", ("cli.apply",), ("reporter",)),
     _route("BankEntry", ("reporter", "cli.bank"), ("reporter",)),
     _route("StudyFinished", ("proposer",), ("reporter",)),
+    # The agent (libs/infrarsi/agent): the proposer asks the study's language model and records its answer;
+    # ``init --ask`` records the contract draft's exchange.
+    _route("AgentAsked", ("proposer", "cli.init"), ("reporter",)),
+    _route("AgentAnswered", ("proposer", "cli.init"), ("reporter",)),
 )
 ROUTES_BY_TYPE: dict[str, Route] = {route.event_type: route for route in ROUTES}
 

@@ -39,6 +39,9 @@ class TrialOutcome:
     """Max over ranks; for an OOM the censoring bound (the peak seen before the kill)."""
     accelerator_s: float
     detail: str = ""
+    infrastructure: bool = False
+    """Failed because of the harness (``TrialFinished.infrastructure``, or a timing verdict taken under
+    interference, ``TrialMeasured.interfered``): no evidence about the candidate."""
 
 
 @dataclass
@@ -99,7 +102,7 @@ class TrialLedger:
             if f.status == "oom" and not peak:
                 peak = f.peak_memory_bytes or None
             t.outcome = TrialOutcome(trial_id, candidate, kind, _FAILED_STATUS[f.status], None,
-                                     float(peak) if peak else None, f.accelerator_s, f.reason)
+                                     float(peak) if peak else None, f.accelerator_s, f.reason, f.infrastructure)
         elif m is None:
             return None
         else:
@@ -108,6 +111,10 @@ class TrialLedger:
             else:
                 status = _FAILED_STATUS[m.status]
             failed = ", ".join(i.name for i in m.invariants if not i.ok)
+            if m.interfered:
+                t.outcome = TrialOutcome(trial_id, candidate, kind, "crash", None, None, f.accelerator_s,
+                                         f"measured under interference ({failed} failed): re-run", True)
+                return t.outcome
             peak = max(m.peak_memory_bytes) if m.peak_memory_bytes else (f.peak_memory_bytes or None)
             t.outcome = TrialOutcome(trial_id, candidate, kind, status,
                                      m.step_time_s if m.step_time_s > 0 else None,

@@ -39,10 +39,10 @@ from pathlib import Path
 
 import msgspec
 import yaml
-from infrarsi import credentials, stats, tracing, workspace
+from infrarsi import credentials, procs, stats, tracing, workspace
 from infrarsi import events as ev
 from infrarsi.backends import Backend, JobHandle, JobResult, JobSpec, make_backend
-from infrarsi.contract import Contract, ContractError, contract_from_dict, load_patch_library
+from infrarsi.contract import Contract, ContractError, load_patch_library, locked_contract
 from infrarsi.launch import LaunchValueError
 from infrarsi.logs import get_logger
 from infrarsi.service import Outbox, Service
@@ -160,7 +160,7 @@ class LauncherService(Service):
         capacity = study.cluster.memory_capacity_bytes if study is not None else 0
         tdir = self.state_root / event.trial_id
         tdir.mkdir(parents=True, exist_ok=True)
-        finished = ev.TrialFinished(status="crash", reason=reason, memory_capacity_bytes=capacity)
+        finished = ev.TrialFinished(status="crash", reason=reason, memory_capacity_bytes=capacity, infrastructure=True)
         await self._finish(out, tdir, finished, republish_from=tdir / "probe", trial_id=event.trial_id,
                            study_id=event.study_id)  # fmt: skip
 
@@ -168,7 +168,7 @@ class LauncherService(Service):
         created = event.payload
         assert isinstance(created, ev.StudyCreated)
         try:
-            contract = contract_from_dict(created.contract, check=False)
+            contract = locked_contract(created)
         except ContractError as exc:
             log.error("unusable contract in StudyCreated", study_id=event.study_id, error=str(exc))
             return
@@ -199,7 +199,7 @@ class LauncherService(Service):
             await self._finish(
                 out, tdir, ev.TrialFinished(
                     status="cancelled", reason="the launcher was stopped or killed mid-trial; its processes were reaped",
-                    wall_s=wall, ranks=ranks, accelerator_s=ranks * wall, warmup_accelerator_s=ranks * wall,
+                    infrastructure=True, wall_s=wall, ranks=ranks, accelerator_s=ranks * wall, warmup_accelerator_s=ranks * wall,
                     memory_capacity_bytes=study.cluster.memory_capacity_bytes,
                     steps_completed=len(_rank0_records(tdir / "probe")),
                 ),
@@ -291,6 +291,7 @@ class LauncherService(Service):
             memory_capacity_bytes=_emulated_capacity(study.cluster),
         )
         backend = self.backend(contract.backend.kind)
+        stall_before = procs.cpu_stall_s()
         try:
             handle = await asyncio.to_thread(backend.submit, spec)
         except OSError as exc:
@@ -323,7 +324,11 @@ class LauncherService(Service):
             job = await asyncio.to_thread(backend.collect, handle)
         finally:
             self.running.pop(spec.name, None)
-        finished = self._account(job, spec, tail, candidate, study)
+        stall_after = procs.cpu_stall_s()
+        pressure = None
+        if stall_before is not None and stall_after is not None and job.wall_s > 0:
+            pressure = min(1.0, max(0.0, (stall_after - stall_before) / job.wall_s))
+        finished = msgspec.structs.replace(self._account(job, spec, tail, candidate, study), cpu_pressure=pressure)
         if output is not None:
             finished = _with_output_steps(finished, output, job)
         return finished

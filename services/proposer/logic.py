@@ -31,8 +31,10 @@ the contract's locked ``budget.trials``; a later, larger request extends a finis
 recorded in ``StudyCreated.bank``: origin ``bank``; then the prior's best guess, then space-filling seeds:
 origins ``prior``/``seed``; the priors themselves are the bank-adjusted ones, ``StudySpace.with_bank``), then one suggestion per freed slot (origins ``ei``/``pairing``), each
 with the model's ``Prediction`` and the searcher's reason. A trial is done when its failed ``TrialFinished``
-arrives, or its ok ``TrialFinished`` *and* its ``TrialMeasured`` (``TrialLedger``). Never proposes a
-candidate twice (the searcher excludes observed and pending candidates; ``events.Candidate.key()`` is
+arrives, or its ok ``TrialFinished`` *and* its ``TrialMeasured`` (``TrialLedger``). A trial that failed
+because of the harness (``TrialFinished.infrastructure``: its launcher was killed mid-trial) costs its
+accelerator time but not the candidate: it is re-run once, outside the trial budget, and the models never
+see the failure. Never proposes a candidate twice otherwise (the searcher excludes observed and pending candidates; ``events.Candidate.key()`` is
 checked again here), never a candidate the contract rejects. Stops when the trial budget is proposed, when
 the next trial would overrun the accelerator-hours (spent = every ``TrialFinished.accelerator_s`` of the
 study, doctor and failed trials included; the next trial's cost is estimated from the search trials so far),
@@ -51,6 +53,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+import msgspec
 from infrarsi import events as ev
 from infrarsi import verification as vf
 from infrarsi.events import RunRequested
@@ -70,6 +73,9 @@ class Proposal:
     candidate: Candidate
     key: str
     """``events.Candidate.key()`` of the proposed candidate."""
+    retry_of: str | None = None
+    """The trial this one re-runs after an infrastructure failure; a retry does not count against the budget's
+    trials (the candidate was not used up), only its accelerator time does."""
 
 
 @dataclass
@@ -93,6 +99,11 @@ class _Study:
     stop_reason: str = ""
     verify_keys: list[str] = field(default_factory=list)
     verdicts: dict[str, ev.VerifyCompleted] = field(default_factory=dict)
+
+    @property
+    def trials_used(self) -> int:
+        """Search trials counted against the budget: every proposal but the re-runs of infrastructure failures."""
+        return sum(1 for p in self.proposals if p.retry_of is None)
 
 
 class ProposerState(Fold):
@@ -148,9 +159,9 @@ class ProposerState(Fold):
         study.target_trials = min(request.trials or budget.trials, budget.trials)
         study.parallel = max(1, request.parallel or study.space.contract.backend.parallel)
         if study.phase in ("idle", "finished"):
-            if study.target_trials <= len(study.proposals):
+            if study.target_trials <= study.trials_used:
                 study.phase = "finished"
-                return [self._finished(study, f"trial budget already spent ({len(study.proposals)} search trials)")]
+                return [self._finished(study, f"trial budget already spent ({study.trials_used} search trials)")]
             study.phase = "searching"
             study.stop_reason = ""
             study.verify_keys, study.verdicts = [], {}
@@ -160,6 +171,9 @@ class ProposerState(Fold):
         if outcome is None:
             return []
         study.outcomes.append(outcome)
+        retry = self._retry(study, outcome)
+        if retry is not None:
+            return [retry]
         if study.searcher is not None and study.space is not None:
             obs = observation(study.space, outcome)
             if obs is not None:
@@ -180,6 +194,19 @@ class ProposerState(Fold):
         summary = f"{len(promotable)} of {len(study.verify_keys)} verified candidates promotable"
         return [self._finished(study, f"{study.stop_reason}; {summary}", best)]
 
+    def _retry(self, study: _Study, outcome: TrialOutcome) -> Emission | None:
+        """The same candidate once more after an infrastructure failure of a search trial (not of a retry)."""
+        proposal = next((p for p in study.proposals if p.trial_id == outcome.trial_id), None)
+        failed = study.ledger.trials[outcome.trial_id].proposed
+        if (not outcome.infrastructure or proposal is None or proposal.retry_of is not None or failed is None
+                or study.phase != "searching"):  # fmt: skip
+            return None
+        trial_id = ev.derived_id(outcome.trial_id, "retry")
+        payload = msgspec.structs.replace(failed, reason=f"re-run of trial {outcome.trial_id} ({outcome.detail[:200]})")
+        study.proposals.append(Proposal(trial_id, proposal.candidate, proposal.key, retry_of=outcome.trial_id))
+        study.ledger.proposed(trial_id, payload)
+        return Emission(payload, study.study_id, trial_id, f"retry:{outcome.trial_id}")
+
     # ------------------------------------------------------------------------------------------- search
 
     def _searcher(self, study: _Study) -> Searcher:
@@ -199,12 +226,12 @@ class ProposerState(Fold):
         out: list[Emission] = []
         while True:
             in_flight = [p for p in study.proposals if study.ledger.outcome(p.trial_id) is None]
-            left = study.target_trials - len(study.proposals)
+            left = study.target_trials - study.trials_used
             spent = study.ledger.accelerator_s
             next_cost = self._cost_estimate(study) * (len(in_flight) + repeats)
             if not study.stop_reason:
                 if left <= 0:
-                    study.stop_reason = f"trial budget spent ({len(study.proposals)} search trials)"
+                    study.stop_reason = f"trial budget spent ({study.trials_used} search trials)"
                 elif spent >= budget_s or (next_cost > 0 and spent + next_cost > budget_s):
                     study.stop_reason = (f"accelerator budget: {spent / 3600:.3g} of {budget_s / 3600:.3g} h spent, "
                                          f"the next trial would overrun it")

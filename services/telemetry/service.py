@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
 from infrarsi import events as ev
 from infrarsi import stats
-from infrarsi.contract import ContractError, contract_from_dict
+from infrarsi.contract import ContractError, locked_contract
 from infrarsi.logs import get_logger
 from infrarsi.service import Outbox, Service
 from infrarsi.subjects import TELEMETRY_STREAM, telemetry_subject
@@ -144,9 +145,9 @@ class TelemetryService(Service):
         """Update the read model (also used by the replay)."""
         trial_id = event.trial_id or ""
         match event.payload:
-            case ev.StudyCreated(contract=raw, cluster=cluster):
+            case ev.StudyCreated(cluster=cluster) as created:
                 try:
-                    contract = contract_from_dict(raw, check=False)
+                    contract = locked_contract(created)
                 except ContractError as exc:
                     log.error("unusable contract", study_id=event.study_id, error=str(exc))
                     return
@@ -164,10 +165,12 @@ class TelemetryService(Service):
                     coarse=contract.workload.measurement.kind == "coarse",
                     counts_steps=contract.workload.measurement.step_regex is not None,
                 )  # fmt: skip
-            case ev.DoctorCompleted(peak_flops_measured=peak):
+            case ev.DoctorCompleted(peak_flops_measured=peak, run_to_run_cv=cv):
                 study = self.studies.get(event.study_id)
                 if study is not None and peak and not study.cluster.peak_flops:
                     study.peak_flops = peak
+                if study is not None and cv > 0:  # the host's measured noise widens the timing allowance
+                    study.spec = dataclasses.replace(study.spec, noise_cv=cv)
             case ev.TrialProposed() as proposed:
                 if trial_id not in self.measured:
                     self._trial(event).proposed = proposed

@@ -27,37 +27,36 @@ passed, plan the next round; a failed round ends the verification (pass twice *i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from infrarsi import events as ev
 from infrarsi import verification as vf
+from infrarsi.contract import Contract, ContractError, VerifySpec, locked_contract
+from infrarsi.logs import get_logger
 from infrarsi.service import Emission, Fold
 
-DEFAULT_PASSES_REQUIRED = 2
-DEFAULT_REPEATS = 3
+log = get_logger(__name__)
+
+_VERIFY_DEFAULTS = VerifySpec()
+"""The contract's own defaults, for a request about a study whose contract this verifier cannot read."""
 
 
 @dataclass(frozen=True)
 class StudyRules:
     """What the verifier needs of a study's contract."""
 
-    passes_required: int = DEFAULT_PASSES_REQUIRED
-    repeats: int = DEFAULT_REPEATS
+    passes_required: int = _VERIFY_DEFAULTS.passes_required
+    repeats: int = _VERIFY_DEFAULTS.repeats
     verify_steps: int | None = None
     loss_rule: vf.LossRule = vf.LossRule()
 
     @classmethod
-    def from_contract(cls, contract: dict[str, Any]) -> StudyRules:
-        verify = contract.get("verify") or {}
-        loss = (contract.get("invariants") or {}).get("loss") or {}
+    def from_contract(cls, contract: Contract) -> StudyRules:
+        loss = contract.invariants.loss
         return cls(
-            passes_required=int(verify.get("passes_required", DEFAULT_PASSES_REQUIRED)),
-            repeats=int(verify.get("repeats", DEFAULT_REPEATS)),
-            verify_steps=(contract.get("workload") or {}).get("verify_steps"),
-            loss_rule=vf.LossRule(
-                tolerance=float(loss.get("tolerance", vf.LossRule.tolerance)),
-                mode=loss.get("mode", vf.LossRule.mode),
-            ),
+            passes_required=contract.verify.passes_required,
+            repeats=contract.verify.repeats,
+            verify_steps=contract.workload.verify_steps,
+            loss_rule=vf.LossRule(tolerance=loss.tolerance, mode=loss.mode),
         )
 
 
@@ -92,8 +91,11 @@ class VerifierLogic(Fold):
 
     def _apply(self, event: ev.Event) -> list[Emission]:
         match event.payload:
-            case ev.StudyCreated(contract=contract):
-                self.rules[event.study_id] = StudyRules.from_contract(contract)
+            case ev.StudyCreated() as created:
+                try:
+                    self.rules[event.study_id] = StudyRules.from_contract(locked_contract(created))
+                except ContractError as exc:  # the launcher refuses its trials too; requests get the defaults
+                    log.error("unusable contract in StudyCreated", study_id=event.study_id, error=str(exc))
                 out: list[Emission] = []
             case ev.VerifyRequested() as request:
                 out = self._on_request(event, request)

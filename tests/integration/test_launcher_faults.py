@@ -59,5 +59,6 @@ async def test_a_failing_handler_is_retried_then_finished_as_a_crash_never_dead_
     finished = await harness.wait_for(trial, "TrialFinished", timeout_s=60.0)
     assert finished.status == "crash"
     assert f"failed {MAX_DELIVER}x" in finished.reason and "unknown to the launcher" in finished.reason
+    assert finished.infrastructure
     info = await harness.bus.js.stream_info(LIFECYCLE_STREAM, subjects_filter=deadletter_subject("launcher"))
     assert not info.state.subjects, "a valid event is never dead-lettered"

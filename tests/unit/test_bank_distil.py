@@ -48,11 +48,11 @@ def test_distil_keeps_the_lesson_and_drops_the_workload() -> None:
     # verified first; the candidate whose verification failed an invariant is never a winner; slower than the
     # baseline neither; the invariant violation is not a winner either
     assert entry.winners == [cand(2)]
-    kinds = [(f["kind"], f["candidate"]["knobs"]["micro_batch"]) for f in entry.failures]
+    kinds = [(f.kind, f.candidate.knobs["micro_batch"]) for f in entry.failures]
     assert kinds == [("oom", 8), ("invariant_violation", 2), ("invariant_violation", 4)]
     oom = entry.failures[0]
-    assert oom["censored_peak_bytes"] == 79e9 and oom["capacity_bytes"] == 80e9
-    assert len(oom["detail"]) == MAX_DETAIL_CHARS
+    assert oom.censored_peak_bytes == 79e9 and oom.capacity_bytes == 80e9
+    assert len(oom.detail) == MAX_DETAIL_CHARS
 
 
 def test_distil_is_deterministic_and_the_event_id_follows_the_content() -> None:

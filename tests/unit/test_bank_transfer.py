@@ -93,7 +93,7 @@ def test_seeds_rank_by_similarity_skip_failures_and_adapt() -> None:
     good = ev.Candidate(knobs={"micro_batch": 2}, patches=["fused_kernels"])
     second = ev.Candidate(knobs={"micro_batch": 4})
     broken = ev.Candidate(knobs={"micro_batch": 8}, patches=["fp8_linear"])
-    failure = {"kind": "invariant_violation", "candidate": msgspec.to_builtins(broken), "detail": "loss"}
+    failure = ev.BankFailure(kind="invariant_violation", candidate=broken, detail="loss")
     bank = [entry("a100", A100, winners=[good, broken], failures=[failure]),
             entry("h100", H100, winners=[second, good])]
     seeds = bank_seeds(bank, H100)

@@ -185,7 +185,7 @@ def test_the_reporter_fold_distils_a_finished_study_once_and_replays_identically
     revision = fold.apply(envelope(late, source="verifier"))
     assert len(revision) == 1 and revision[0].payload.entry_id == entry.entry_id
     assert revision[0].event_id != bank_event.event_id
-    assert any(f["kind"] == "invariant_violation" for f in revision[0].payload.failures)
+    assert any(f.kind == "invariant_violation" for f in revision[0].payload.failures)
 
 
 def test_telemetry_is_not_remembered_by_the_fold() -> None:

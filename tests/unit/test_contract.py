@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
+from infrarsi import events as ev
 from infrarsi.contract import (
     Contract,
     ContractError,
@@ -18,6 +19,7 @@ from infrarsi.contract import (
     contract_json_schema,
     load_contract,
     load_patch_library,
+    locked_contract,
 )
 from infrarsi.policy import Policy
 from pydantic import ValidationError
@@ -197,6 +199,22 @@ def test_to_dict_is_json_and_roundtrips_without_disk(root: Path) -> None:
     # defaults are filled in: a contract that spells out a default hashes the same as one that omits it
     lean = mutated(lambda d: d.pop("doctor"))
     assert load_contract(write(root, lean, "lean.yaml")).sha256() == contract.sha256()
+
+
+def test_locked_contract_is_the_typed_contract_once_per_content(root: Path) -> None:
+    lean = load_contract(write(root, mutated(lambda d: (d.pop("doctor"), d.pop("verify"))), "lean.yaml"))
+
+    def created(contract: dict[str, Any]) -> ev.StudyCreated:
+        return ev.StudyCreated(name="s", goal="g", contract=contract, contract_sha256="same for all", workload_dir="/w",
+                               baseline_ref="0" * 40, locked_files={}, cluster=lean.cluster.info())
+
+    first = locked_contract(created(lean.to_dict()))
+    assert first is locked_contract(created(lean.to_dict())), "one Contract per locked contract, not one per call"
+    assert (first.verify.top_k, first.verify.repeats, first.doctor.repeats) == (2, 3, 5)  # the models' defaults
+    other = locked_contract(created({**lean.to_dict(), "goal": "another"}))
+    assert other is not first and other.goal == "another", "the cache keys on content, not on the claimed hash"
+    with pytest.raises(ContractError, match="budget"):
+        locked_contract(created({k: v for k, v in lean.to_dict().items() if k != "budget"}))
 
 
 def test_editable_globs(root: Path) -> None:

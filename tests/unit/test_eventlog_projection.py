@@ -161,6 +161,20 @@ def test_step_columns_are_what_events_decode_reads_from_any_valid_spelling(tmp_p
             assert got[name] == getattr(p, name) and type(got[name]) is type(getattr(p, name)), name
 
 
+def test_agent_exchanges_pair_each_question_with_its_answer(tmp_path: Path) -> None:
+    asked = ev.AgentAsked(ask_id="q1", purpose="proposals", model="m", endpoint="http://x/v1",
+                          messages=[ev.AgentMessage(role="user", content="make it faster")], max_tokens=100)
+    answered = ev.AgentAnswered(ask_id="q1", ok=True, text="{}", prompt_tokens=30, completion_tokens=5,
+                                refused=[ev.AgentRefusal(kind="not_json", item="answer", detail="x")])
+    events = [ev.Event(event_id=f"a{i}", type=type(p).__name__, study_id="s1", cluster_id="c", source="proposer",
+                       ts=T0 + timedelta(seconds=i), payload=p) for i, p in enumerate((asked, answered))]
+    with eventlog.AnalystDB.open(tmp_path / "agent.duckdb") as db:
+        db.apply_batch(subjects.LIFECYCLE_STREAM, _messages(events))
+        _cols, rows = db.query("SELECT ask_id, ok, prompt_tokens, completion_tokens, refused, answer, "
+                               "messages->0->>'content' FROM agent_exchanges")
+    assert rows == [("q1", True, 30, 5, 1, "{}", "make it faster")]
+
+
 def test_deeply_nested_messages_go_to_undecodable_on_both_streams(tmp_path: Path) -> None:
     deep = b'{"deep": ' + b"[" * 5000 + b"]" * 5000 + b', "type": "TrialStep"}'
     with eventlog.AnalystDB.open(tmp_path / "db.duckdb") as db:

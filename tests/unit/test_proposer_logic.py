@@ -269,3 +269,43 @@ def test_proposer_and_modeler_share_one_bus(tmp_path: Path) -> None:
     updates = of_type(log, ev.ModelUpdated)
     assert len(updates) == 6  # one per completed trial
     assert updates[-1].payload.n_trials == 6
+
+
+class KilledLauncherWorld(World):
+    """The launcher is killed during every ``kill_every``-th trial: that trial is ``cancelled`` (infrastructure)."""
+
+    def __init__(self, study: StudySpace, kill_every: int) -> None:
+        super().__init__(study)
+        self.kill_every = kill_every
+
+    def _trial(self, trial_id: str, p: ev.TrialProposed) -> list[ev.Event]:
+        if len(self.trials) % self.kill_every == 0:
+            reason = "the launcher was stopped or killed mid-trial; its processes were reaped"
+            return [envelope(ev.TrialFinished(status="cancelled", reason=reason, accelerator_s=7.0, infrastructure=True),
+                             trial_id=trial_id)]
+        return super()._trial(trial_id, p)
+
+
+def test_an_infrastructure_failure_costs_but_does_not_use_up_the_candidate(tmp_path: Path) -> None:
+    created = study_created(tmp_path, trials=8)
+    world = KilledLauncherWorld(loader(created.payload), kill_every=3)
+    proposer = ProposerState(load_study=loader)
+    log = run_events([proposer], world, [created, envelope(RunRequested(parallel=1))])
+    proposed = of_type(log, ev.TrialProposed)
+    cancelled = [e.trial_id for e in of_type(log, ev.TrialFinished) if e.payload.status == "cancelled"]
+    assert cancelled, "the world killed some launchers"
+    retries = [e for e in proposed if e.payload.reason.startswith("re-run of trial")]
+    by_trial = {e.trial_id: e.payload for e in proposed}
+    retried = {e.payload.reason.split()[3] for e in retries}
+    # Every cancelled first run was re-run once, with the same candidate; a cancelled re-run is not re-run again.
+    first_runs = [t for t in cancelled if not by_trial[t].reason.startswith("re-run")]
+    assert retried == set(first_runs)
+    for e in retries:
+        assert e.payload.candidate_key == by_trial[e.payload.reason.split()[3]].candidate_key
+    # Eight candidates were measured or failed on their own account; the cancelled runs cost accelerator time.
+    assert len(proposed) - len(retries) == 8
+    finished = of_type(log, ev.StudyFinished)[-1].payload
+    assert finished.accelerator_s == pytest.approx(sum(e.payload.accelerator_s for e in of_type(log, ev.TrialFinished)))
+    # The models never saw the cancelled runs as failures of their candidates.
+    searcher = proposer.studies[STUDY].searcher
+    assert searcher is not None and all(o.status == "ok" for o in searcher.observations if o.status != "oom")

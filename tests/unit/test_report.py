@@ -74,7 +74,7 @@ def test_baseline_and_best_speedup_curve(db):
     assert len(report.doctor_run_step_s) == 5
     oom = next(t for t in report.trials if t.outcome == "oom")
     assert oom.censored_peak_bytes and oom.step_time_s is None
-    assert report.model["best_candidate_key"] == report.winners[0].candidate_key
+    assert report.model is not None and report.model.best_candidate_key == report.winners[0].candidate_key
 
 
 def test_renderers_carry_the_same_numbers(db, tmp_path):

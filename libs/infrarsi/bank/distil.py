@@ -117,14 +117,17 @@ def _winners(facts: StudyFacts) -> list[ev.Candidate]:
     return list(out.values())[:MAX_WINNERS]
 
 
-def _failure(kind: str, candidate: ev.Candidate, detail: str, **numbers: float | None) -> dict:
-    record = {"kind": kind, "candidate": msgspec.to_builtins(candidate), "detail": detail[:MAX_DETAIL_CHARS]}
-    record.update({k: float(v) for k, v in numbers.items() if v is not None})
-    return record
+def _failure(kind: str, candidate: ev.Candidate, detail: str, *, censored_peak_bytes: float | None = None,
+             capacity_bytes: float | None = None) -> ev.BankFailure:
+    return ev.BankFailure(
+        kind=kind, candidate=candidate, detail=detail[:MAX_DETAIL_CHARS],
+        censored_peak_bytes=None if censored_peak_bytes is None else float(censored_peak_bytes),
+        capacity_bytes=None if capacity_bytes is None else float(capacity_bytes),
+    )
 
 
-def _failures(facts: StudyFacts) -> list[dict]:
-    out: dict[tuple[str, str], dict] = {}
+def _failures(facts: StudyFacts) -> list[ev.BankFailure]:
+    out: dict[tuple[str, str], ev.BankFailure] = {}
     for t in facts.trials:
         if t.status not in FAILURE_KINDS:
             continue
@@ -143,7 +146,7 @@ def _failures(facts: StudyFacts) -> list[dict]:
                                          "verify: " + ", ".join(sorted(v.failed_invariants))))
     # OOM boundaries are the most transferable failures (memory does not depend on the chip's speed).
     order = {k: i for i, k in enumerate(FAILURE_KINDS)}
-    ranked = sorted(out.values(), key=lambda f: (order.get(f["kind"], 99), f["detail"], str(f["candidate"])))
+    ranked = sorted(out.values(), key=lambda f: (order.get(f.kind, 99), f.detail, str(msgspec.to_builtins(f.candidate))))
     return ranked[:MAX_FAILURES]
 
 

@@ -220,9 +220,8 @@ class BankSeed:
 def _failed_keys(entry: ev.BankEntry) -> set[str]:
     keys = set()
     for f in entry.failures:
-        if f.get("kind") in ("invariant_violation", "patch_conflict", "scope_violation"):
-            cand = f.get("candidate") or {}
-            keys.add(ev.Candidate(knobs=dict(cand.get("knobs", {})), patches=list(cand.get("patches", []))).key())
+        if f.kind in ("invariant_violation", "patch_conflict", "scope_violation"):
+            keys.add(f.candidate.key())
     return keys
 
 

@@ -35,7 +35,7 @@ from infrarsi import subjects
 from infrarsi import verification as vf
 from infrarsi.bus import Bus
 from infrarsi.commands.study_log import read_study, recording_bus
-from infrarsi.contract import Contract, PatchIndex, PatchInfo, contract_from_dict
+from infrarsi.contract import Contract, PatchIndex, PatchInfo, locked_contract
 from infrarsi.errors import EXIT_FAILED, EXIT_REFUSED, UserError
 from infrarsi.policy import ACTION_CLASSES, Operation, check
 from infrarsi.signing import SigningError
@@ -137,7 +137,7 @@ def plan_apply(
     if not created_list:
         raise ApplyRefused([f"study {study_id} not found (no StudyCreated)"])
     created: ev.StudyCreated = created_list[0]
-    contract = contract_from_dict(created.contract, check=False)
+    contract = locked_contract(created)
     try:
         key = resolve_candidate_key(events, candidate)
     except ApplyRefused as exc:
@@ -417,7 +417,7 @@ def approval_for(
         evidence_sha256=appr.evidence_sha256(created, promotable[-1]),
         signed_at=now,
     )
-    policy = contract_from_dict(created.contract, check=False).apply_policy
+    policy = locked_contract(created).apply_policy
     signing_key = getattr(args, "key", None)
     if policy.allowed_signers is not None and signing_key is None:
         raise ApplyRefused(

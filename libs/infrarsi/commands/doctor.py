@@ -22,7 +22,6 @@ import asyncio
 import os
 import sys
 from collections.abc import Iterable
-from typing import Any
 
 import msgspec
 import numpy as np
@@ -35,8 +34,10 @@ from infrarsi.commands.study_log import (
     read_steps,
     read_study,
     require_study,
+    study_contract,
     trial_results,
 )
+from infrarsi.contract import Contract
 from infrarsi.errors import EXIT_FAILED, UserError
 
 SOURCE = "cli.doctor"
@@ -74,8 +75,8 @@ def median_loss_curve(curves: list[list[ev.LossPoint]]) -> list[ev.LossPoint]:
     return [ev.LossPoint(step, float(np.median([c[step] for c in by_step]))) for step in sorted(common)]
 
 
-def cpu_threads(contract: dict[str, Any]) -> int:
-    env = (contract.get("workload") or {}).get("env") or {}
+def cpu_threads(contract: Contract) -> int:
+    env = contract.workload.env
     for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         if str(env.get(key, "")).isdigit():
             return int(env[key])
@@ -134,7 +135,7 @@ async def _doctor(bus, args: argparse.Namespace) -> int:
     study_id = args.study
     events, next_seq = await read_study(bus, study_id)
     created = require_study(events, study_id)
-    contract = created.contract
+    contract = study_contract(created)
     cluster_id = created.cluster.cluster_id
 
     pending = None
@@ -148,7 +149,7 @@ async def _doctor(bus, args: argparse.Namespace) -> int:
         request = pending
         print(f"resuming doctor request {request.event_id}", file=sys.stderr)
     else:
-        repeats = args.repeats or int((contract.get("doctor") or {}).get("repeats", 5))
+        repeats = args.repeats or contract.doctor.repeats
         request = ev.make_event(
             ev.DoctorRequested(repeats=repeats, steps=args.steps), study_id=study_id, source=SOURCE, cluster_id=cluster_id
         )

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from infrarsi import events as ev
 from infrarsi.bus import Bus
 from infrarsi.commands import data_dir_of
+from infrarsi.contract import Contract, ContractError, locked_contract
 from infrarsi.errors import EXIT_TIMEOUT, UserError
 from infrarsi.subjects import LIFECYCLE_STREAM, TELEMETRY_STREAM, lifecycle_subject, telemetry_subject
 
@@ -108,6 +109,14 @@ def require_study(events: Iterable[ev.Event], study_id: str) -> ev.StudyCreated:
     if created is None:
         raise UserError(f"no study {study_id!r} (no StudyCreated on the bus)")
     return created
+
+
+def study_contract(created: ev.StudyCreated) -> Contract:
+    """The study's locked contract; one that no longer validates is reported, not a traceback."""
+    try:
+        return locked_contract(created)
+    except ContractError as exc:
+        raise UserError(f"the study's contract does not load: {exc}") from None
 
 
 @contextlib.asynccontextmanager

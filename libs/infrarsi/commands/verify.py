@@ -17,7 +17,7 @@ import msgspec
 
 from infrarsi import events as ev
 from infrarsi import verification as vf
-from infrarsi.commands.study_log import cli_bus, follow_study, read_study, require_study
+from infrarsi.commands.study_log import cli_bus, follow_study, read_study, require_study, study_contract
 from infrarsi.errors import EXIT_FAILED, UserError
 
 SOURCE = "cli.verify"
@@ -75,8 +75,8 @@ async def _verify(bus, args: argparse.Namespace) -> int:
     study_id = args.study
     events, next_seq = await read_study(bus, study_id)
     created = require_study(events, study_id)
-    spec = created.contract.get("verify") or {}
-    top = args.top or int(spec.get("top_k", 2))
+    contract = study_contract(created)
+    top = args.top or contract.verify.top_k
     ranked = candidates_from_log(events, top)
     if not ranked:
         raise UserError("no candidate to verify (no ok, invariant-passing search trial faster than the baseline)",
@@ -86,8 +86,8 @@ async def _verify(bus, args: argparse.Namespace) -> int:
     request = ev.make_event(
         ev.VerifyRequested(
             candidates=[r.candidate for r in ranked],
-            repeats=args.repeats or int(spec.get("repeats", 3)),
-            steps=(created.contract.get("workload") or {}).get("verify_steps"),
+            repeats=args.repeats or contract.verify.repeats,
+            steps=contract.workload.verify_steps,
             reason=f"infrarsi verify --top {top}",
         ),
         study_id=study_id, source=SOURCE, cluster_id=created.cluster.cluster_id,

@@ -79,9 +79,9 @@ def noise(report: Report) -> Figure:
         rel = runs / np.median(runs)
         ax.hist(rel, bins=max(3, min(20, runs.size)), color="#1864ab", alpha=0.7, label="doctor runs / median")
         if report.doctor:
-            mde = report.doctor["min_detectable_speedup"]
+            mde = report.doctor.min_detectable_speedup
             ax.axvline(1 / mde, color="#c92a2a", ls="--", lw=1,
-                       label=f"MDE ×{mde:.3f} at {report.doctor['repeats_per_trial']} repeats")
+                       label=f"MDE ×{mde:.3f} at {report.doctor.repeats_per_trial} repeats")
         ax.set_xlabel("run step time / median")
         ax.set_ylabel("runs")
         ax.legend(fontsize=7)

@@ -24,12 +24,16 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import duckdb
+import msgspec
 
-from infrarsi.contract import ContractError, load_patch_library
-from infrarsi.report.source import VIEW, ensure_view
+from infrarsi import events as ev
+from infrarsi.contract import Contract, ContractError, load_patch_library, locked_contract
+from infrarsi.report.source import VIEW, ReportSourceError, ensure_view
+
+P = TypeVar("P", bound=msgspec.Struct)
 
 OUTCOMES = ("ok", "oom", "crash", "timeout", "violation")
 
@@ -155,7 +159,7 @@ class Verdict:
     candidate_step_s: float
     mfu_before: float | None
     mfu_after: float | None
-    invariants: list[dict[str, Any]]
+    invariants: list[ev.InvariantResult]
     failed_invariants: list[str]
     rounds: int
     trial_ids: list[str]
@@ -172,12 +176,12 @@ class Report:
     study_id: str
     name: str
     goal: str
-    contract: dict[str, Any]
-    cluster: dict[str, Any]
+    contract: Contract
+    cluster: ev.ClusterInfo
     workload_dir: str
     baseline_ref: str
     baseline_step_s: float | None
-    doctor: dict[str, Any] | None
+    doctor: ev.DoctorCompleted | None
     doctor_run_step_s: list[float]
     trials: list[TrialRow]
     cost_by_outcome: dict[str, float]
@@ -186,8 +190,8 @@ class Report:
     best_speedup_curve: list[tuple[int, float]]
     """(search trials measured so far, best speed-up so far)."""
     verdicts: list[Verdict]
-    model: dict[str, Any] | None
-    """Payload of the last ModelUpdated."""
+    model: ev.ModelUpdated | None
+    """The last ModelUpdated."""
     invariant_failures: dict[str, int]
     """Search/verify runs failing each invariant (from TrialMeasured)."""
     memory_capacity_bytes: int | None
@@ -214,12 +218,18 @@ def _connect(db: str | Path | duckdb.DuckDBPyConnection) -> tuple[duckdb.DuckDBP
     return duckdb.connect(str(db), read_only=False), True
 
 
-def _last_payload(con, study_id: str, event_type: str) -> dict[str, Any] | None:
+def _last_payload(con: duckdb.DuckDBPyConnection, study_id: str, payload_type: type[P]) -> P | None:
+    """The study's last payload of ``payload_type``, decoded into its struct."""
     row = con.execute(
         f"SELECT CAST(payload AS VARCHAR) FROM {VIEW} WHERE study_id = $study AND type = $type ORDER BY seq DESC LIMIT 1",
-        {"study": study_id, "type": event_type},
+        {"study": study_id, "type": payload_type.__name__},
     ).fetchone()
-    return json.loads(row[0]) if row else None
+    if row is None:
+        return None
+    try:
+        return msgspec.json.decode(row[0], type=payload_type)
+    except msgspec.ValidationError as exc:
+        raise ReportSourceError(f"the study's {payload_type.__name__} does not decode: {exc}") from None
 
 
 def _patch_audit(workload_dir: Path | None, patch_dir: str, patch_id: str) -> PatchAudit:
@@ -248,12 +258,15 @@ def build_report(db: str | Path | duckdb.DuckDBPyConnection, study_id: str) -> R
 
 def _build(con: duckdb.DuckDBPyConnection, study_id: str) -> Report:
     params = {"study": study_id}
-    created = _last_payload(con, study_id, "StudyCreated")
+    created = _last_payload(con, study_id, ev.StudyCreated)
     if created is None:
         raise LookupError(f"no StudyCreated for study {study_id!r} in the analyst DB")
-    contract = created.get("contract") or {}
-    doctor = _last_payload(con, study_id, "DoctorCompleted")
-    model = _last_payload(con, study_id, "ModelUpdated")
+    try:
+        contract = locked_contract(created)
+    except ContractError as exc:
+        raise ReportSourceError(f"the study's contract does not load: {exc}") from None
+    doctor = _last_payload(con, study_id, ev.DoctorCompleted)
+    model = _last_payload(con, study_id, ev.ModelUpdated)
 
     counts = dict(con.execute(f"SELECT type, count(*) FROM {VIEW} WHERE study_id = $study GROUP BY type ORDER BY type", params).fetchall())
 
@@ -286,8 +299,8 @@ def _build(con: duckdb.DuckDBPyConnection, study_id: str) -> Report:
         n_by_outcome[outcome] = int(n)
 
     if doctor is not None:
-        baseline_s = float(doctor["step_time_s"])
-        doctor_ids = list(doctor.get("baseline_trial_ids", []))
+        baseline_s = doctor.step_time_s
+        doctor_ids = list(doctor.baseline_trial_ids)
     else:
         baseline_s = con.execute(
             f"""SELECT median(CAST(m.payload->>'step_time_s' AS DOUBLE)) FROM {VIEW} m
@@ -316,13 +329,12 @@ def _build(con: duckdb.DuckDBPyConnection, study_id: str) -> Report:
             invariant_failures[name] = invariant_failures.get(name, 0) + 1
 
     workload_dir = _workload_dir(created, contract)
-    patch_dir = (contract.get("workload") or {}).get("patch_dir", "patches")
-    verdicts = _verdicts(con, study_id, workload_dir, patch_dir)
-    capacity = (created.get("cluster") or {}).get("memory_capacity_bytes") or None
+    verdicts = _verdicts(con, study_id, workload_dir, str(contract.workload.patch_dir))
+    capacity = created.cluster.memory_capacity_bytes or None
     return Report(
-        study_id=study_id, name=created.get("name", ""), goal=created.get("goal", ""), contract=contract,
-        cluster=created.get("cluster") or {}, workload_dir=created.get("workload_dir", ""),
-        baseline_ref=created.get("baseline_ref", ""), baseline_step_s=baseline_s, doctor=doctor,
+        study_id=study_id, name=created.name, goal=created.goal, contract=contract,
+        cluster=created.cluster, workload_dir=created.workload_dir,
+        baseline_ref=created.baseline_ref, baseline_step_s=baseline_s, doctor=doctor,
         doctor_run_step_s=doctor_runs, trials=trials, cost_by_outcome=cost, trials_by_outcome=n_by_outcome,
         best_speedup_curve=curve, verdicts=verdicts, model=model, invariant_failures=invariant_failures,
         memory_capacity_bytes=capacity, generated_from=counts,
@@ -339,8 +351,8 @@ def _outcome(status: str, invariants_ok: bool | None) -> str:
     return "crash"
 
 
-def _workload_dir(created: dict[str, Any], contract: dict[str, Any]) -> Path | None:
-    for candidate in (created.get("workload_dir"), (contract.get("workload") or {}).get("repo")):
+def _workload_dir(created: ev.StudyCreated, contract: Contract) -> Path | None:
+    for candidate in (created.workload_dir, contract.workload.repo):
         if candidate and Path(candidate).is_dir():
             return Path(candidate)
     return None
@@ -355,19 +367,18 @@ def _verdicts(con, study_id: str, workload_dir: Path | None, patch_dir: str) -> 
     ).fetchall()
     out = []
     for verify_id, rounds, last_json in rows:
-        last = json.loads(last_json)
-        candidate = last.get("candidate") or {}
+        last = msgspec.json.decode(last_json, type=ev.VerifyCompleted)
         out.append(
             Verdict(
-                verify_id=verify_id, candidate_key=last["candidate_key"], knobs=candidate.get("knobs", {}),
-                patches=[_patch_audit(workload_dir, patch_dir, p) for p in candidate.get("patches", [])],
-                promotable=bool(last["promotable"]), passes=int(last["passes"]), speedup=float(last["speedup"]),
-                ci_low=float(last["ci_low"]), ci_high=float(last["ci_high"]),
-                baseline_step_s=float(last["baseline_step_s"]), candidate_step_s=float(last["candidate_step_s"]),
-                mfu_before=last.get("mfu_before"), mfu_after=last.get("mfu_after"),
-                invariants=list(last.get("invariants", [])), failed_invariants=list(last.get("failed_invariants", [])),
-                rounds=int(rounds), trial_ids=list(last.get("trial_ids", [])),
-                unchecked_invariants=list(last.get("unchecked_invariants", [])),
+                verify_id=verify_id, candidate_key=last.candidate_key, knobs=dict(last.candidate.knobs),
+                patches=[_patch_audit(workload_dir, patch_dir, p) for p in last.candidate.patches],
+                promotable=last.promotable, passes=last.passes, speedup=last.speedup,
+                ci_low=last.ci_low, ci_high=last.ci_high,
+                baseline_step_s=last.baseline_step_s, candidate_step_s=last.candidate_step_s,
+                mfu_before=last.mfu_before, mfu_after=last.mfu_after,
+                invariants=list(last.invariants), failed_invariants=list(last.failed_invariants),
+                rounds=int(rounds), trial_ids=list(last.trial_ids),
+                unchecked_invariants=list(last.unchecked_invariants),
             )
         )
     out.sort(key=lambda v: (not v.promotable, -v.speedup))

@@ -75,13 +75,7 @@ def _pct(x: float | None) -> str:
 
 def outline(report: Report) -> list[Block]:
     c = report.contract
-    wl = c.get("workload") or {}
-    inv = c.get("invariants") or {}
-    loss = inv.get("loss") or {}
-    budget = c.get("budget") or {}
-    verify = c.get("verify") or {}
-    scope = c.get("scope") or {}
-    space = c.get("search_space") or {}
+    wl, inv, loss, cluster = c.workload, c.invariants, c.invariants.loss, report.cluster
     blocks: list[Block] = [
         Heading(f"InfraRSI report — {report.name} ({report.study_id})", 1),
         Para(report.goal),
@@ -113,21 +107,21 @@ def outline(report: Report) -> list[Block]:
     # Contract
     blocks.append(Heading("Contract"))
     blocks.append(Table(["field", "value"], [
-        ["workload", f"{wl.get('repo', report.workload_dir)} @ {report.baseline_ref[:12]}"],
-        ["command", " ".join(wl.get("command", []))],
-        ["horizon", f"{wl.get('steps')} steps (verify: {wl.get('verify_steps')})"],
-        ["cluster", f"{report.cluster.get('cluster_id')} · {report.cluster.get('accelerator')} · "
-                    f"{report.cluster.get('nodes', 1)}×{report.cluster.get('devices_per_node', 1)} devices · "
+        ["workload", f"{wl.repo} @ {report.baseline_ref[:12]}"],
+        ["command", " ".join(wl.command)],
+        ["horizon", f"{wl.steps} steps (verify: {wl.verify_steps})"],
+        ["cluster", f"{cluster.cluster_id} · {cluster.accelerator} · "
+                    f"{cluster.nodes}×{cluster.devices_per_node} devices · "
                     f"capacity {(report.memory_capacity_bytes or 0) / 1024**3:.3g} GiB"],
-        ["editable files", ", ".join(scope.get("files", [])) or "—"],
-        ["launch keys", ", ".join(scope.get("launch_keys", [])) or "—"],
-        ["knobs", ", ".join(sorted((space.get("knobs") or {}).keys())) or "—"],
-        ["patches", ", ".join(space.get("patches", [])) or "—"],
-        ["loss invariant", f"{loss.get('mode', '?')} ε={loss.get('tolerance', '?')} at {loss.get('at', '?')}"],
-        ["work invariants", f"steps={inv.get('steps', True)} tokens={inv.get('tokens', True)} eval={inv.get('eval', True)}; "
-                            f"timing tolerance {inv.get('timing_tolerance', '?')}"],
-        ["budget", f"{budget.get('trials')} trials, {budget.get('accelerator_hours')} accelerator-hours"],
-        ["verify", f"top {verify.get('top_k')}, {verify.get('repeats')} interleaved pairs, {verify.get('passes_required')} passes"],
+        ["editable files", ", ".join(c.scope.files) or "—"],
+        ["launch keys", ", ".join(c.scope.launch_keys) or "—"],
+        ["knobs", ", ".join(sorted(c.search_space.knobs)) or "—"],
+        ["patches", ", ".join(c.search_space.patches) or "—"],
+        ["loss invariant", f"{loss.mode} ε={loss.tolerance} at {loss.at}"],
+        ["work invariants", f"steps={inv.steps} tokens={inv.tokens} eval={inv.eval}; "
+                            f"timing tolerance {inv.timing_tolerance}"],
+        ["budget", f"{c.budget.trials} trials, {c.budget.accelerator_hours} accelerator-hours"],
+        ["verify", f"top {c.verify.top_k}, {c.verify.repeats} interleaved pairs, {c.verify.passes_required} passes"],
     ]))
     # Winners and verdicts
     blocks.append(Heading("Verified candidates"))
@@ -145,7 +139,7 @@ def outline(report: Report) -> list[Block]:
         rows = []
         for v in report.verdicts:
             for i in v.invariants:
-                rows.append([v.candidate_key, i.get("name", ""), "ok" if i.get("ok") else "FAIL", i.get("detail", "")])
+                rows.append([v.candidate_key, i.name, "ok" if i.ok else "FAIL", i.detail])
             for name in v.unchecked_invariants:
                 rows.append([v.candidate_key, name, "UNCHECKED", "coarse measurement: the job reports no steps to the probe"])
         blocks.append(Table(["candidate", "invariant", "verdict", "detail"], rows))
@@ -183,15 +177,15 @@ def outline(report: Report) -> list[Block]:
     blocks.append(Heading("Priors vs posteriors"))
     if report.model:
         m = report.model
-        blocks.append(Para(f"Last model fit over {m.get('n_trials')} trials ({m.get('n_oom')} OOM, censored); "
-                           f"noise σ(log) {m.get('noise_std_log', 0):.4f}."))
-        for label, key in (("time (log-ratio of step time)", "time_effects"), ("memory (log-ratio of peak)", "memory_effects")):
-            effects = m.get(key) or []
+        blocks.append(Para(f"Last model fit over {m.n_trials} trials ({m.n_oom} OOM, censored); "
+                           f"noise σ(log) {m.noise_std_log:.4f}."))
+        for label, effects in (("time (log-ratio of step time)", m.time_effects),
+                               ("memory (log-ratio of peak)", m.memory_effects)):
             if effects:
                 blocks.append(Heading(f"Effects on {label}", 3))
                 blocks.append(Table(["feature", "prior", "posterior", "source"], [
-                    [e["feature"], f"{e['prior_mean']:+.3f} ± {e['prior_std']:.3f}",
-                     f"{e['post_mean']:+.3f} ± {e['post_std']:.3f}", e.get("source", "")] for e in effects]))
+                    [e.feature, f"{e.prior_mean:+.3f} ± {e.prior_std:.3f}",
+                     f"{e.post_mean:+.3f} ± {e.post_std:.3f}", e.source] for e in effects]))
     else:
         blocks.append(Para("No model update in the log."))
     # Doctor appendix
@@ -199,18 +193,18 @@ def outline(report: Report) -> list[Block]:
     d = report.doctor
     if d:
         blocks.append(Table(["measure", "value"], [
-            ["baseline runs", str(d["repeats"])],
-            ["step time (median of runs)", _ms(d["step_time_s"])],
-            ["warm-up", f"{d['warmup_steps']} steps"],
-            ["run-to-run CV", _pct(d["run_to_run_cv"])],
-            ["step-to-step CV", _pct(d["step_to_step_cv"])],
-            ["min detectable speed-up", f"×{d['min_detectable_speedup']:.3f} at {d['repeats_per_trial']} repeats"],
-            ["repeats for effect", ", ".join(f"×{k}: {n}" for k, n in (d.get("repeats_for_effect") or {}).items())],
-            ["phases", ", ".join(f"{k} {v:.0%}" for k, v in (d.get("phase_fractions") or {}).items()) or "—"],
-            ["per-rank step", ", ".join(_ms(t) for t in d.get("per_rank_step_s", []))],
-            ["stragglers", ", ".join(map(str, d.get("stragglers", []))) or "none"],
-            ["peak FLOP/s (measured)", f"{d['peak_flops_measured']:.3g}" if d.get("peak_flops_measured") else "—"],
-            ["MFU", _pct(d.get("mfu"))],
+            ["baseline runs", str(d.repeats)],
+            ["step time (median of runs)", _ms(d.step_time_s)],
+            ["warm-up", f"{d.warmup_steps} steps"],
+            ["run-to-run CV", _pct(d.run_to_run_cv)],
+            ["step-to-step CV", _pct(d.step_to_step_cv)],
+            ["min detectable speed-up", f"×{d.min_detectable_speedup:.3f} at {d.repeats_per_trial} repeats"],
+            ["repeats for effect", ", ".join(f"×{k}: {n}" for k, n in d.repeats_for_effect.items())],
+            ["phases", ", ".join(f"{k} {v:.0%}" for k, v in d.phase_fractions.items()) or "—"],
+            ["per-rank step", ", ".join(_ms(t) for t in d.per_rank_step_s)],
+            ["stragglers", ", ".join(map(str, d.stragglers)) or "none"],
+            ["peak FLOP/s (measured)", f"{d.peak_flops_measured:.3g}" if d.peak_flops_measured else "—"],
+            ["MFU", _pct(d.mfu)],
         ]))
     else:
         blocks.append(Para("Doctor did not run."))

@@ -1,0 +1,232 @@
+"""A client for any OpenAI-compatible chat-completions endpoint (vLLM, SGLang, llama.cpp's server, Ollama,
+hosted APIs), with the study's token budget and secret redaction.
+
+Owns: resolving the endpoint (``resolve_endpoint``: the contract's ``agent`` section first, then
+``INFRARSI_LLM_BASE_URL``/``INFRARSI_LLM_MODEL``; the key from ``INFRARSI_LLM_API_KEY`` or a key file, never
+from the contract), one ``POST {base_url}/chat/completions`` per attempt with a timeout, retries with
+exponential backoff on timeouts, connection errors, 429 and 5xx, the ``TokenBudget`` of a study, and
+``redact``: the key (and anything shaped like a bearer token) replaced before text leaves this module.
+
+Failures are ``AgentError`` with a ``kind`` from ``events.AgentRefusalKind`` (``timeout``, ``http_error``,
+``budget_exceeded``, ``malformed``) so callers record them by name. Uses only the standard library (no HTTP
+dependency for an optional part). Must not: publish, log a key, or decide what an answer means.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from infrarsi import events as ev
+from infrarsi.contract import AgentSpec
+
+ENV_BASE_URL = "INFRARSI_LLM_BASE_URL"
+ENV_MODEL = "INFRARSI_LLM_MODEL"
+ENV_KEY = "INFRARSI_LLM_API_KEY"
+ENV_KEY_FILE = "INFRARSI_LLM_API_KEY_FILE"
+
+REDACTED = "[REDACTED]"
+# Bearer tokens and the usual API-key shapes (sk-…, hf_…) also leave as [REDACTED], even when they are not this
+# study's key: a prompt may quote a repository file that holds one.
+_SECRET_SHAPES = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]{8,}|\b(?:sk|hf|ghp|xox[bap])[-_][A-Za-z0-9_-]{16,}")
+
+
+class AgentError(Exception):
+    """An exchange that produced no usable answer; ``kind`` names why."""
+
+    def __init__(self, kind: ev.AgentRefusalKind, detail: str, *, attempts: int = 1,
+                 prompt_tokens: int = 0, completion_tokens: int = 0) -> None:
+        super().__init__(f"{kind}: {detail}")
+        self.kind = kind
+        self.detail = detail
+        self.attempts = attempts
+        self.prompt_tokens = prompt_tokens
+        self.completion_tokens = completion_tokens
+
+
+class AgentUnconfigured(Exception):
+    """No endpoint or model configured: the study runs without the agent."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where to ask. ``repr`` never shows the key."""
+
+    base_url: str
+    model: str
+    api_key: str | None = field(default=None, repr=False)
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        return (self.api_key,) if self.api_key else ()
+
+
+def resolve_endpoint(spec: AgentSpec, env: Mapping[str, str] | None = None) -> Endpoint:
+    """The endpoint of a study: the contract's ``agent`` section, else the environment.
+
+    Raises ``AgentUnconfigured`` when no base URL or model is known, and ``AgentError('malformed')`` when a
+    key file is named but unreadable (a misconfiguration the user must hear about, not a silent no-agent)."""
+    env = os.environ if env is None else env
+    base_url = spec.base_url or env.get(ENV_BASE_URL, "")
+    model = spec.model or env.get(ENV_MODEL, "")
+    if not base_url or not model:
+        missing = [name for name, value in ((ENV_BASE_URL, base_url), (ENV_MODEL, model)) if not value]
+        raise AgentUnconfigured(f"no language model configured (agent.base_url/agent.model or {', '.join(missing)})")
+    key = env.get(ENV_KEY) or None
+    key_file = spec.key_file or env.get(ENV_KEY_FILE)
+    if key is None and key_file:
+        try:
+            key = Path(key_file).expanduser().read_text().strip().splitlines()[0].strip() or None
+        except (OSError, IndexError) as exc:
+            raise AgentError("malformed", f"API key file {key_file} unreadable: {type(exc).__name__}") from None
+    return Endpoint(base_url=base_url.rstrip("/"), model=model, api_key=key)
+
+
+def redact(text: str, secrets: Sequence[str] = ()) -> str:
+    """``text`` with each secret (and anything shaped like a bearer token or API key) replaced."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, REDACTED)
+    return _SECRET_SHAPES.sub(lambda m: (m.group(1) or "") + REDACTED, text)
+
+
+@dataclass
+class TokenBudget:
+    """A study's ``budget.llm_tokens`` (and ``budget.llm_usd``): what is left decides whether to ask at all,
+    and an answer that overruns it is counted and refused (``budget_exceeded``)."""
+
+    tokens: int
+    usd: float | None = None
+    usd_per_1k_tokens: float = 0.0
+    spent_tokens: int = 0
+
+    @property
+    def spent_usd(self) -> float:
+        return self.spent_tokens / 1000.0 * self.usd_per_1k_tokens
+
+    def cost(self, tokens: int) -> float:
+        return tokens / 1000.0 * self.usd_per_1k_tokens
+
+    def left(self) -> int:
+        left = self.tokens - self.spent_tokens
+        if self.usd is not None and self.usd_per_1k_tokens > 0:
+            left = min(left, int((self.usd - self.spent_usd) / self.usd_per_1k_tokens * 1000.0))
+        return max(0, left)
+
+    def charge(self, tokens: int) -> bool:
+        """Count ``tokens``; False when that overran the budget."""
+        self.spent_tokens += tokens
+        over_usd = self.usd is not None and self.spent_usd > self.usd + 1e-12
+        return self.spent_tokens <= self.tokens and not over_usd
+
+
+@dataclass(frozen=True)
+class ChatReply:
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    attempts: int
+    latency_s: float
+
+
+Sleep = Callable[[float], None]
+
+
+@dataclass
+class ChatClient:
+    """Blocking chat completions against one endpoint (callers run it in a thread)."""
+
+    endpoint: Endpoint
+    timeout_s: float = 60.0
+    retries: int = 2
+    backoff_s: float = 1.0
+    sleep: Sleep = time.sleep
+
+    @classmethod
+    def for_spec(cls, spec: AgentSpec, env: Mapping[str, str] | None = None) -> ChatClient:
+        return cls(resolve_endpoint(spec, env), timeout_s=spec.timeout_s, retries=spec.retries)
+
+    def redact(self, text: str) -> str:
+        return redact(text, self.endpoint.secrets)
+
+    def chat(self, messages: Sequence[ev.AgentMessage], *, max_tokens: int) -> ChatReply:
+        """One answer (``choices[0].message.content``), retried on transient failures; raises ``AgentError``."""
+        body = json.dumps({
+            "model": self.endpoint.model,
+            "messages": [{"role": m.role, "content": m.content} for m in messages],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+        }).encode()
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if self.endpoint.api_key:
+            headers["Authorization"] = f"Bearer {self.endpoint.api_key}"
+        url = f"{self.endpoint.base_url}/chat/completions"
+        t0 = time.monotonic()
+        last: AgentError | None = None
+        for attempt in range(1, self.retries + 2):
+            if attempt > 1:
+                self.sleep(self.backoff_s * 2 ** (attempt - 2))
+            try:
+                raw = self._post(url, body, headers)
+            except _Transient as exc:
+                last = AgentError(exc.kind, self.redact(exc.detail), attempts=attempt)
+                continue
+            except AgentError as exc:
+                exc.attempts = attempt
+                raise
+            text, prompt_tokens, completion_tokens = self._parse(raw, attempt)
+            if not prompt_tokens and not completion_tokens:
+                # A server that reports no usage is charged by an estimate (4 characters a token).
+                prompt_tokens = sum(len(m.content) for m in messages) // 4
+                completion_tokens = max(1, len(text) // 4)
+            return ChatReply(self.redact(text), prompt_tokens, completion_tokens, attempt, time.monotonic() - t0)
+        assert last is not None
+        raise last
+
+    def _post(self, url: str, body: bytes, headers: dict[str, str]) -> bytes:
+        request = urllib.request.Request(url, data=body, headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:  # noqa: S310 — configured URL
+                return response.read()
+        except urllib.error.HTTPError as exc:
+            detail = f"HTTP {exc.code} from {self.endpoint.base_url}: {exc.read()[:500].decode(errors='replace')}"
+            if exc.code == 429 or exc.code >= 500:
+                raise _Transient("http_error", detail) from None
+            raise AgentError("http_error", self.redact(detail)) from None
+        except TimeoutError:
+            raise _Transient("timeout", f"no answer within {self.timeout_s:g}s from {self.endpoint.base_url}") from None
+        except urllib.error.URLError as exc:
+            if isinstance(exc.reason, TimeoutError):
+                raise _Transient("timeout", f"no answer within {self.timeout_s:g}s from {self.endpoint.base_url}") from None
+            raise _Transient("http_error", f"cannot reach {self.endpoint.base_url}: {exc.reason}") from None
+        except (ConnectionError, OSError) as exc:
+            raise _Transient("http_error", f"connection to {self.endpoint.base_url} failed: {exc}") from None
+
+    def _parse(self, raw: bytes, attempt: int) -> tuple[str, int, int]:
+        try:
+            doc = json.loads(raw)
+            text = doc["choices"][0]["message"]["content"]
+            usage = doc.get("usage") or {}
+            prompt_tokens = int(usage.get("prompt_tokens", 0))
+            completion_tokens = int(usage.get("completion_tokens", 0))
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise AgentError("malformed", self.redact(f"not a chat-completions response ({type(exc).__name__}): "
+                                                      f"{raw[:300].decode(errors='replace')}"),
+                             attempts=attempt) from None
+        if not isinstance(text, str):
+            raise AgentError("malformed", "choices[0].message.content is not text", attempts=attempt)
+        return text, prompt_tokens, completion_tokens
+
+
+class _Transient(Exception):
+    def __init__(self, kind: ev.AgentRefusalKind, detail: str) -> None:
+        super().__init__(detail)
+        self.kind = kind
+        self.detail = detail

@@ -1,0 +1,65 @@
+"""One exchange with the study's model: ``AgentAsked`` in, ``AgentAnswered`` out (the I/O the proposer's fold
+must not do).
+
+Owns ``answer``: the budget check (an exchange the budget cannot cover is not sent), the HTTP call
+(``client.ChatClient``), the charge (an answer that overran ``budget.llm_tokens`` is counted and refused as
+``budget_exceeded``), and the gates of ``answers.check_proposals``. Every failure becomes an
+``AgentAnswered`` with ``ok=False`` and its ``error`` by name — never an exception the service would crash
+on — so the study goes on and the cost is counted. Must not: publish (the proposer service does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from infrarsi import events as ev
+from infrarsi.agent.answers import GoldenRepo, check_proposals
+from infrarsi.agent.client import AgentError, AgentUnconfigured, ChatClient, TokenBudget
+from infrarsi.contract import Contract
+from infrarsi.study_space import StudySpace
+
+
+def budget_of(contract: Contract, spent_tokens: int = 0) -> TokenBudget:
+    return TokenBudget(tokens=contract.budget.llm_tokens, usd=contract.budget.llm_usd,
+                       usd_per_1k_tokens=contract.agent.usd_per_1k_tokens, spent_tokens=spent_tokens)
+
+
+def failed(asked: ev.AgentAsked, kind: ev.AgentRefusalKind, detail: str, **usage: float) -> ev.AgentAnswered:
+    return ev.AgentAnswered(ask_id=asked.ask_id, ok=False, error=kind, detail=detail[:1000], **usage)  # type: ignore[arg-type]
+
+
+def answer(asked: ev.AgentAsked, study: StudySpace, golden: GoldenRepo, *,
+           env: Mapping[str, str] | None = None, client: ChatClient | None = None) -> ev.AgentAnswered:
+    """Ask, charge, check (see the module docstring). Blocking: run it in a thread."""
+    contract = study.contract
+    budget = budget_of(contract, asked.tokens_spent_before)
+    if budget.left() <= 0:
+        return failed(asked, "budget_exceeded", f"budget.llm_tokens spent ({budget.spent_tokens} of {budget.tokens})")
+    try:
+        client = client or ChatClient.for_spec(contract.agent, env)
+    except AgentUnconfigured as exc:
+        return failed(asked, "http_error", str(exc))
+    except AgentError as exc:
+        return failed(asked, exc.kind, exc.detail)
+    try:
+        reply = client.chat(asked.messages, max_tokens=min(asked.max_tokens, budget.left()))
+    except AgentError as exc:
+        tokens = exc.prompt_tokens + exc.completion_tokens
+        budget.charge(tokens)
+        return failed(asked, exc.kind, exc.detail, prompt_tokens=exc.prompt_tokens,
+                      completion_tokens=exc.completion_tokens, cost_usd=budget.cost(tokens), attempts=exc.attempts)
+    tokens = reply.prompt_tokens + reply.completion_tokens
+    usage = {"prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens,
+             "cost_usd": budget.cost(tokens), "attempts": reply.attempts, "latency_s": round(reply.latency_s, 3)}
+    if not budget.charge(tokens):
+        return ev.AgentAnswered(ask_id=asked.ask_id, ok=False, text=reply.text, error="budget_exceeded",
+                                detail=f"the answer took {tokens} tokens: {budget.spent_tokens} of "
+                                       f"{budget.tokens} (budget.llm_tokens) spent; nothing of it is used", **usage)
+    checked = check_proposals(reply.text, study, golden, prior_weight=contract.agent.prior_weight,
+                              max_patches=contract.agent.max_patches)
+    not_json = [r for r in checked.refused if r.kind == "not_json"]
+    return ev.AgentAnswered(
+        ask_id=asked.ask_id, ok=not not_json, text=reply.text, error="not_json" if not_json else None,
+        detail=not_json[0].detail if not_json else "", candidates=checked.candidates, patches=checked.patches,
+        priors=checked.priors, refused=checked.refused, **usage,
+    )
