@@ -127,3 +127,24 @@ async def test_consumers_refuse_an_event_its_publisher_may_not_own(bus: Bus) -> 
         f"wrong publisher: StudyFinished on subject irsi.{study}.TrialProposed (its subject is "
         f"irsi.{study}.StudyFinished)",
     ]
+
+
+async def test_creds_verb_writes_an_authorization_block_a_server_loads(tmp_path: Path, capsys) -> None:
+    """``infrarsi creds`` (for deployments): seeds kept across runs, and an auth.conf nats-server accepts."""
+    import argparse
+    import json
+    import subprocess
+
+    from infrarsi.commands import creds
+    from infrarsi.embedded import nats_server_binary
+
+    args = argparse.Namespace(data_dir=tmp_path / "d", json=True)
+    assert await creds.run(args) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert await creds.run(args) == 0
+    assert json.loads(capsys.readouterr().out)["principals"] == first["principals"]  # the same keys again
+    assert set(first["principals"]) >= {"admin", "launcher", "probe", "cli.apply"}
+    conf = tmp_path / "server.conf"
+    conf.write_text('listen: 127.0.0.1:-1\ninclude "d/creds/auth.conf"\n')  # relative to the config
+    result = subprocess.run([str(nats_server_binary()), "-c", str(conf), "-t"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
