@@ -38,10 +38,10 @@ async def stored_types(server: EmbeddedServer) -> list[str]:
 async def test_connection_without_credentials_refused(server: EmbeddedServer, monkeypatch) -> None:
     monkeypatch.delenv(credentials.NKEY_FILE_ENV, raising=False)
     with pytest.raises(BusError, match="(?i)authorization.*none found for 'intruder'"):
-        await Bus.connect(server.url, service="intruder", connect_timeout_s=2.0)
+        await Bus.connect(server.url, service="intruder", connect_timeout_s=10.0)
     # a principal's name without its seed is no better
     with pytest.raises(BusError, match="(?i)authorization"):
-        await Bus.connect(server.url, service="verifier", connect_timeout_s=2.0)
+        await Bus.connect(server.url, service="verifier", connect_timeout_s=10.0)
 
 
 async def test_publish_outside_rights_refused(server: EmbeddedServer) -> None:
