@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test test-slow test-all schemas lint bench clean slurm-deps slurm-up slurm-down
+.PHONY: venv demo test test-slow test-all schemas lint bench clean slurm-deps slurm-up slurm-down bench-scheduling
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (set PYTHON=/path/to/python3.11)"; exit 2; }
@@ -37,7 +37,7 @@ schemas: $(STAMP)
 	$(BIN)/python scripts/gen_schemas.py
 
 lint: $(STAMP)
-	$(BIN)/ruff check libs services tests bench workloads scripts
+	$(BIN)/ruff check libs services tests bench workloads scripts examples
 
 bench: $(STAMP)
 	mkdir -p out
@@ -57,6 +57,11 @@ slurm-deps:
 ## `infrarsi demo --backend slurm`; then `export SLURM_CONF=/run/infrarsi-slurm/slurm.conf`.
 slurm-up: $(STAMP) slurm-deps
 	$(BIN)/python tests/support/slurm_cluster.py up
+
+## Scheduling overhead per trial, local vs Slurm, side by side (needs the cluster: starts it).
+bench-scheduling: slurm-up
+	mkdir -p out
+	SLURM_CONF=/run/infrarsi-slurm/slurm.conf $(BIN)/python bench/scheduling.py --trials 5 --json out/scheduling.json
 
 slurm-down: $(STAMP)
 	$(BIN)/python tests/support/slurm_cluster.py down

@@ -168,3 +168,17 @@ async def test_killed_launcher_reattaches_to_its_slurm_job(tmp_path, slurm_clust
         log.close()
         await h.close()
         server.stop()
+
+
+def test_demo_backend_slurm_runs_the_reference_contract_on_slurm(slurm_cluster, tmp_path, monkeypatch) -> None:
+    """``infrarsi demo --backend slurm``: the reference contract, its trials on the cluster; a clear error
+    when no cluster answers."""
+    from infrarsi.commands.demo import DEFAULT_CONTRACT, with_backend
+    from infrarsi.contract import load_contract
+    from infrarsi.errors import UserError
+
+    contract = load_contract(with_backend(GPT.parent.parent / DEFAULT_CONTRACT, "slurm", tmp_path))
+    assert contract.backend.kind == "slurm" and contract.workload.repo == GPT
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "no-such-slurm.conf"))
+    with pytest.raises(UserError, match="make slurm-up"):
+        with_backend(GPT.parent.parent / DEFAULT_CONTRACT, "slurm", tmp_path)

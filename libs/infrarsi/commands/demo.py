@@ -51,11 +51,15 @@ def with_backend(contract: Path, kind: str, data_dir: Path) -> Path:
     if kind == "slurm":
         if shutil.which("sinfo") is None:
             raise UserError("--backend slurm: the Slurm client (sinfo, sbatch) is not installed (make slurm-deps)")
-        probe = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=30)
-        if probe.returncode != 0:
+        try:
+            probe = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=10)
+            problem = probe.stderr.strip()[:200] if probe.returncode != 0 else None
+        except subprocess.TimeoutExpired:
+            problem = "sinfo did not answer within 10 s"
+        if problem is not None:
             raise UserError(
                 "--backend slurm: no Slurm cluster answers (start one with `make slurm-up` and "
-                f"`export SLURM_CONF=/run/infrarsi-slurm/slurm.conf`): {probe.stderr.strip()[:200]}"
+                f"`export SLURM_CONF=/run/infrarsi-slurm/slurm.conf`): {problem}"
             )
     data = yaml.safe_load(contract.read_text())
     data["workload"]["repo"] = str((contract.parent / data["workload"]["repo"]).resolve())
@@ -103,6 +107,8 @@ def summarise(events: list[ev.Event], report_dir: Path) -> dict[str, object]:
         "mfu_after": best.mfu_after if best else None,
         "winner": {"knobs": best.candidate.knobs, "patches": best.candidate.patches} if best else None,
         "failed_invariants": sorted({i for v in verdicts for i in v.failed_invariants}),
+        "invariants": [{"name": i.name, "ok": i.ok, "detail": i.detail} for i in best.invariants] if best else [],
+        "unchecked_invariants": list(best.unchecked_invariants) if best else [],
         "failed_trials": failures,
         "accelerator_s": round(spent, 1),
         "finished": finished.reason if finished else None,
