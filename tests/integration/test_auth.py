@@ -108,8 +108,8 @@ async def test_trial_job_publishes_steps_as_the_probe_only(server: EmbeddedServe
 
 
 async def test_consumers_refuse_an_event_its_publisher_may_not_own(bus: Bus) -> None:
-    """Every service's consume loop decodes through ``decode_delivery``: an event from a source the table
-    does not list for its type, or on another type's subject, is a bad message (dead-lettered)."""
+    """Every service's consume loop decodes through ``decode_delivery``: an event claimed by a principal the
+    table does not list for its type, or on another type's subject, is a bad message (dead-lettered)."""
     from infrarsi.bus import decode_delivery
 
     study = ev.new_id()
@@ -123,9 +123,9 @@ async def test_consumers_refuse_an_event_its_publisher_may_not_own(bus: Bus) -> 
         seen += [decode_delivery(m) for m in msgs]
     assert [d.error for d in seen] == [
         None,
-        "wrong publisher: 'cli.apply' may not publish StudyFinished (publishers: proposer)",
-        f"wrong publisher: StudyFinished on subject irsi.{study}.TrialProposed (its subject is "
-        f"irsi.{study}.StudyFinished)",
+        "wrong owner: cli.apply does not publish StudyFinished (published by proposer)",
+        f"misrouted: a StudyFinished of study {study!r} belongs on irsi.{study}.StudyFinished, "
+        f"not irsi.{study}.TrialProposed",
     ]
 
 
