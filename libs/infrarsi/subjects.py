@@ -101,9 +101,10 @@ ROUTES: tuple[Route, ...] = (
     _route("BankEntry", ("reporter", "cli.bank"), ("reporter",)),
     _route("StudyFinished", ("proposer",), ("reporter",)),
     # The agent (libs/infrarsi/agent): the proposer asks the study's language model and records its answer;
-    # ``init --ask`` records the contract draft's exchange.
-    _route("AgentAsked", ("proposer", "cli.init"), ("reporter",)),
-    _route("AgentAnswered", ("proposer", "cli.init"), ("reporter",)),
+    # ``init --ask`` records the contract draft's exchange. The proposer answers its own questions (the HTTP
+    # exchange is the handler of its AgentAsked); the launcher reads the accepted diffs from the answers.
+    _route("AgentAsked", ("proposer", "cli.init"), ("proposer", "reporter")),
+    _route("AgentAnswered", ("proposer", "cli.init"), ("proposer", "launcher", "reporter")),
 )
 ROUTES_BY_TYPE: dict[str, Route] = {route.event_type: route for route in ROUTES}
 

@@ -163,7 +163,12 @@ def plan_apply(
     ]
 
     patch_ids = verification.candidate.patches
-    library, texts = _golden_patches(repo, created.baseline_ref, contract.workload.patch_dir, patch_ids)
+    # The agent's diffs are patches of the study recorded in its log (AgentAnswered), not files of the library;
+    # they count as code patches for the policy and are checked again when the branch is written.
+    agent = {p.patch_id: p.diff for a in _payloads(events, ev.AgentAnswered) for p in a.patches}
+    library, texts = _golden_patches(repo, created.baseline_ref, contract.workload.patch_dir,
+                                     [p for p in patch_ids if p not in agent])
+    texts = {p: agent[p] if p in agent else texts[p] for p in patch_ids}
     if contract.workload.launch_file is not None:
         baseline = yaml.safe_load(_golden_file(repo, created.baseline_ref, contract.workload.launch_file)) or {}
     else:  # flags, overrides or variables: the golden values are in the locked contract itself
