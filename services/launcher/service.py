@@ -40,8 +40,8 @@ from pathlib import Path
 
 import msgspec
 import yaml
+from infrarsi import credentials, fswatch, procs, stats, tracing, workspace
 from infrarsi import events as ev
-from infrarsi import fswatch, procs, stats, tracing, workspace
 from infrarsi.backends import Backend, JobHandle, JobResult, JobSpec, SubmitError, backend_class, make_backend
 from infrarsi.contract import (
     BackendSpec,
@@ -54,7 +54,7 @@ from infrarsi.contract import (
 from infrarsi.launch import LaunchValueError
 from infrarsi.logs import get_logger
 from infrarsi.service import Outbox, Service
-from infrarsi.subjects import TELEMETRY_STREAM, step_msg_id, telemetry_subject
+from infrarsi.subjects import PROBE, TELEMETRY_STREAM, step_msg_id, telemetry_subject
 from infrarsi_services.launcher.output import GrowingFile, OutputSteps, OutputTail
 
 log = get_logger(__name__)
@@ -456,6 +456,10 @@ class LauncherService(Service):
         )
         if (traceparent := tracing.traceparent()) is not None:
             env["INFRARSI_TRACEPARENT"] = traceparent
+        # The job reports as the probe, with the probe's rights only: a path to its seed, never the seed.
+        data_dir = os.environ.get("INFRARSI_DATA_DIR")
+        if data_dir and (probe := credentials.stored(PROBE, data_dir)) is not None:
+            env[credentials.NKEY_FILE_ENV] = str(probe.seed_file)
         if study.cluster.peak_flops:
             env["INFRARSI_PEAK_FLOPS"] = repr(float(study.cluster.peak_flops))
         return env
