@@ -78,8 +78,8 @@ def test_five_stages_on_each_example_verify_a_speedup(example: str, tmp_path: Pa
     summary = json.loads(out[out.index("{\n"):]) if "{\n" in out else {}
     assert proc.returncode == 0 and summary["verified"], (out + proc.stderr)[-4000:]
     assert summary["speedup_ci"][0] > 1.0, summary
-    checked = {i["detail"].split(":")[0]: i for i in summary["invariants"] if i["name"] == "loss"}
-    assert {"train loss", "eval loss"} <= checked.keys(), summary["invariants"]
-    assert all(i["ok"] and "worst" in i["detail"] for i in checked.values()), checked  # compared, not skipped
+    loss = [i for i in summary["invariants"] if i["name"] == "loss"]
+    assert loss and all(i["ok"] for i in loss), summary["invariants"]  # e.g. "held on 6 checks": compared
+    assert all(not i["detail"].startswith("not checked") for i in loss), loss
     assert summary["unchecked_invariants"] == []
     assert Path(summary["report"]).is_file()
