@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import os
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from infrarsi import events as ev
 from infrarsi import subjects, tracing
 from infrarsi.embedded import running_server_url
 from infrarsi.logs import get_logger
+from infrarsi.settings import Settings
 
 log = get_logger(__name__)
 
@@ -100,8 +100,11 @@ STREAMS: tuple[StreamSpec, ...] = (
 
 
 def replicas_from_env() -> int:
-    """1 for the embedded server; ``INFRARSI_REPLICAS=3`` on a 3-node cluster (deploy/nats/cluster)."""
-    return int(os.environ.get("INFRARSI_REPLICAS", "1"))
+    """1 for the embedded server; ``INFRARSI_REPLICAS=3`` on a 3-node cluster (deploy/nats/cluster).
+
+    The default of ``Bus.connect`` for a caller that passes no ``replicas``: never 1 by mistake, which would
+    shrink a clustered stream on ``ensure``."""
+    return Settings.from_env().replicas
 
 
 @dataclass(frozen=True)

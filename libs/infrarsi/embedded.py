@@ -197,6 +197,7 @@ def running_server_url(data_dir: Path | str = DEFAULT_DATA_DIR) -> str | None:
     return str(state["url"])
 
 
-def resolve_nats_url(cli_url: str | None, data_dir: Path | str = DEFAULT_DATA_DIR) -> str | None:
-    """``--nats-url`` wins, then ``INFRARSI_NATS_URL``, then a live embedded server under ``data_dir``."""
-    return cli_url or os.environ.get("INFRARSI_NATS_URL") or running_server_url(data_dir)
+def resolve_nats_url(nats_url: str | None, data_dir: Path | str = DEFAULT_DATA_DIR) -> str | None:
+    """``nats_url`` (``--nats-url``, else ``INFRARSI_NATS_URL`` through ``Settings``) wins, then a live embedded
+    server under ``data_dir``."""
+    return nats_url or running_server_url(data_dir)

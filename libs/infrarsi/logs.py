@@ -7,7 +7,6 @@ current OpenTelemetry span is added to every line by a processor.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 
 import structlog
@@ -25,12 +24,12 @@ def _add_trace_id(_logger: object, _method: str, event_dict: dict) -> dict:
 
 
 def setup_logging(service_name: str, level: str | None = None) -> None:
-    """Configure structlog once per process; ``INFRARSI_LOG_LEVEL`` sets the level (default info)."""
+    """Configure structlog once per process at ``level`` (``Settings.log_level``; default info)."""
     global _configured
     if _configured:
         return
     _configured = True
-    level_name = (level or os.environ.get("INFRARSI_LOG_LEVEL", "info")).upper()
+    level_name = (level or "info").upper()
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,

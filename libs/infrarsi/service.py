@@ -46,6 +46,7 @@ from infrarsi import tracing
 from infrarsi.bus import Bus, BusError, Delivery
 from infrarsi.embedded import resolve_nats_url
 from infrarsi.logs import get_logger, setup_logging
+from infrarsi.settings import Settings, SettingsError, env_var
 from infrarsi.subjects import LIFECYCLE_STREAM, PING_SUBJECT, heartbeat_subject, stream_for_type
 
 log = get_logger(__name__)
@@ -158,6 +159,11 @@ class Service(ABC):
     def status(self) -> dict[str, object]:
         """Extra fields for ``infrarsi status``."""
         return {}
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Service:
+        """The service as ``service.main`` builds it; a service with settings of its own overrides this."""
+        return cls()
 
     async def give_up(self, event: ev.Event, out: Outbox, reason: str) -> None:
         """Called once when ``handle`` failed ``MAX_DELIVER`` times on a valid event: publish what ends it
@@ -460,7 +466,7 @@ class Runner:
             await asyncio.sleep(HEARTBEAT_S)
 
 
-PARENT_PID_ENV = "INFRARSI_PARENT_PID"
+PARENT_PID_ENV = env_var("parent_pid")
 """Set by a stack (``infrarsi up``, or a command's own stack) on the services it starts: the process whose
 death must stop them. A service started by hand, systemd or compose has none and runs until signalled."""
 PARENT_POLL_S = 1.0
@@ -487,19 +493,22 @@ async def _stop_when_lost(bus: Bus, stopping: asyncio.Event) -> None:
     stopping.set()
 
 
-async def serve(service: Service, nats_url: str, data_dir: Path | None = None) -> None:
+async def serve(
+    service: Service, nats_url: str, data_dir: Path | None = None, settings: Settings | None = None
+) -> None:
     """Run ``service`` until SIGTERM/SIGINT (or, started by a stack, until that stack's process is gone).
 
     With ``data_dir`` it follows the embedded server there (``Bus.connect``); when the bus gives up on it,
     the service stops and exits non-zero, for its supervisor (``infrarsi up``, systemd) to restart it.
     """
-    bus = await Bus.connect(nats_url, service=service.name, data_dir=data_dir)
+    settings = settings or Settings.from_env()
+    bus = await Bus.connect(nats_url, service=service.name, data_dir=data_dir, replicas=settings.replicas)
     runner = Runner(service, bus)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, runner.stopping.set)
-    parent = os.environ.get(PARENT_PID_ENV, "")
-    watch = asyncio.create_task(_stop_when_orphaned(int(parent), runner.stopping)) if parent.isdigit() else None
+    parent = settings.parent_pid
+    watch = asyncio.create_task(_stop_when_orphaned(parent, runner.stopping)) if parent is not None else None
     lost = asyncio.create_task(_stop_when_lost(bus, runner.stopping))
     try:
         await runner.run()
@@ -516,22 +525,27 @@ async def serve(service: Service, nats_url: str, data_dir: Path | None = None) -
 
 def main(service_factory: type[Service]) -> None:
     """Entry point of ``python -m infrarsi_services.<name>`` (and so of ``infrarsi serve <name>``)."""
+    try:
+        settings = Settings.from_env()
+    except SettingsError as exc:  # a broken deployment: fail in the first second, like a broken install
+        print("\n".join(exc.lines()), file=sys.stderr)
+        raise SystemExit(1) from None
     parser = argparse.ArgumentParser(prog=f"infrarsi-{service_factory.name}")
     parser.add_argument("--nats-url", default=None, help="NATS server (default: $INFRARSI_NATS_URL or embedded)")
-    parser.add_argument("--data-dir", default=os.environ.get("INFRARSI_DATA_DIR", ".infrarsi"))
+    parser.add_argument("--data-dir", type=Path, default=settings.data_dir)
     args = parser.parse_args()
-    setup_logging(service_factory.name)
-    tracing.setup_tracing(f"infrarsi-{service_factory.name}")
-    url = resolve_nats_url(args.nats_url, args.data_dir)
+    settings = settings.model_copy(update={"data_dir": args.data_dir, "nats_url": args.nats_url or settings.nats_url})
+    setup_logging(service_factory.name, settings.log_level)
+    tracing.setup_tracing(f"infrarsi-{service_factory.name}", trace_file=settings.trace_file)
+    url = resolve_nats_url(settings.nats_url, settings.data_dir)
     if url is None:
         print(
             "error: no NATS server: pass --nats-url, set INFRARSI_NATS_URL, or start one with `infrarsi up`",
             file=sys.stderr,
         )
         raise SystemExit(2)
-    os.environ.setdefault("INFRARSI_DATA_DIR", args.data_dir)
     try:
-        asyncio.run(serve(service_factory(), url, Path(args.data_dir)))
+        asyncio.run(serve(service_factory.from_settings(settings), url, settings.data_dir, settings))
     except Exception as exc:  # noqa: BLE001 — top of the process: report and exit non-zero
         log.exception("service crashed", error=repr(exc))
         raise SystemExit(1) from None

@@ -59,8 +59,9 @@ from infrarsi.modeling.space import (
     Patch,
     SearchSpace,
 )
+from infrarsi.settings import env_var
 
-SIM_SCENARIO_ENV = "INFRARSI_SIM_SCENARIO"
+SIM_SCENARIO_ENV = env_var("sim_scenario")
 """Workload env var naming the simulator scenario, until ``BackendSpec`` has a ``scenario`` field."""
 
 _MEMORY_DIRECTION: dict[str, MemoryDirection] = {
