@@ -134,7 +134,7 @@ class Bus:
         self.replicas = replicas
         self.lost: str | None = None
         """Why the connection was given up (see ``connect(data_dir=…)``); ``None`` while it is not."""
-        self._follower: asyncio.Task | None = None
+        self._follower: asyncio.Task[None] | None = None
 
     # ---------------------------------------------------------------- connection
 
@@ -183,10 +183,10 @@ class Bus:
                 nc.connect(
                     server_urls(url),
                     name=f"infrarsi-{service}",
-                    connect_timeout=connect_timeout_s,
+                    connect_timeout=connect_timeout_s,  # type: ignore[arg-type]  # nats-py annotates int; it takes seconds as float
                     allow_reconnect=True,
                     max_reconnect_attempts=-1,
-                    reconnect_time_wait=0.5,
+                    reconnect_time_wait=0.5,  # type: ignore[arg-type]  # as connect_timeout
                     reconnected_cb=on_reconnect,
                     error_cb=on_error,
                 ),
@@ -388,7 +388,7 @@ class Bus:
         try:
             # The consumer knows how many messages match its filter right now: read exactly those,
             # so a filtered read never waits for messages that belong to other subjects.
-            remaining = (await sub.consumer_info()).num_pending
+            remaining = (await sub.consumer_info()).num_pending or 0
             while remaining > 0:
                 try:
                     msgs = await sub.fetch(min(batch, remaining), timeout=5.0)

@@ -47,7 +47,7 @@ def nats_server_binary() -> Path:
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        return int(sock.getsockname()[1])
 
 
 def previous_port(data_dir: Path) -> int | None:
@@ -76,7 +76,7 @@ class EmbeddedServer:
     data_dir: Path
     port: int
     monitor_port: int
-    process: subprocess.Popen | None = None
+    process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:

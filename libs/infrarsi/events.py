@@ -672,7 +672,7 @@ Payload = (
     | AgentAnswered
 )
 
-PAYLOAD_TYPES: tuple[type, ...] = Payload.__args__  # type: ignore[attr-defined]
+PAYLOAD_TYPES: tuple[type, ...] = Payload.__args__
 EVENT_TYPES: tuple[str, ...] = tuple(t.__name__ for t in PAYLOAD_TYPES)
 
 

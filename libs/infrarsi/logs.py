@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import MutableMapping
+from typing import Any
 
 import structlog
 
@@ -16,7 +18,7 @@ from infrarsi.tracing import current_trace_id
 _configured = False
 
 
-def _add_trace_id(_logger: object, _method: str, event_dict: dict) -> dict:
+def _add_trace_id(_logger: object, _method: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     trace_id = current_trace_id()
     if trace_id:
         event_dict.setdefault("trace_id", trace_id)
@@ -47,4 +49,5 @@ def setup_logging(service_name: str, level: str | None = None) -> None:
 
 
 def get_logger(name: str | None = None) -> structlog.stdlib.BoundLogger:
-    return structlog.get_logger(name)
+    logger: structlog.stdlib.BoundLogger = structlog.get_logger(name)
+    return logger

@@ -40,6 +40,8 @@ from pathlib import Path
 from typing import ClassVar, Protocol
 
 import structlog
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
 
 from infrarsi import events as ev
 from infrarsi import tracing
@@ -238,8 +240,8 @@ class _ConsumerHealth:
     errors: int = 0
     rebinds: int = 0
     last_error: str = ""
-    task: asyncio.Task | None = None
-    sub: object | None = None
+    task: asyncio.Task[None] | None = None
+    sub: JetStreamContext.PullSubscription | None = None
     """The pull subscription the loop holds now (unsubscribed on stop: a drain waits on a bound one)."""
 
     def stalled(self, now: float) -> bool:
@@ -268,7 +270,7 @@ class Runner:
         self.stats = _Stats()
         self.consumers: dict[str, _ConsumerHealth] = {}
         self._slots = asyncio.Semaphore(service.concurrency)
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
 
     async def run(self) -> None:
         service = self.service
@@ -300,11 +302,12 @@ class Runner:
         heartbeat.cancel()
         await ping.unsubscribe()
         for health in self.consumers.values():
-            with contextlib.suppress(Exception):
-                await health.sub.unsubscribe()  # type: ignore[union-attr]
+            if health.sub is not None:
+                with contextlib.suppress(Exception):
+                    await health.sub.unsubscribe()
         await service.stop()
 
-    async def _bind(self, durable: str, types: list[str]):
+    async def _bind(self, durable: str, types: list[str]) -> JetStreamContext.PullSubscription:
         return await self.bus.durable_consumer(
             durable,
             types,
@@ -312,7 +315,9 @@ class Runner:
             ack_wait_s=self.service.ack_wait_s,
         )
 
-    async def _consume(self, durable: str, types: list[str], sub, health: _ConsumerHealth) -> None:
+    async def _consume(
+        self, durable: str, types: list[str], sub: JetStreamContext.PullSubscription | None, health: _ConsumerHealth
+    ) -> None:
         """Fetch and dispatch until stopping; no error ends the loop (it backs off, re-binds and goes on)."""
         empty = 0
         while not self.stopping.is_set():
@@ -339,7 +344,9 @@ class Runner:
                 sub = None  # bind again: the consumer or its leader may be gone
                 await asyncio.sleep(min(0.5 * 2 ** min(health.errors, 4), CONSUME_BACKOFF_MAX_S))
 
-    async def _rebound(self, durable: str, types: list[str], sub, health: _ConsumerHealth):
+    async def _rebound(
+        self, durable: str, types: list[str], sub: JetStreamContext.PullSubscription | None, health: _ConsumerHealth
+    ) -> JetStreamContext.PullSubscription:
         """``sub`` if it still delivers what its consumer holds; else a fresh binding (re-creating the consumer)."""
         if sub is not None:
             info = await sub.consumer_info()
@@ -455,7 +462,7 @@ class Runner:
             **self.service.status(),
         }
 
-    async def _on_ping(self, msg) -> None:
+    async def _on_ping(self, msg: Msg) -> None:
         if msg.reply:
             await self.bus.nc.publish(msg.reply, json.dumps(self.status()).encode())
 

@@ -48,6 +48,8 @@ class JsonlSpanExporter(SpanExporter):
         lines = []
         for span in spans:
             ctx = span.get_span_context()
+            if ctx is None:  # only a span that was never started has none
+                continue
             parent = span.parent
             lines.append(
                 json.dumps(

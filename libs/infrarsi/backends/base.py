@@ -13,8 +13,9 @@ Calling order and consistency rules:
    times; the job then ends and ``poll`` turns ``True``. ``collect`` leaves no process of the job behind;
 3. ``close()`` once, at the end; it cancels whatever is still running.
 
-``submit``/``poll`` must not block for long (the launcher calls them from its event loop); ``cancel`` and
-``collect`` may (the launcher runs them in a thread). Several jobs may run at once.
+The launcher calls ``submit``, ``poll``, ``cancel`` and ``collect`` from worker threads (``asyncio.to_thread``),
+so they may block (an ``sbatch``, an API call); calls for different jobs may run at the same time in different
+threads, so state shared between jobs needs a lock. Several jobs may run at once.
 Slurm (sbatch/squeue/scancel) and Kubernetes (Job manifests) fit the same five calls.
 """
 

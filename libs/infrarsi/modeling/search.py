@@ -87,9 +87,7 @@ class SearchConfig:
     oom_risk_power: float = 2.0
     """Acquisition weight of fitting: EI × P(no OOM)^power. One factor is the chance the trial yields its
     improvement at all; the second prices the OOM itself — a failed trial the user pays for, the waste tuners
-    are known for. Power 1 (risk-neutral EI) ran 5.5% of dense7b_h100x64's trials into OOM, late in the search,
-    on candidates at P(OOM) 0.10–0.32 whose EI was no larger than that of safer ones; power 2 ran 4.0% at the
-    same best-over-oracle (docs/modeling.md)."""
+    are known for. Why 2 and not 1 (risk-neutral EI), with the measurements: docs/modeling.md."""
     invariant_exclude: float = 0.05
     """Candidates with P(invariants hold) below this are never proposed (a patch known to break the run)."""
     pairing_trigger: float = 0.5
