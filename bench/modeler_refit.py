@@ -1,5 +1,6 @@
 """Modeler speed: refit time (time, memory and invariant models) at 1k and 5k trials, observe+suggest latency
-at ~100 trials.
+at ~100 trials, and the proposer's decision latency at 5k observed trials (a trial measured → the next one
+proposed: observe, should_stop, suggest, the proposal's prediction).
 
 Trials come from a SIMULATOR scenario (random feasible candidates, simulated outcomes incl. OOMs).
 
@@ -56,6 +57,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         s.refit()  # warm refit after one more trial: what the modeler does per event
         result["refit_seconds"][str(n)] = time.perf_counter() - t0
         print(f"refit at {n} trials: {result['refit_seconds'][str(n)]:.3f} s (warm, after one new trial)")
+    decisions = []
+    for _ in range(25):
+        t0 = time.perf_counter()
+        s.observe(Observation(c, o.status, o.step_time_s, o.peak_bytes, o.cost_seconds))
+        s.should_stop()
+        sug = s.suggest(1)
+        s.predict([sug[0].candidate])
+        decisions.append((time.perf_counter() - t0) * 1000)
+        c = sug[0].candidate
+        o = sc.evaluate(c, rng)
+    n_obs = len(s.observations)
+    result["decision_latency_ms"] = {"p50": float(np.percentile(decisions, 50)),
+                                     "p95": float(np.percentile(decisions, 95)), "observed_trials": n_obs}
+    print(f"decision latency (measured -> next proposed) at {n_obs} observed trials: p50 "
+          f"{result['decision_latency_ms']['p50']:.1f} ms, p95 {result['decision_latency_ms']['p95']:.1f} ms")
     s = Searcher(sc.space, sc.capacity_bytes, meta=meta, pool=pool, seed=1)
     lat = []
     for k in range(130):

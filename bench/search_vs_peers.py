@@ -103,6 +103,10 @@ class Trial:
     cost: float
     chosen_best: Candidate | None
     """The tuner's own pick of the best candidate after this trial."""
+    origin: str = ""
+    """Why InfraRSI proposed it (``Suggestion.origin``); empty for the peers."""
+    predicted_p_oom: float | None = None
+    """InfraRSI's P(OOM) of the candidate when it was proposed."""
 
 
 # ------------------------------------------------------------------------------------------------ tuners
@@ -121,7 +125,8 @@ def run_infrarsi(bs: BenchSpace, seed: int, budget: int) -> list[Trial]:
         o = bs.evaluate(c, rng)
         s.observe(Observation(c, o.status, o.step_time_s, o.peak_bytes, o.cost_seconds))  # type: ignore[arg-type]
         top = s.top_candidates(1)
-        out.append(Trial(c, o.status, o.step_time_s, o.cost_seconds, top[0][0] if top else None))
+        out.append(Trial(c, o.status, o.step_time_s, o.cost_seconds, top[0][0] if top else None, sug[0].origin,
+                         sug[0].p_oom))
     return out
 
 

@@ -25,6 +25,7 @@ import contextlib
 import copy
 import functools
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -301,17 +302,97 @@ class ClusterSpec(_Model):
         )
 
 
+_SLURM_TOKEN = re.compile(r"[A-Za-z0-9_.:@+=/,\-]+")
+"""A Slurm option value: one token, no spaces, quotes or shell characters (it reaches sbatch as one argv item)."""
+_SLURM_TIME = re.compile(r"(\d+-)?\d+(:\d{1,2}){0,2}")
+"""``minutes``, ``mm:ss``, ``hh:mm:ss``, ``d-hh[:mm[:ss]]``."""
+_SBATCH_OWNED = ("--parsable", "--wrap", "--output", "--error", "--job-name", "--chdir", "--nodes", "--ntasks",
+                 "--ntasks-per-node", "--comment", "--requeue", "--no-requeue", "--export")
+"""sbatch options the Slurm backend sets itself: ``extra_sbatch`` may not override them."""
+SLURM_FIELDS = ("partition", "account", "qos", "time_limit", "gres", "constraint", "exclusive", "extra_sbatch")
+
+
 class BackendSpec(_Model):
     """How the launcher runs trials."""
 
-    kind: Literal["local", "sim"] = "local"
-    """``local``: subprocesses on this host; ``sim``: the analytic cluster simulator (labelled as such)."""
+    kind: Literal["local", "sim", "slurm"] = "local"
+    """``local``: subprocesses on this host; ``sim``: the analytic cluster simulator (labelled as such);
+    ``slurm``: a batch job per trial (``sbatch``)."""
     parallel: int = Field(default=1, ge=1)
     """Trials in flight at once."""
     timeout_s: float = Field(default=600.0, gt=0)
     """A trial running longer is killed and reported ``timeout``."""
     scenario: str | None = None
     """For ``kind: sim``: the simulator scenario (see ``infrarsi.sim.scenarios``); ignored otherwise."""
+    netns: list[str] = []
+    """For ``kind: local``: run node ``i``'s torchrun agent inside network namespace ``netns[i]`` (an emulated
+    host with its own address; ``infrarsi.netns``), the rendezvous on the first one's address."""
+    partition: str | None = None
+    """For ``kind: slurm`` (sbatch ``--partition``)."""
+    account: str | None = None
+    """For ``kind: slurm`` (``--account``)."""
+    qos: str | None = None
+    """For ``kind: slurm`` (``--qos``)."""
+    time_limit: str | None = None
+    """Slurm's own limit (``--time``): ``minutes``, ``hh:mm:ss`` or ``d-hh:mm:ss``; reaching it ends the trial
+    ``timeout``."""
+    gres: str | None = None
+    """Per node, e.g. ``gpu:8`` (``--gres``); its GPU count prices the trial's accelerator-seconds."""
+    constraint: str | None = None
+    """For ``kind: slurm``: node features (``--constraint``)."""
+    exclusive: bool = False
+    """For ``kind: slurm``: whole nodes (``--exclusive``)."""
+    extra_sbatch: list[str] = []
+    """More sbatch options, one ``--option=value`` per item (never through a shell)."""
+
+    @field_validator("partition", "account", "qos", "gres", "constraint")
+    @classmethod
+    def _slurm_token(cls, value: str | None) -> str | None:
+        if value is not None and not _SLURM_TOKEN.fullmatch(value):
+            raise ValueError(f"{value!r} is not a single Slurm token (letters, digits, _.:@+=/,-)")
+        return value
+
+    @field_validator("time_limit")
+    @classmethod
+    def _slurm_time(cls, value: str | None) -> str | None:
+        if value is not None and not _SLURM_TIME.fullmatch(value):
+            raise ValueError(f"{value!r} is not a Slurm time (minutes, hh:mm:ss or d-hh:mm:ss)")
+        return value
+
+    @field_validator("extra_sbatch")
+    @classmethod
+    def _sbatch_options(cls, value: list[str]) -> list[str]:
+        for item in value:
+            name, _, arg = item.partition("=")
+            if not re.fullmatch(r"--[a-z][a-z0-9-]*", name) or (arg and not _SLURM_TOKEN.fullmatch(arg)):
+                raise ValueError(f"{item!r} is not one sbatch option (--name or --name=single-token)")
+            if name in _SBATCH_OWNED:
+                raise ValueError(f"{name} is set by the Slurm backend itself")
+        return value
+
+    @field_validator("netns")
+    @classmethod
+    def _netns_names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", name):
+                raise ValueError(f"{name!r} is not a network namespace name")
+        return value
+
+    @model_validator(mode="after")
+    def _options_fit_kind(self) -> BackendSpec:
+        # a field counts as given when it differs from its default (a dumped contract restates every field)
+        given = {
+            k for k, f in type(self).model_fields.items()
+            if k not in ("kind", "parallel", "timeout_s") and getattr(self, k) != f.get_default(call_default_factory=True)
+        }  # fmt: skip
+        allowed = {
+            "local": {"netns"},
+            "sim": {"scenario"},
+            "slurm": set(SLURM_FIELDS),
+        }[self.kind]
+        if extra := sorted(given - allowed):
+            raise ValueError(f"{', '.join(extra)} do not apply to backend kind {self.kind}")
+        return self
 
 
 class ScopeSpec(_Model):
@@ -463,7 +544,11 @@ def _range_problem(value: float, choices: list[Any] | None, low: Any, high: Any)
 
 
 class GlobalBatchConstraint(_Model):
-    """micro-batch × gradient-accumulation × data-parallel = ``size``, fixed by the contract."""
+    """micro-batch × gradient-accumulation × data-parallel = ``size``, fixed by the contract.
+
+    Data-parallel is either fixed (``data_parallel``) or follows the model-parallel knobs:
+    ``devices / (tp·pp·…)``, the product of the ``parallel_keys`` values, which must then be whole, with
+    micro-batch × data-parallel dividing ``size``."""
 
     size: int = Field(ge=1)
     """Global batch in sequences per optimiser step."""
@@ -478,8 +563,47 @@ class GlobalBatchConstraint(_Model):
     """Launch key the derived accumulation steps are written to; ``null`` when the job derives them itself
     from the global batch. When set it must be an editable launch key."""
 
-    def accumulation(self, micro_batch: int) -> int:
-        return self.size // (micro_batch * self.data_parallel)
+    devices: int | None = Field(default=None, ge=1)
+    """Accelerators the job runs on, when data-parallel is derived: ``devices / product(parallel_keys)``.
+    ``null`` (the default): data-parallel is the fixed ``data_parallel``."""
+    parallel_keys: list[str] = []
+    """Launch keys of the model-parallel sizes (tensor, pipeline…) whose product divides ``devices``; knobs, or
+    values fixed in the launch file. Only with ``devices``."""
+
+    @model_validator(mode="after")
+    def _one_way_to_data_parallel(self) -> GlobalBatchConstraint:
+        if self.parallel_keys and self.devices is None:
+            raise ValueError("parallel_keys needs devices (data-parallel = devices / their product)")
+        if self.devices is not None and self.data_parallel != 1:
+            raise ValueError("give data_parallel (fixed) or devices (derived), not both")
+        return self
+
+    def data_parallel_for(self, values: Mapping[str, Any]) -> int | None:
+        """Data-parallel replicas under ``values`` (launch key → value, the parallel keys at least); ``None``
+        when the model-parallel sizes do not divide the devices."""
+        if self.devices is None:
+            return self.data_parallel
+        model_parallel = 1
+        for key in self.parallel_keys:
+            value = values.get(key, 1)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                return None
+            model_parallel *= value
+        return self.devices // model_parallel if self.devices % model_parallel == 0 else None
+
+    def problem(self, values: Mapping[str, Any]) -> str | None:
+        """Why ``values`` (the micro-batch and parallel keys) break the constraint; ``None`` when they keep it."""
+        dp = self.data_parallel_for(values)
+        if dp is None:
+            sizes = " x ".join(f"{k}={values.get(k, 1)!r}" for k in self.parallel_keys)
+            return f"{sizes} does not divide {self.devices} devices"
+        mb = values.get(self.micro_batch_key)
+        if isinstance(mb, bool) or not isinstance(mb, int) or mb <= 0 or self.size % (mb * dp):
+            return f"{self.micro_batch_key}: {mb!r} x data-parallel {dp} does not divide global batch {self.size}"
+        return None
+
+    def accumulation(self, micro_batch: int, data_parallel: int | None = None) -> int:
+        return self.size // (micro_batch * (data_parallel or self.data_parallel))
 
 
 class Constraints(_Model):
@@ -656,6 +780,8 @@ class Contract(_Model):
             gb = (space.get("constraints") or {}).get("global_batch") if isinstance(space.get("constraints"), Mapping) else None
             if isinstance(gb, Mapping):
                 gb = {k: strip(v) if k.endswith("_key") and isinstance(v, str) else v for k, v in gb.items()}
+                if isinstance(gb.get("parallel_keys"), list):
+                    gb["parallel_keys"] = [strip(k) if isinstance(k, str) else k for k in gb["parallel_keys"]]
                 space["constraints"] = {**space["constraints"], "global_batch": gb}
         return data
 
@@ -709,12 +835,18 @@ class Contract(_Model):
         """Every reason a knob vector + patch set is outside the contract (empty = inside)."""
         problems = [f"{k}: {r}" for k, v in knobs.items() if (r := self.knob_value_ok(k, v))]
         gb = self.search_space.constraints.global_batch
-        if gb is not None and gb.micro_batch_key in knobs and not problems:
-            mb = knobs[gb.micro_batch_key]
-            if (gb.size // gb.data_parallel) % mb:
-                problems.append(
-                    f"{gb.micro_batch_key}: {mb} does not divide global batch {gb.size}/{gb.data_parallel}"
-                )
+        involved = {gb.micro_batch_key, *gb.parallel_keys} if gb is not None else set()
+        if gb is not None and involved & set(knobs) and not problems:
+            values = dict(knobs)
+            if involved - set(knobs):  # the keys the candidate leaves at their golden values
+                with contextlib.suppress(OSError, ValueError):
+                    golden = self.baseline_launch()
+                    for key in involved - set(knobs):
+                        found, value = get_dotted(golden, key)
+                        if found:
+                            values[key] = value
+            if gb.micro_batch_key in values and (reason := gb.problem(values)):
+                problems.append(reason)
         problems += [
             f"patch {p!r} is not in search_space.patches"
             for p in patches
@@ -794,7 +926,9 @@ class Contract(_Model):
                 found, micro_batch = get_dotted(self.baseline_launch(), gb.micro_batch_key)
                 micro_batch = micro_batch if found else None
             if isinstance(micro_batch, int) and not isinstance(micro_batch, bool) and micro_batch > 0:
-                values[gb.accumulation_key] = gb.accumulation(micro_batch)
+                parallel = {key: values[key] if key in values else get_dotted(self.baseline_launch(), key)[1]
+                            for key in gb.parallel_keys}
+                values[gb.accumulation_key] = gb.accumulation(micro_batch, gb.data_parallel_for(parallel))
         values[self.workload.steps_key] = steps if steps is not None else self.workload.steps
         return values
 
@@ -1119,6 +1253,7 @@ def _delivery_problems(contract: Contract) -> list[Problem]:
         where = "search_space.constraints.global_batch"
         named += [(f"{where}.{field}", key) for field in ("micro_batch_key", "size_key", "accumulation_key")
                   if (key := getattr(gb, field)) is not None]  # fmt: skip
+        named += [(f"{where}.parallel_keys[{i}]", key) for i, key in enumerate(gb.parallel_keys)]
     problems = [Problem(where, reason) for where, key in named if (reason := launch.key_problem(key, via))]
     for key, knob in space.knobs.items():
         for choice in getattr(knob, "choices", None) or []:
@@ -1128,11 +1263,44 @@ def _delivery_problems(contract: Contract) -> list[Problem]:
     return problems
 
 
+def _derived_data_parallel_problems(
+    gb: GlobalBatchConstraint, space: SearchSpace, launch_keys: set[str], baseline: dict[str, Any] | None
+) -> list[Problem]:
+    """Data-parallel = devices / product(parallel_keys): each involved key is an int knob or an int in the
+    launch file, and at least one allowed combination keeps the constraint (the search filters the others)."""
+    where = "search_space.constraints.global_batch"
+    problems: list[Problem] = []
+    options: dict[str, list[Any]] = {}
+    for key in (gb.micro_batch_key, *gb.parallel_keys):
+        knob = space.knobs.get(key)
+        if knob is not None:
+            if not isinstance(knob, IntKnob):
+                problems.append(Problem(f"search_space.knobs.{key}", "must be type: int (global_batch uses it)"))
+            options[key] = list(knob.values() or [])
+            continue
+        found, fixed = get_dotted(baseline or {}, key)
+        if found and (isinstance(fixed, bool) or not isinstance(fixed, int)):
+            problems.append(Problem(where, f"{key!r} is not an int in the launch file"))
+        options[key] = [fixed] if found else ([1] if key in gb.parallel_keys else [])
+    if problems or not all(options.values()) or len(list(itertools.product(*options.values()))) > 100_000:
+        return problems
+    if not any(gb.problem(dict(zip(options, combo, strict=True))) is None
+               for combo in itertools.product(*options.values())):
+        problems.append(Problem(where, f"no allowed {' / '.join(options)} keeps micro-batch x data-parallel "
+                                       f"(devices {gb.devices} / {' x '.join(gb.parallel_keys) or '1'}) "
+                                       f"dividing global batch {gb.size}"))
+    if gb.accumulation_key is not None and gb.accumulation_key not in launch_keys:
+        problems.append(Problem(f"{where}.accumulation_key", f"{gb.accumulation_key!r} is not in scope.launch_keys"))
+    return problems
+
+
 def _global_batch_problems(
     gb: GlobalBatchConstraint, space: SearchSpace, launch_keys: set[str], baseline: dict[str, Any] | None
 ) -> list[Problem]:
     where = "search_space.constraints.global_batch"
     problems = []
+    if gb.devices is not None:
+        return _derived_data_parallel_problems(gb, space, launch_keys, baseline)
     if gb.size % gb.data_parallel:
         return [Problem(f"{where}.size", f"{gb.size} is not divisible by data_parallel {gb.data_parallel}")]
     per_replica = gb.size // gb.data_parallel

@@ -5,7 +5,8 @@ step-time series per rank, optionally with phase times), it finds the warm-up le
 service's rule, `stats.detect_warmup`, so a trial and the baseline drop the same steps), each run's robust
 steady step time, run-to-run and step-to-step noise, phase fractions, per-rank medians and stragglers, the
 minimum detectable speed-up at r repeats per arm, and the repeats needed for given effects. It also
-measures a CPU host's matmul peak FLOP/s for MFU (``measure_cpu_peak_flops``; torch is imported there only).
+measures a CPU host's matmul peak FLOP/s for MFU (``measure_cpu_peak``: only the dtypes the CPU runs
+natively, bounded in time; torch is imported there only).
 
 Statistical model (documented in docs/stages.md): a trial's robust step time T is log-normal across runs,
 log T ~ N(μ_arm, σ²), σ = the sample standard deviation of log(per-run median) over the doctor repeats.
@@ -324,33 +325,98 @@ def analyse(
 # --------------------------------------------------------------------------------------------------
 
 
-def measure_cpu_peak_flops(
+NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
+"""CPU flags (``/proc/cpuinfo``: x86 ``flags``, arm64 ``Features``) that mean bf16 matmuls run natively."""
+
+
+@dataclass(frozen=True)
+class PeakMeasurement:
+    """What ``measure_cpu_peak`` measured: the peak, in which dtype, and what it left out and why."""
+
+    flops: float
+    """The best matmul FLOP/s over the dtypes measured."""
+    dtype: str
+    """The dtype that reached it."""
+    per_dtype: dict[str, float]
+    """FLOP/s of each dtype measured."""
+    skipped: dict[str, str]
+    """Dtypes not measured (or cut short) → why."""
+    seconds: float
+
+    def describe(self) -> str:
+        """``755 GFLOP/s in bfloat16 (float32 86 GFLOP/s); not measured: …`` — for people."""
+        others = ", ".join(f"{d} {f / 1e9:.0f} GFLOP/s" for d, f in self.per_dtype.items() if d != self.dtype)
+        text = f"{self.flops / 1e9:.0f} GFLOP/s in {self.dtype}" + (f" ({others})" if others else "")
+        if self.skipped:
+            text += "; " + "; ".join(f"{d}: {why}" for d, why in self.skipped.items())
+        return text
+
+
+def native_matmul_dtypes(cpuinfo: str | None = None) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The dtypes this CPU multiplies natively (float32 always; bfloat16 with bf16 instructions), and why
+    the others are left out. Without a readable ``/proc/cpuinfo`` bfloat16 is kept (the time bound of
+    ``measure_cpu_peak`` then caps what an emulated bf16 costs)."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as fh:
+                cpuinfo = fh.read()
+        except OSError:
+            return ("float32", "bfloat16"), {}
+    flags = {word for line in cpuinfo.splitlines() if line.lower().startswith(("flags", "features"))
+             for word in line.split(":", 1)[-1].split()}  # fmt: skip
+    if flags & NATIVE_BF16_FLAGS:
+        return ("float32", "bfloat16"), {}
+    return ("float32",), {"bfloat16": "no native bf16 matmul on this CPU (no avx512_bf16/amx_bf16/bf16 flag)"}
+
+
+def measure_cpu_peak(
     threads: int,
     *,
     size: int = 2048,
     repeats: int = 5,
     warmup: int = 1,
-    dtypes: tuple[str, ...] = ("float32", "bfloat16"),
-) -> float:
-    """Measured matmul peak FLOP/s of this host with ``threads`` threads: the best over ``dtypes`` of the best
-    of ``repeats`` timed ``torch.mm`` of two size×size matrices (2·size³ FLOPs each).
+    dtypes: Sequence[str] | None = None,
+    budget_s: float = 20.0,
+) -> PeakMeasurement:
+    """Measured matmul peak FLOP/s of this host with ``threads`` threads: the best over ``dtypes`` (default:
+    those the CPU runs natively, ``native_matmul_dtypes``) of the best of ``repeats`` timed ``torch.mm`` of
+    two size×size matrices (2·size³ FLOPs each).
 
     The best, not the mean: the peak is what the hardware can do; slower runs measure interference. The best
     over dtypes, as MFU is quoted against the fastest dense matmul the device offers (a GPU's bf16 peak): on a
     CPU with bf16 dot products (AVX512-BF16/AMX) an fp32 peak would put a bf16 run above 100%.
-    The torch thread count is restored afterwards.
+    Bounded in time: each dtype gets an equal share of ``budget_s``; the matrix grows from 256×256, doubling
+    while the timed runs at the next size (8× the last product's time each) still fit the share (a dtype
+    whose 256×256 runs do not fit is skipped; one measured below ``size`` is noted). The torch thread count is restored afterwards.
     """
     import torch  # heavy; only the CPU-host doctor path needs it
 
+    started = time.perf_counter()
+    skipped: dict[str, str] = {}
+    if dtypes is None:
+        dtypes, skipped = native_matmul_dtypes()
     previous = torch.get_num_threads()
     torch.set_num_threads(max(1, int(threads)))
+    per_dtype: dict[str, float] = {}
     try:
-        peak = 0.0
-        for dtype_name in dtypes:
+        for i, dtype_name in enumerate(dtypes):
+            t_dtype = time.perf_counter()
+            share = (budget_s - (t_dtype - started)) / (len(dtypes) - i)
             dtype = getattr(torch, dtype_name)
-            a = torch.randn(size, size).to(dtype)
-            b = torch.randn(size, size).to(dtype)
-            out = torch.empty(size, size, dtype=dtype)
+            # grow the matrix while the timed runs at the next size still fit this dtype's share
+            n, last_s = 256, min(_time_mm(torch, dtype, 256) for _ in range(2))
+            while n < size and last_s * 8 * (warmup + repeats) <= share - (time.perf_counter() - t_dtype):
+                n *= 2
+                last_s = _time_mm(torch, dtype, n)
+            if last_s * (warmup + repeats) > share:
+                skipped[dtype_name] = (f"not measured: {warmup + repeats} products of {n}×{n} ({last_s:.2f} s each) "
+                                       f"do not fit the {budget_s:g} s bound")  # fmt: skip
+                continue
+            if n < size:
+                skipped[dtype_name] = f"measured at {n}×{n} (not {size}) to stay within {budget_s:g} s"
+            a = torch.randn(n, n).to(dtype)
+            b = torch.randn(n, n).to(dtype)
+            out = torch.empty(n, n, dtype=dtype)
             for _ in range(warmup):
                 torch.mm(a, b, out=out)
             best = math.inf
@@ -358,7 +424,23 @@ def measure_cpu_peak_flops(
                 t0 = time.perf_counter()
                 torch.mm(a, b, out=out)
                 best = min(best, time.perf_counter() - t0)
-            peak = max(peak, 2.0 * size**3 / best)
-        return peak
+            per_dtype[dtype_name] = 2.0 * n**3 / best
     finally:
         torch.set_num_threads(previous)
+    if not per_dtype:
+        raise RuntimeError(f"no matmul dtype could be measured within {budget_s:g} s: {skipped}")
+    best_dtype = max(per_dtype, key=lambda d: per_dtype[d])
+    return PeakMeasurement(per_dtype[best_dtype], best_dtype, per_dtype, skipped, time.perf_counter() - started)
+
+
+def _time_mm(torch, dtype, n: int) -> float:  # noqa: ANN001 — torch is imported lazily by the caller
+    a = torch.randn(n, n).to(dtype)
+    b = torch.randn(n, n).to(dtype)
+    t0 = time.perf_counter()
+    torch.mm(a, b)
+    return time.perf_counter() - t0
+
+
+def measure_cpu_peak_flops(threads: int, **kwargs: object) -> float:
+    """``measure_cpu_peak(...).flops``."""
+    return measure_cpu_peak(threads, **kwargs).flops  # type: ignore[arg-type]

@@ -71,9 +71,12 @@ LEFT_OUT_WHY = "changes what is trained, how it is evaluated, or where it writes
 HF_TRAINING_ARGS: dict[str, tuple[str, Any]] = {
     "per_device_train_batch_size": ("int", 8), "gradient_accumulation_steps": ("int", 1),
     "bf16": ("hfbool", False), "fp16": ("hfbool", False), "gradient_checkpointing": ("hfbool", False),
-    "optim": ("str", "adamw_torch"), "torch_compile": ("hfbool", False), "dataloader_num_workers": ("int", 0),
+    "optim": ("str", None), "torch_compile": ("hfbool", False), "dataloader_num_workers": ("int", 0),
     "max_steps": ("int", -1),
 }  # fmt: skip
+"""The ``TrainingArguments`` fields the scaffold searches, with the type it writes them in; defaults are read
+from the installed ``transformers`` when it is importable (``optim``'s changed between releases), else these
+(``None``: unknown, so the flag is not written into the golden command)."""
 KNOWN_CHOICES: dict[str, list[Any]] = {
     "optim": ["adamw_torch", "adamw_torch_fused"],
     "attn_implementation": ["eager", "sdpa"],
@@ -411,7 +414,13 @@ def scaffold(
 
 
 def _has_overrides(args: Sequence[str]) -> bool:
-    return bool(launch.overrides_golden(args)) and not any(a.startswith("--") for a in args)
+    """Hydra-style: ``key=value`` items, beside which only ``--flag value`` pairs (``--config-name base``)."""
+    items = launch.overrides_golden(args)
+    if not items:
+        return False
+    flags = launch.argv_flags(args)
+    used = {f.index for f in flags} | {f.index + 1 for f in flags if f.value is not None and not f.equals}
+    return all(i in used or "=" in a for i, a in enumerate(args))
 
 
 def _refuse_positionals(args: Sequence[str]) -> None:
@@ -428,14 +437,27 @@ def _known_flags(info: ScriptInfo, args: Sequence[str], via: launch.KnobsVia) ->
     golden: dict[str, Any] = launch.argv_golden(args) if via == "argv" else dict(launch.overrides_golden(args))
     declared = dict(info.declared)
     if info.hf_parser:
+        defaults = _installed_training_defaults()
         for flag, (kind, default) in HF_TRAINING_ARGS.items():
-            declared.setdefault(flag, Declared(kind, default))  # type: ignore[arg-type]
+            declared.setdefault(flag, Declared(kind, defaults.get(flag, default)))  # type: ignore[arg-type]
     flags: dict[str, tuple[Declared, Any]] = {}
     for flag in [*golden, *declared]:
         if flag in flags or flag.startswith(("no-", "no_")) and flag[3:] in golden:
             continue
         flags[flag] = (declared.get(flag, Declared("unknown")), golden.get(flag))
     return flags
+
+
+def _installed_training_defaults() -> dict[str, Any]:
+    """Defaults of the installed ``transformers.TrainingArguments`` (a library, not the user's code)."""
+    try:
+        import dataclasses
+
+        from transformers import TrainingArguments
+    except ImportError:
+        return {}
+    return {f.name: str(f.default) if f.name == "optim" else f.default for f in dataclasses.fields(TrainingArguments)
+            if f.name in HF_TRAINING_ARGS and f.default is not dataclasses.MISSING}  # fmt: skip
 
 
 def _plan_knobs(
@@ -542,7 +564,8 @@ def _knob(role: Role, flag: str, entry: tuple[Declared, Any], info: ScriptInfo, 
         choices = [value, *choices] if isinstance(value, type(choices[0])) else choices
     if any(launch.value_problem(flag, c, "argv") for c in choices if isinstance(c, str)):
         return "its choices hold values that would read as flags"
-    return Knob(flag, role, {"type": "choice", "choices": choices}, value if value is not None else choices[0], _WHY[role])
+    # golden None: the job's default is unknown, so the flag stays out of the golden command
+    return Knob(flag, role, {"type": "choice", "choices": choices}, value, _WHY[role])
 
 
 _WHY: dict[Role, str] = {
@@ -565,7 +588,7 @@ def _explicit_args(args: list[str], explicit: dict[str, Any], flags: dict[str, t
     missing = {}
     for flag, value in explicit.items():
         decl, golden = flags.get(flag, (Declared("unknown"), None))
-        if golden is not None:
+        if golden is not None or value is None:
             continue
         if decl.type == "bool":
             continue  # a switch: absent is its default; the launcher adds or drops it
@@ -689,7 +712,8 @@ def _header(report: ScaffoldReport, info: ScriptInfo, parsed: ParsedCommand) -> 
         lines += [
             "# The script does not call InfraRSI's probe, so trials are measured COARSELY (wall time, exit",
             "# status, process-tree memory, steps counted by workload.measurement.step_regex in the job's output);",
-            "# tokens, eval, loss and timing are then reported as unchecked. " + _PROBE_HINT[report.framework],
+            "# tokens, eval, loss and timing are then reported as unchecked.",
+            "# " + _PROBE_HINT[report.framework],
         ]
     if report.left_out:
         lines.append("# Left out of the search (" + LEFT_OUT_WHY + ", or said below):")
@@ -704,10 +728,13 @@ def _header(report: ScaffoldReport, info: ScriptInfo, parsed: ParsedCommand) -> 
 
 _FRAMEWORK_NAMES = {"hf_trainer": "Hugging Face Trainer", "lightning": "PyTorch Lightning", "plain": "plain PyTorch"}
 _PROBE_HINT = {
-    "hf_trainer": "One line measures it fully: pass InfraRSI's TrainerCallback to Trainer(callbacks=[...]).",
-    "lightning": "One line measures it fully: pass InfraRSI's Lightning Callback to Trainer(callbacks=[...]).",
-    "plain": "Calling infrarsi.probe around the training step measures it fully.",
-}
+    "hf_trainer": "For a full measurement add Trainer(..., callbacks=[InfraRSICallback()]) with\n"
+                  "# `from infrarsi.probe.integrations.hf import InfraRSICallback`, then scaffold again.",
+    "lightning": "For a full measurement add Trainer(..., callbacks=[InfraRSICallback()]) with\n"
+                 "# `from infrarsi.probe.integrations.lightning import InfraRSICallback`, then scaffold again.",
+    "plain": "For a full measurement wrap the loop's step with `from infrarsi.probe.integrations.torch import\n"
+             "# track` (@track(model, opt).step), then scaffold again.",
+}  # fmt: skip
 
 
 def _annotate(body: str, report: ScaffoldReport) -> str:

@@ -65,8 +65,12 @@ SIM_SCENARIO_ENV = env_var("sim_scenario")
 """Workload env var naming the simulator scenario, until ``BackendSpec`` has a ``scenario`` field."""
 
 _MEMORY_DIRECTION: dict[str, MemoryDirection] = {
-    # canonical knowledge-base names (priors.ALIASES); +1: larger value never lowers peak memory
-    "micro_batch": 1, "tp": -1, "pp": -1, "dp": -1, "ep": -1, "zero_stage": -1, "sequence_parallel": -1,
+    # canonical knowledge-base names (priors.ALIASES); +1: larger value never lowers peak memory. Only directions
+    # that hold whatever else is set belong here: the OOM-domination rule excludes every candidate that moves
+    # each knob the "bigger" way from a known OOM, without trying it. ZeRO stage is left out: a real stage 3
+    # can use more than stage 2 (its parameter prefetch buffers and allocator fragmentation outweigh the
+    # sharding at small data-parallel sizes), and a wrong direction here excluded settings that fit.
+    "micro_batch": 1, "tp": -1, "pp": -1, "dp": -1, "ep": -1, "sequence_parallel": -1,
     "flash_attention": -1, "offload_optimizer": -1, "bucket_mb": 1, "capacity_factor": 1,
 }
 _MEMORY_ORDER: dict[str, tuple[str, ...]] = {
@@ -172,7 +176,7 @@ class StudySpace:
                 base_values[name] = first
 
         patches = _convert_patches(contract.search_space.patches, library, notes)
-        constraints = list(_global_batch_constraints(contract, names))
+        constraints = list(_global_batch_constraints(contract, names, baseline_launch))
         memory_direction = {k.name: d for k in knobs
                             if (d := _MEMORY_DIRECTION.get(KnowledgeBase.canonical(k.name), 0)) != 0}
         meta = None
@@ -367,12 +371,13 @@ def _scenario(name: str):  # -> infrarsi.sim.scenarios.Scenario
 
 
 def _model_names(keys: list[str]) -> dict[str, str]:
-    """Launch key → modeling name: the last dotted component, the whole key (dots → ``_``) where two clash."""
-    short = {k: k.rsplit(".", 1)[-1] for k in keys}
+    """Launch key → modeling name: the last dotted component, the whole key (dots → ``_``) where two clash.
+    Dashes become ``_`` too: a flag ``--batch-size`` is argparse's ``batch_size``, and the priors know that name."""
+    short = {k: k.rsplit(".", 1)[-1].replace("-", "_") for k in keys}
     counts: dict[str, int] = {}
     for s in short.values():
         counts[s] = counts.get(s, 0) + 1
-    return {k: (s if counts[s] == 1 else k.replace(".", "_")) for k, s in short.items()}
+    return {k: (s if counts[s] == 1 else k.replace(".", "_").replace("-", "_")) for k, s in short.items()}
 
 
 def _convert_knob(key: str, name: str, spec: Any, golden: Any, scenario_space: SearchSpace | None
@@ -454,18 +459,25 @@ def _convert_patches(ids: list[str], library: Mapping[str, PatchInfo] | None, no
     return out
 
 
-def _global_batch_constraints(contract: Contract, names: Mapping[str, str]) -> list[Constraint]:
+def _global_batch_constraints(contract: Contract, names: Mapping[str, str], golden: Mapping[str, Any] | None
+                              ) -> list[Constraint]:
+    """The contract's global-batch constraint over the candidate's knobs; the keys it involves that are not
+    knobs keep their golden launch value."""
     gb = contract.search_space.constraints.global_batch
-    if gb is None or gb.micro_batch_key not in names:
+    if gb is None or not ({gb.micro_batch_key, *gb.parallel_keys} & set(names)):
         return []
-    name = names[gb.micro_batch_key]
-    per_replica = gb.size // gb.data_parallel
+    fixed = {}
+    for key in (gb.micro_batch_key, *gb.parallel_keys):
+        found, value = get_dotted(golden or {}, key)
+        if key not in names and found:
+            fixed[key] = value
 
-    def divides(kv: Mapping[str, Any], _patches: frozenset[str]) -> bool:
-        mb = kv[name]
-        return isinstance(mb, int) and mb > 0 and per_replica % mb == 0
+    def keeps(kv: Mapping[str, Any], _patches: frozenset[str]) -> bool:
+        values = fixed | {key: kv[name] for key, name in names.items() if name in kv}
+        return gb.problem(values) is None
 
-    return [Constraint(f"{name} divides global batch {gb.size}/{gb.data_parallel}", divides)]
+    dp = f"{gb.devices}/({'·'.join(gb.parallel_keys) or '1'})" if gb.devices is not None else str(gb.data_parallel)
+    return [Constraint(f"{gb.micro_batch_key} x data-parallel {dp} divides global batch {gb.size}", keeps)]
 
 
 def _scenario_constraints(space: SearchSpace, study_values: Mapping[str, Any], defaults: Mapping[str, Any]

@@ -110,7 +110,7 @@ ROUTES_BY_TYPE: dict[str, Route] = {route.event_type: route for route in ROUTES}
 CLI_READS: dict[str, tuple[str, ...]] = {
     "cli.init": (BANK_STREAM,),
     "cli.doctor": (LIFECYCLE_STREAM, TELEMETRY_STREAM),
-    "cli.trial": (LIFECYCLE_STREAM,),
+    "cli.trial": (LIFECYCLE_STREAM, TELEMETRY_STREAM),  # steps shown as they come
     "cli.run": (LIFECYCLE_STREAM,),
     "cli.verify": (LIFECYCLE_STREAM,),
     "cli.model": (LIFECYCLE_STREAM,),

@@ -19,7 +19,13 @@ import pytest
 from infrarsi import events as ev
 from infrarsi.bank.distil import bank_event
 from infrarsi.bank.federation import read_bank_entries
-from infrarsi.bank.store import create_bank_tables, export_bank, load_entries, parse_import_file, project_events
+from infrarsi.bank.store import (
+    create_bank_tables,
+    export_bank,
+    load_entries,
+    parse_import_file,
+    project_events,
+)
 from infrarsi.bus import Bus
 from infrarsi.subjects import BANK_STREAM
 

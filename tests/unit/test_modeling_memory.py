@@ -106,3 +106,35 @@ def test_structured_priors_trust_the_exact_scalings():
     assert act[mm.encoder.index["micro_batch=4"]] == 0.02
     assert act[mm.encoder.index["recompute=selective"]] == 0.12
     assert mm.prior_std[-1] == 0.2
+
+
+def _meta(**kwargs):
+    from infrarsi.modeling.memory_model import TransformerMeta
+
+    return TransformerMeta(layers=40, hidden=5120, heads=40, seq_len=4096, vocab=32000, dense_params=13_000_000_000,
+                           global_batch=512, capacity_bytes=80 * GIB, **kwargs)
+
+
+def test_without_a_dp_knob_data_parallel_is_devices_over_tp_pp_not_one():
+    # issue 13: with no dp knob the formula assumed dp = 1, so ZeRO sharding saved nothing on paper
+    from infrarsi.modeling.memory_model import structural_components
+
+    no_dp = {"tp": 2, "pp": 2, "zero_stage": 1, "micro_batch": 1}
+    explicit = structural_components(_meta(devices=32), {**no_dp, "dp": 8})
+    assert structural_components(_meta(devices=32), no_dp) == explicit
+    assert structural_components(_meta(), no_dp)[0] > 1.5 * explicit[0]  # devices unknown: the old dp = 1
+
+
+def test_a_string_knob_in_an_on_off_role_is_not_read_as_bool_of_the_string():
+    # issue 13: attn=eager mapped to flash_attention was bool("eager") = True
+    import pytest
+    from infrarsi.modeling.memory_model import structural_components
+
+    meta = _meta(devices=8, roles={"flash_attention": "attn"})
+    eager = structural_components(meta, {"attn": "eager", "micro_batch": 1})
+    flash = structural_components(meta, {"attn": "flash", "micro_batch": 1})
+    assert eager[1] > 2 * flash[1]  # no flash attention: the s² attention scores are kept
+    custom = _meta(devices=8, roles={"flash_attention": "attn"}, role_values={"flash_attention": {"fa_v3": True}})
+    assert structural_components(custom, {"attn": "fa_v3", "micro_batch": 1}) == flash
+    with pytest.raises(ValueError, match="attn"):
+        structural_components(meta, {"attn": "fa_v3", "micro_batch": 1})

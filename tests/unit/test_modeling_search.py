@@ -162,5 +162,19 @@ def test_a_prior_that_fears_every_candidate_still_probes_the_least_risky_one():
     obs = evaluate(first[0].candidate, np.random.default_rng(0))
     assert obs.status == "ok"
     s.observe(obs)
-    # once something fitted, the exclusion holds again: nothing above P(OOM) 0 is proposed
-    assert s.suggest(1) == []
+
+
+def test_no_stall_after_the_first_success_when_every_candidate_is_above_the_oom_cut_off():
+    # issue 13: with every shortlisted candidate above the cut-off the searcher returned nothing while
+    # should_stop() said go on, and the proposer reported "space exhausted" with most of the space untried
+    s = Searcher(SPACE, CAP, seed=0, kb=default_knowledge_base(), config=SearchConfig(oom_exclude=0.0))
+    rng = np.random.default_rng(0)
+    for _ in range(1 + s.config.n_seeds):  # the initial design
+        s.observe(evaluate(s.suggest(1)[0].candidate, rng))
+    assert any(o.status == "ok" for o in s.observations)
+    stop, _why = s.should_stop()
+    assert not stop
+    nxt = s.suggest(1)
+    assert len(nxt) == 1 and "cut-off" in nxt[0].reason
+    # the best the acquisition offers once the cut-off is lifted (it still prices the risk)
+    assert nxt[0].candidate.key not in {o.candidate.key for o in s.observations}

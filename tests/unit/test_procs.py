@@ -108,3 +108,40 @@ def test_kill_all_ends_a_process_that_ignores_sigterm(tmp_path, hard: bool) -> N
     procs.kill_all([psutil.Process(proc.pid)], grace_s=0.5, hard=hard)
     assert proc.wait(timeout=5) == -9
     assert time.monotonic() - started < 4
+
+
+SPIKE = textwrap.dedent(
+    """
+    import os, sys, time
+    spike = bytearray(os.urandom(1)) * (300 << 20)  # every page written: resident
+    del spike
+    open(sys.argv[1], "w").close()  # the spike is over
+    time.sleep(600)
+    """
+)
+
+
+def test_a_spike_between_two_samples_is_still_an_oom(tmp_path) -> None:
+    script, over = tmp_path / "spike.py", tmp_path / "over"
+    script.write_text(SPIKE)
+    proc = subprocess.Popen([sys.executable, str(script), str(over)], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 20
+        while not over.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert over.exists()
+        # The first sample comes after the spike: only the kernel's high-water mark still knows it.
+        seen = []
+        watchdog = procs.MemoryWatchdog([proc.pid], capacity_bytes=200 << 20, untagged_rank=0, on_exceed=seen.append)
+        now = watchdog.sample()
+        assert now[0] < 200 << 20, "the spike was gone when the watchdog first looked"
+        assert watchdog.peak_per_rank[0] > 300 << 20
+        watchdog.start()
+        deadline = time.monotonic() + 5
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert seen and seen[0].rss_bytes > 300 << 20 and seen[0].rank == 0
+        watchdog.stop()
+    finally:
+        procs.kill_all([psutil.Process(proc.pid)], hard=True)
+        proc.wait()

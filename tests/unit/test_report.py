@@ -100,3 +100,28 @@ def test_unknown_study_and_missing_table(tmp_path, db):
 
     with pytest.raises(ReportSourceError):
         build_report(duckdb.connect(), "s1")
+
+
+def test_a_coarse_study_says_so_and_names_what_went_unchecked(tmp_path):
+    """A study of a job without a probe: every trial coarse, verdicts with unchecked invariants."""
+    import msgspec
+    from infrarsi import events as ev
+
+    unchecked = [ev.UncheckedInvariant(name="loss", reason="no probe"), ev.UncheckedInvariant(name="work.tokens", reason="no probe")]
+    events = []
+    for event in synthetic_study("c1", write_workload(tmp_path / "workload"), seed=3):
+        match event.payload:
+            case ev.TrialMeasured() as m:
+                event = msgspec.structs.replace(event, payload=msgspec.structs.replace(m, coarse=True, unchecked_invariants=unchecked))
+            case ev.VerifyCompleted() as v:
+                event = msgspec.structs.replace(event, payload=msgspec.structs.replace(v, unchecked_invariants=["loss", "work.tokens"]))
+        events.append(event)
+    con = duckdb.connect(str(tmp_path / "analyst.duckdb"))
+    load_events(con, list(enumerate(events, start=1)))
+    report = build_report(con, "c1")
+    assert all(t.coarse and t.unchecked_invariants == ["loss", "work.tokens"] for t in report.trials if t.step_time_s)
+    assert all(v.unchecked_invariants == ["loss", "work.tokens"] for v in report.verdicts)
+    md = render_markdown(report, tmp_path / "r.md")[0].read_text()
+    assert "COARSE MEASUREMENT" in md and "UNCHECKED invariants (never counted as held): loss, work.tokens" in md
+    assert md.count("| UNCHECKED |") == 2 * len(report.verdicts)
+    con.close()

@@ -202,3 +202,66 @@ def test_every_pair_of_distinct_candidates_has_distinct_event_keys(tmp_path: Pat
     sample = study.space.enumerate()[:40]
     for a, b in itertools.combinations(sample, 2):
         assert (study.event_key(a) == study.event_key(b)) == (a == b)
+
+
+def test_an_oom_at_one_zero_stage_does_not_exclude_a_higher_stage_untried(tmp_path: Path) -> None:
+    # issue 13: the OOM-domination rule took "more sharding never raises memory" for ZeRO stages; a real stage 3
+    # can need more than stage 2 (prefetch buffers, fragmentation), and settings that fit were excluded untried
+    from infrarsi.modeling.search import Observation, Searcher
+
+    data = synthetic_contract_dict(tmp_path)
+    data["scope"]["launch_keys"] = ["train.micro_batch_size", "train.zero_stage"]
+    data["search_space"] = {"knobs": {"train.micro_batch_size": {"type": "int", "choices": [1, 2, 4, 8]},
+                                      "train.zero_stage": {"type": "int", "choices": [0, 1, 2, 3]}}}
+    study = StudySpace.from_contract(contract_from_dict(data, check=False),
+                                     baseline_launch={"train": {"micro_batch_size": 1, "zero_stage": 0}})
+    assert "zero_stage" not in study.space.memory_direction
+    assert study.space.memory_direction["micro_batch_size"] == 1
+    s = Searcher(study.space, study.capacity_bytes, kb=study.kb, baseline=study.baseline)
+    oom = Candidate.of({"micro_batch_size": 4, "zero_stage": 2})
+    s.observe(Observation(oom, "oom", None, study.capacity_bytes * 0.97))
+    stage3, bigger = oom.replace(zero_stage=3), oom.replace(micro_batch_size=8)
+    p3, p_bigger = s.predict([stage3, bigger])
+    assert p_bigger.p_oom == 1.0  # a larger micro-batch at the same stage is still dominated
+    assert p3.p_oom < 1.0
+
+
+def _derived_dp_contract(repo: Path, **global_batch: Any) -> dict[str, Any]:
+    data = synthetic_contract_dict(repo)
+    data["scope"]["launch_keys"] = ["train.micro_batch_size", "par.tp", "par.pp"]
+    data["search_space"] = {
+        "knobs": {"train.micro_batch_size": {"type": "int", "choices": [1, 2, 4, 8]},
+                  "par.tp": {"type": "int", "choices": [1, 2, 3, 4]}, "par.pp": {"type": "int", "choices": [1, 2]}},
+        "constraints": {"global_batch": {"size": 32, "micro_batch_key": "train.micro_batch_size", **global_batch}}}
+    return data
+
+
+def test_global_batch_with_data_parallel_derived_from_devices_over_tp_pp(tmp_path: Path) -> None:
+    # issue 13: dp = devices / (tp·pp) with micro_batch·dp dividing the global batch could not be written
+    data = _derived_dp_contract(tmp_path, devices=16, parallel_keys=["par.tp", "par.pp"])
+    contract = contract_from_dict(data, check=False)
+    study = StudySpace.from_contract(contract, baseline_launch={"train": {"micro_batch_size": 1},
+                                                                "par": {"tp": 1, "pp": 1}})
+    feasible = {(c["micro_batch_size"], c["tp"], c["pp"]) for c in study.space.enumerate()}
+    assert (2, 1, 1) in feasible and (4, 1, 1) not in feasible  # dp 16: 2·16 divides 32, 4·16 does not
+    assert (8, 4, 1) in feasible and (8, 2, 2) in feasible  # dp 4: 8·4 = 32
+    assert not any(tp == 3 for _, tp, _ in feasible)  # 3 does not divide 16 devices
+    assert contract.candidate_problems({"train.micro_batch_size": 8, "par.tp": 4, "par.pp": 1}) == []
+    assert "does not divide global batch" in contract.candidate_problems(
+        {"train.micro_batch_size": 8, "par.tp": 1, "par.pp": 1})[0]
+    assert "does not divide 16 devices" in contract.candidate_problems(
+        {"train.micro_batch_size": 1, "par.tp": 3, "par.pp": 1})[0]
+    gb = contract.search_space.constraints.global_batch
+    assert gb is not None and gb.accumulation(8, gb.data_parallel_for({"par.tp": 4, "par.pp": 1})) == 1
+
+
+def test_global_batch_takes_a_fixed_or_a_derived_data_parallel_not_both(tmp_path: Path) -> None:
+    from infrarsi.contract import ContractError
+
+    with pytest.raises((ContractError, ValueError), match="not both"):
+        contract_from_dict(_derived_dp_contract(tmp_path, devices=16, data_parallel=2), check=False)
+    with pytest.raises((ContractError, ValueError), match="needs devices"):
+        contract_from_dict(_derived_dp_contract(tmp_path, parallel_keys=["par.tp"]), check=False)
+    # the fixed form is unchanged
+    fixed = contract_from_dict(_derived_dp_contract(tmp_path, data_parallel=4), check=False)
+    assert fixed.candidate_problems({"train.micro_batch_size": 8}) == []

@@ -13,6 +13,10 @@ Calling order and consistency rules:
    times; the job then ends and ``poll`` turns ``True``. ``collect`` leaves no process of the job behind;
 3. ``close()`` once, at the end; it cancels whatever is still running.
 
+A backend whose jobs outlive the launcher (``survives_launcher``: a scheduler runs them, not this process)
+is not reaped for running jobs: a restarted launcher calls ``attach(spec)`` for a trial it had submitted and
+follows the same job to its end.
+
 The launcher calls ``submit``, ``poll``, ``cancel`` and ``collect`` from worker threads (``asyncio.to_thread``),
 so they may block (an ``sbatch``, an API call); calls for different jobs may run at the same time in different
 threads, so state shared between jobs needs a lock. Several jobs may run at once.
@@ -29,6 +33,10 @@ from typing import Any, ClassVar, Literal
 
 DEVICE_OOM = re.compile(r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError|HIP out of memory|\bMemoryError\b")
 """What a real out-of-memory leaves in a rank's output."""
+
+
+class SubmitError(Exception):
+    """The scheduler refused the job (``sbatch`` failed, the API answered an error): nothing runs."""
 
 
 @dataclass(frozen=True)
@@ -89,12 +97,18 @@ class JobResult:
     cancelled: str | None = None
     """The reason given to ``cancel``, if it was cancelled."""
     output_tail: str = ""
+    accelerator_s: float | None = None
+    """Device-seconds as the scheduler accounted them (Slurm's ``sacct``); ``None``: ranks × ``wall_s``."""
+    infrastructure_failure: str | None = None
+    """The job ended because of the infrastructure (a node failed, it was preempted), not the candidate."""
 
 
 class Backend(ABC):
     """Runs jobs. See the module docstring for the calling order."""
 
     name: ClassVar[str]
+    survives_launcher: ClassVar[bool] = False
+    """Jobs keep running when the launcher dies (a scheduler holds them) and can be re-attached."""
 
     def open(self) -> None:  # noqa: B027 — a no-op hook by design
         """Acquire what the backend needs (connections, directories). Default: nothing."""
@@ -102,6 +116,11 @@ class Backend(ABC):
     def reap(self) -> int:
         """Cancel every job a previous life of this owner left running; returns how many processes/jobs."""
         return 0
+
+    def attach(self, spec: JobSpec) -> JobHandle | None:
+        """The job a previous life submitted for ``spec`` (same name and state directory), if the backend still
+        knows it; ``None`` otherwise. Only backends that ``survives_launcher``."""
+        return None
 
     def close(self) -> None:  # noqa: B027 — a no-op hook by design
         """Release everything. Default: nothing."""

@@ -4,6 +4,9 @@ Runs one candidate through the bus, as the search would: finds (or creates) the 
 runs the untouched baseline first if the study has none at this horizon (the invariants need it), then
 the candidate ``--repeats`` times, and prints each ``TrialMeasured`` (with the launcher's
 ``TrialFinished``). Starts a stack (NATS + launcher + telemetry) for its own duration when none is running.
+While it works it says so on stderr (``Progress``): the study, the host's peak measurement (only the dtypes
+the CPU runs natively, within ``--peak-budget`` seconds), each trial's launch, its steps as they come (a
+line redrawn in place on a terminal, plain lines otherwise), its end and its measurement.
 
 Exit status: 0 every candidate run ended ``ok`` with every invariant holding; 3 a run did not (refused,
 crashed, OOM, timeout, invariant violation — the output says which and why); 1 the command itself failed;
@@ -15,10 +18,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
+import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import msgspec
 
@@ -26,9 +31,9 @@ from infrarsi import events as ev
 from infrarsi import userfiles
 from infrarsi.commands import UserError, data_dir_of, nats_url_of
 from infrarsi.contract import Contract, load_contract
-from infrarsi.doctor import measure_cpu_peak_flops
+from infrarsi.doctor import measure_cpu_peak, native_matmul_dtypes
 from infrarsi.errors import EXIT_OK, EXIT_REFUSED, EXIT_TIMEOUT
-from infrarsi.subjects import LIFECYCLE_STREAM, lifecycle_subject
+from infrarsi.subjects import LIFECYCLE_STREAM, lifecycle_subject, telemetry_subject
 from infrarsi.workspace import discard_workspace
 
 SOURCE = "cli.trial"
@@ -48,6 +53,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="do not run a missing baseline first (the loss invariant is then not checked)",
     )  # fmt: skip
     parser.add_argument("--timeout", type=float, default=None, help="seconds to wait for each trial's measurement")
+    parser.add_argument(
+        "--peak-budget", type=float, default=20.0, metavar="S",
+        help="at most this many seconds measuring a CPU host's matmul peak for a new study (default 20)",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
@@ -105,8 +114,59 @@ async def run(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------------------------------
 
 
+class Progress:
+    """What ``infrarsi trial`` is doing, on stderr: each phase as a line, and the steps of the running trial as
+    they come — redrawn in place on a terminal, as plain lines otherwise (at most one a second, plus the
+    first and the last)."""
+
+    def __init__(self, stream: TextIO | None = None, *, tty: bool | None = None, min_interval_s: float = 1.0) -> None:
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty() if tty is None else tty
+        self.min_interval_s = min_interval_s
+        self._open_line = False
+        self._last_step_at = -math.inf
+
+    def phase(self, text: str) -> None:
+        self._end_line()
+        self._write(f"[trial] {text}\n")
+
+    def step(self, label: str, step: ev.TrialStep, horizon: int) -> None:
+        done = step.step + 1
+        now = time.monotonic()
+        text = f"[trial] {label}: step {done}/{horizon}  {step.step_time_s * 1000:.0f} ms" + (
+            f"  loss {step.loss:.4g}" if step.loss is not None else "")  # fmt: skip
+        if self.tty:
+            self._write(f"\r{text}\033[K")
+            self._open_line = True
+        elif done in (1, horizon) or now - self._last_step_at >= self.min_interval_s:
+            self._write(text + "\n")
+            self._last_step_at = now
+
+    def close(self) -> None:
+        self._end_line()
+
+    def _end_line(self) -> None:
+        if self._open_line:
+            self._write("\n")
+            self._open_line = False
+
+    def _write(self, text: str) -> None:
+        self.stream.write(text)
+        self.stream.flush()
+
+
 async def _trial(bus, args, contract: Contract, knobs: dict[str, ev.KnobValue], data_dir: Path) -> dict[str, Any]:
-    study_id, created_now, peak = await _study(bus, args.contract, contract, data_dir)
+    progress = Progress()
+    try:
+        return await _trial_with(bus, args, contract, knobs, data_dir, progress)
+    finally:
+        progress.close()
+
+
+async def _trial_with(
+    bus, args, contract: Contract, knobs: dict[str, ev.KnobValue], data_dir: Path, progress: Progress
+) -> dict[str, Any]:
+    study_id, created_now, peak = await _study(bus, args.contract, contract, data_dir, progress, args.peak_budget)
     horizon = args.steps or contract.workload.steps
     timeout = args.timeout or (contract.backend.timeout_s * 1.5 + 120.0)
     report: dict[str, Any] = {"study_id": study_id, "study_created": created_now, "steps": horizon, "peak_flops": peak}
@@ -119,8 +179,10 @@ async def _trial(bus, args, contract: Contract, knobs: dict[str, ev.KnobValue], 
             candidate=baseline, candidate_key=baseline.key(), kind="baseline", origin="baseline",
             reason="infrarsi trial: the study has no baseline at this horizon", steps=args.steps,
         )  # fmt: skip
-        report["baseline"] = await _run_one(bus, study_id, contract, proposal, timeout)
+        progress.phase(f"baseline: the study has none at {horizon} steps; running the untouched job first")
+        report["baseline"] = await _run_one(bus, study_id, contract, proposal, timeout, progress, "baseline", horizon)
     else:
+        progress.phase(f"baseline: reusing trial {baseline_id}")
         report["baseline"] = {"trial_id": baseline_id, "reused": True}
     candidate = ev.Candidate(knobs=knobs, patches=list(args.patches))
     report["candidate"] = []
@@ -129,26 +191,47 @@ async def _trial(bus, args, contract: Contract, knobs: dict[str, ev.KnobValue], 
             candidate=candidate, candidate_key=candidate.key(), kind="search", origin="manual",
             reason="infrarsi trial", repeat=repeat, steps=args.steps,
         )  # fmt: skip
-        report["candidate"].append(await _run_one(bus, study_id, contract, proposal, timeout))
+        label = f"candidate {repeat + 1}/{args.repeats}"
+        report["candidate"].append(await _run_one(bus, study_id, contract, proposal, timeout, progress, label, horizon))
     return report
 
 
-async def _run_one(bus, study_id: str, contract: Contract, proposal: ev.TrialProposed, timeout_s: float) -> dict[str, Any]:
+async def _run_one(
+    bus, study_id: str, contract: Contract, proposal: ev.TrialProposed, timeout_s: float, progress: Progress,
+    label: str, horizon: int,
+) -> dict[str, Any]:
     trial_id = ev.new_id()
     got: dict[str, ev.Payload] = {}
     done = asyncio.Event()
+    shown_steps: set[int] = set()
 
     async def on_msg(msg) -> None:
         event = ev.decode_or_none(msg.data)
-        if event is not None and event.trial_id == trial_id:
-            got[event.type] = event.payload
-            if "TrialMeasured" in got:
+        if event is None or event.trial_id != trial_id:
+            return
+        match event.payload:
+            case ev.TrialStep(rank=0, step=step) as sample if step not in shown_steps:
+                shown_steps.add(step)  # the probe's publish and the launcher's relay may both arrive
+                progress.step(label, sample, horizon)
+            case ev.TrialStep():
+                pass
+            case ev.TrialLaunched(backend=backend, ranks=ranks):
+                got[event.type] = event.payload
+                progress.phase(f"{label}: running trial {trial_id} ({backend}, {ranks} rank(s), {horizon} steps)")
+            case ev.TrialFinished(status=status, wall_s=wall, reason=reason):
+                got[event.type] = event.payload
+                progress.phase(f"{label}: finished {status} after {wall:.1f} s" + (f" ({reason[:120]})" if reason else "")
+                               + "; measuring")  # fmt: skip
+            case ev.TrialMeasured(status=status, step_time_s=step_s, coarse=coarse):
+                got[event.type] = event.payload
+                progress.phase(f"{label}: measured {status}, {step_s * 1000:.1f} ms/step" + (" (coarse)" if coarse else ""))
                 done.set()
 
     subs = [
         await bus.nc.subscribe(lifecycle_subject(study_id, name), cb=on_msg)
         for name in ("TrialLaunched", "TrialFinished", "TrialMeasured")
     ]
+    subs.append(await bus.nc.subscribe(telemetry_subject(study_id, trial_id), cb=on_msg))
     started = time.monotonic()
     try:
         await bus.publish(
@@ -168,7 +251,9 @@ async def _run_one(bus, study_id: str, contract: Contract, proposal: ev.TrialPro
     }
 
 
-async def _study(bus, contract_path: Path, contract: Contract, data_dir: Path) -> tuple[str, bool, float | None]:
+async def _study(
+    bus, contract_path: Path, contract: Contract, data_dir: Path, progress: Progress, peak_budget_s: float
+) -> tuple[str, bool, float | None]:
     """The latest study of this exact contract, or a new one (with a measured peak on CPU hosts)."""
     sha = contract.sha256()
     found: tuple[str, float | None] | None = None
@@ -176,20 +261,27 @@ async def _study(bus, contract_path: Path, contract: Contract, data_dir: Path) -
         if isinstance(event.payload, ev.StudyCreated) and event.payload.contract_sha256 == sha:
             found = (event.study_id, event.payload.cluster.peak_flops)
     if found is not None:
+        progress.phase(f"study: reusing {found[0]} (same contract)")
         return found[0], False, found[1]
 
     from infrarsi.commands.init import prepare_study, publish_study
 
+    progress.phase(f"study: locking the contract and the golden baseline of {contract.workload.repo}")
     prepared = await asyncio.to_thread(prepare_study, contract_path, data_dir)
     created = prepared.created
     peak = created.cluster.peak_flops
     if peak is None and created.cluster.accelerator.lower() == "cpu":
         ranks = contract.workload.launcher.nnodes * contract.workload.launcher.nproc_per_node
+        native, _left_out = native_matmul_dtypes()
+        progress.phase(f"host: measuring the matmul peak in {', '.join(native)} (the dtypes this CPU runs natively), "
+                       f"at most {peak_budget_s:g} s")  # fmt: skip
         try:
-            peak = await asyncio.to_thread(measure_cpu_peak_flops, os.cpu_count() or 1) / ranks
+            measured = await asyncio.to_thread(measure_cpu_peak, os.cpu_count() or 1, budget_s=peak_budget_s)
         except BaseException:
             discard_workspace(prepared.workspace)
             raise
+        progress.phase(f"host: peak {measured.describe()} (took {measured.seconds:.1f} s; per rank ÷{ranks})")
+        peak = measured.flops / ranks
         created = msgspec.structs.replace(created, cluster=msgspec.structs.replace(created.cluster, peak_flops=peak))
     await publish_study(bus, prepared, created)
     return prepared.study_id, True, peak

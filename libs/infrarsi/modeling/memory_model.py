@@ -46,26 +46,54 @@ class TransformerMeta:
     """Role -> knob name where the contract names knobs differently (roles: tp, pp, dp, ep, micro_batch,
     recompute, zero_stage, sequence_parallel, flash_attention, offload_optimizer, capacity_factor, bucket_mb,
     overlap_comm)."""
+    devices: int | None = None
+    """Accelerators the job runs on. With no ``dp`` knob, data-parallel = devices / (tp·pp); ``None`` (unknown)
+    falls back to 1, which ignores ZeRO sharding."""
+    role_values: Mapping[str, Mapping[str, bool]] = field(default_factory=dict)
+    """For an on/off role held by a string knob (``attn: eager|flash`` → ``flash_attention``): value -> on.
+    Common spellings (``eager``, ``flash``, ``sdpa``, ``none``...) are known without it."""
 
     def knob(self, c: Mapping[str, object], role: str, default: object) -> object:
         return c.get(self.roles.get(role, role), default)
+
+    def flag(self, c: Mapping[str, object], role: str, default: bool) -> bool:
+        """An on/off role's value; a string is read through ``role_values`` or the common spellings, never as
+        ``bool(str)`` (``bool("eager")`` is true)."""
+        value = self.knob(c, role, default)
+        if isinstance(value, str):
+            mapped = self.role_values.get(role, {})
+            if value in mapped:
+                return bool(mapped[value])
+            word = value.strip().lower()
+            if word in _ON_WORDS:
+                return True
+            if word in _OFF_WORDS:
+                return False
+            raise ValueError(f"knob {self.roles.get(role, role)!r}={value!r}: cannot tell whether it turns "
+                             f"{role} on; map it in TransformerMeta.role_values")
+        return bool(value)
+
+
+_ON_WORDS = frozenset({"true", "on", "yes", "1", "enabled", "flash", "flash2", "flash_attention", "fa2", "sdpa",
+                       "cpu"})
+_OFF_WORDS = frozenset({"false", "off", "no", "0", "disabled", "eager", "manual", "math", "none", ""})
 
 
 def structural_components(meta: TransformerMeta, knobs: Mapping[str, object]) -> tuple[float, float]:
     """Textbook (static bytes, activation bytes) on the busiest GPU, before any learned correction."""
     tp = int(meta.knob(knobs, "tp", 1))
     pp = int(meta.knob(knobs, "pp", 1))
-    dp = int(meta.knob(knobs, "dp", 1))
+    dp = int(meta.knob(knobs, "dp", max(meta.devices // (tp * pp), 1) if meta.devices else 1))
     ep = int(meta.knob(knobs, "ep", 1))
     mb = int(meta.knob(knobs, "micro_batch", 1))
     recompute = str(meta.knob(knobs, "recompute", "none"))
     zero = int(meta.knob(knobs, "zero_stage", 0))
-    sp = bool(meta.knob(knobs, "sequence_parallel", False))
-    flash = bool(meta.knob(knobs, "flash_attention", True))
-    offload = bool(meta.knob(knobs, "offload_optimizer", False))
+    sp = meta.flag(knobs, "sequence_parallel", False)
+    flash = meta.flag(knobs, "flash_attention", True)
+    offload = meta.flag(knobs, "offload_optimizer", False)
     cf = float(meta.knob(knobs, "capacity_factor", 1.25))  # type: ignore[arg-type]
     bucket_mb = float(meta.knob(knobs, "bucket_mb", 25))  # type: ignore[arg-type]
-    overlap = bool(meta.knob(knobs, "overlap_comm", False))
+    overlap = meta.flag(knobs, "overlap_comm", False)
 
     def bytes_per_param(shards: int) -> float:  # bf16 param 2 + bf16 grad 2 + fp32 optimizer 12
         opt = 0.0 if offload else 12.0

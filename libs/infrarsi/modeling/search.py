@@ -366,17 +366,23 @@ class Searcher:
         p_oom = self._p_oom(idx)
         p_hold = self._p_hold(idx)
         usable = (p_oom <= self.config.oom_exclude) & (p_hold >= self.config.invariant_exclude)
-        if not usable.any() and not any(o.status == "ok" for o in self.observations):
-            # nothing has fitted yet and the prior puts every candidate above the exclusion: probe the least
-            # risky one (the shortlist holds no known-OOM region) rather than stall the study before its first
-            # measurement
+        lifted = False
+        if not usable.any():
             probe = p_hold >= self.config.invariant_exclude
-            if probe.any():
+            if not probe.any():
+                return out
+            if not any(o.status == "ok" for o in self.observations):
+                # nothing has fitted yet and the prior puts every candidate above the exclusion: probe the least
+                # risky one (the shortlist holds no known-OOM region) rather than stall the study before its
+                # first measurement
                 j = int(np.argmin(np.where(probe, p_oom, np.inf)))
                 out.append(Suggestion(self.pool.candidates[idx[j]], "prior", f"every candidate has P(oom) > "
                                       f"{self.config.oom_exclude}: the least risky probes the memory model",
                                       float(mu[j]), float(p_oom[j])))
-            return out
+                return out
+            # after a success the cut-off would end the study while should_stop() still expects a gain: lift
+            # it and let the acquisition, which prices the risk (P(no OOM)^power), choose
+            usable, lifted = probe, True
 
         # initial design: the prior's best guess, then space-filling seeds among likely-fitting candidates
         while len(out) < n and n_done + len(out) < 1 + self.config.n_seeds:
@@ -434,6 +440,8 @@ class Searcher:
                     origin = "pairing"
                     reason = (f"memory saver paired with {self.pool.candidates[idx[r]]} "
                               f"(P(oom)={p_oom[r]:.2f}) -> P(oom)={p_oom[j]:.2f}; " + reason)
+            if lifted:
+                reason = f"every candidate has P(oom) > the cut-off {self.config.oom_exclude}; " + reason
             out.append(Suggestion(self.pool.candidates[idx[j]], origin, reason, float(mu[j]), float(p_oom[j])))
             usable[j] = False
             believer_rows.append(self.pool.x_time[idx[j]])
@@ -444,20 +452,32 @@ class Searcher:
         """Among usable shortlisted candidates that differ from candidate r only by memory savers (knobs moved
         in their memory-decreasing direction, at most two of them), the best one with low P(OOM)."""
         base = self.pool.candidates[idx[r]]
+        savers = self._saver_moves(base)
         best_j, best_val = None, -np.inf
         for j in np.flatnonzero(usable & (p_oom < self.config.pairing_target)):
             c = self.pool.candidates[idx[j]]
             if c.patches != base.patches:
                 continue
             moved = [k for k in self.space.knobs if c[k.name] != base[k.name]]
-            if not moved or len(moved) > 3 or not all(self._is_saver(k, base[k.name], c[k.name]) for k in moved):
+            if not moved or len(moved) > 3 or not all(
+                    (k.name, c[k.name]) in savers or self._is_saver(k, base[k.name], c[k.name]) for k in moved):
                 continue
             val = float(expected_improvement(mu[j:j + 1], sd[j:j + 1], best)[0] * p_hold[j] / cost[j])
             if val > best_val:
                 best_j, best_val = int(j), val
         return best_j
 
+    def _saver_moves(self, base: Candidate) -> set[tuple[str, object]]:
+        """Single knob changes from ``base`` that the memory model (its prior, or what it learnt) prices below
+        ``base``: memory savers on knobs no table knows, and the ones a wrong table would miss."""
+        moves = [(k.name, v) for k in self.space.knobs for v in (k.values() or ()) if v != base[k.name]]
+        if not moves:
+            return set()
+        mu, _ = self.memory_model.predict_log([base, *(base.replace(**{name: v}) for name, v in moves)])
+        return {m for m, d in zip(moves, mu[1:] - mu[0], strict=True) if d < 0}
+
     def _is_saver(self, k: object, old: object, new: object) -> bool:
+        """A move the space declares memory-saving (a categorical's memory order, a knob's memory direction)."""
         if isinstance(k, Categorical):
             if k.memory_order is None:
                 return False

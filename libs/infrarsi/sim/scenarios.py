@@ -134,6 +134,7 @@ class Scenario:
             dense_params=m.total_params - (m.layers * m.experts * m.expert_params_per_layer if m.experts > 1 else 0),
             expert_params=m.layers * m.experts * m.expert_params_per_layer if m.experts > 1 else 0,
             experts=m.experts, top_k=m.top_k, global_batch=self.global_batch, capacity_bytes=self.capacity_bytes,
+            devices=self.n_devices,
         )
 
 

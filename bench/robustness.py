@@ -1,0 +1,241 @@
+"""Search robustness on cost models the search was not written for: InfraRSI (three prior arms) vs Optuna TPE,
+Optuna GP and random, side by side, on a seeded family of independent cost models (bench/robust_family.py).
+
+Every tuner gets the same models, budget, noise and OOM reporting (the harness of bench/search_vs_peers.py:
+OOMs come back with the capacity-scaled censoring bound; the peers see them as constraint violations). The
+InfraRSI arms differ only in the knowledge base the Searcher is given:
+
+- ``default``: the built-in knowledge base (what a study of this contract gets);
+- ``inverted``: every built-in time and memory prior mean negated (a knowledge base that is wrong everywhere);
+- ``flat``: no priors at all.
+
+Scores per (model, seed): best/oracle at 10/20/40 trials (exact oracle: the spaces are enumerated), trials to
+95% of the oracle, OOM fraction; for InfraRSI also the mean predicted P(OOM) of its proposals and how often
+each origin (``pairing``, ``ei``...) produced the final best. The JSON keeps every model's numbers, and the
+table prints the per-model spread (min, 10th percentile, median, max), not only the median.
+
+    nice -n 10 python bench/robustness.py [--models 30] [--seeds 2] [--budget 40] [--tuners ...] [--arms ...]
+                                          [--json OUT.json]
+"""
+
+# ruff: noqa: E402  (BLAS thread count must be set before numpy is imported)
+from __future__ import annotations
+
+import os
+
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import argparse
+import dataclasses
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from infrarsi.modeling.priors import KnowledgeBase
+from infrarsi.modeling.search import CandidatePool
+from robust_family import FamilyModel, draw_model  # bench/ is the script's directory
+from search_vs_peers import TUNERS, BenchSpace, Trial, score
+
+ARMS = ("default", "inverted", "flat")
+
+
+def inverted(kb: KnowledgeBase) -> KnowledgeBase:
+    """Every prior mean negated, stds kept: confidently wrong."""
+    return dataclasses.replace(kb, time={k: (-m, s) for k, (m, s) in kb.time.items()},
+                               memory={k: (-m, s) for k, (m, s) in kb.memory.items()})
+
+
+def arm_kb(kb: KnowledgeBase, arm: str) -> KnowledgeBase:
+    if arm == "inverted":
+        return inverted(kb)
+    if arm == "flat":
+        return KnowledgeBase(time={}, memory={}, device_kind=kb.device_kind)
+    return kb
+
+
+def bench_space(model: FamilyModel, pool: CandidatePool, arm: str = "default") -> BenchSpace:
+    study = model.study
+    return BenchSpace(f"robust-{model.seed}", study.space, study.capacity_bytes, model.evaluate, model.true_time,
+                      model.oracle_time, None, pool, kind="family", kb=arm_kb(study.kb, arm),
+                      baseline=study.baseline)
+
+
+def run_model(model: FamilyModel, tuners: Sequence[str], arms: Sequence[str], seeds: int, budget: int
+              ) -> dict[str, Any]:
+    pool = CandidatePool.build(model.study.space)
+    runs: dict[str, list[list[Trial]]] = {}
+    for tuner in tuners:
+        if tuner == "infrarsi":
+            for arm in arms:
+                bs = bench_space(model, pool, arm)
+                runs[f"infrarsi[{arm}]"] = [TUNERS[tuner](bs, seed, budget) for seed in range(seeds)]
+        else:
+            bs = bench_space(model, pool)
+            runs[tuner] = [TUNERS[tuner](bs, seed, budget) for seed in range(seeds)]
+    bs = bench_space(model, pool)
+    out: dict[str, Any] = {"features": list(model.features), "size": len(pool.candidates),
+                           "knobs": [k.name for k in model.study.space.knobs], "noise_sigma": model.noise_sigma,
+                           "oracle": str(model.oracle), "oracle_memory_fraction": model.oracle_memory_fraction,
+                           "tuners": {}}
+    for name, tuner_runs in runs.items():
+        scores = [score(bs, trials, budget) for trials in tuner_runs]
+        entry: dict[str, Any] = {
+            "best_over_oracle": [s["best_over_oracle"][str(budget)] for s in scores],
+            "best_over_oracle_10": [s["best_over_oracle"].get("10") for s in scores],
+            "best_over_oracle_20": [s["best_over_oracle"].get("20") for s in scores],
+            "trials_to_95": [s["trials_to_95"] for s in scores],
+            "oom_fraction": [s["oom_fraction"] for s in scores],
+        }
+        if name.startswith("infrarsi"):
+            predicted = [t.predicted_p_oom for trials in tuner_runs for t in trials if t.predicted_p_oom is not None]
+            entry["mean_predicted_p_oom"] = float(np.mean(predicted)) if predicted else None
+            entry["origins"] = _origins(tuner_runs)
+            entry["best_found_by"] = [_finder(trials) for trials in tuner_runs]
+        out["tuners"][name] = entry
+    return out
+
+
+def _origins(runs: list[list[Trial]]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for trials in runs:
+        for t in trials:
+            counts[t.origin] = counts.get(t.origin, 0) + 1
+    return counts
+
+
+def _finder(trials: list[Trial]) -> str | None:
+    """The origin of the trial that proposed the run's final chosen best."""
+    best = trials[-1].chosen_best if trials else None
+    return next((t.origin for t in trials if best is not None and t.candidate == best), None)
+
+
+def summarise(models: list[dict[str, Any]], budget: int) -> dict[str, Any]:
+    """Per tuner over the family: medians over every (model, seed) run, and the per-model spread of the
+    per-model median best/oracle."""
+    names = list(models[0]["tuners"])
+    out: dict[str, Any] = {}
+    for name in names:
+        per_run = [v for m in models for v in m["tuners"][name]["best_over_oracle"]]
+        per_model = [float(np.median(m["tuners"][name]["best_over_oracle"])) for m in models]
+        to95 = [v for m in models for v in m["tuners"][name]["trials_to_95"]]
+        ooms = [v for m in models for v in m["tuners"][name]["oom_fraction"]]
+        entry = {
+            f"best_over_oracle_at_{budget}_median": float(np.median(per_run)),
+            "best_over_oracle_at_10_median": float(np.median(
+                [v for m in models for v in m["tuners"][name]["best_over_oracle_10"]])),
+            "best_over_oracle_at_20_median": float(np.median(
+                [v for m in models for v in m["tuners"][name]["best_over_oracle_20"]])),
+            "per_model_median_spread": {"min": min(per_model), "p10": float(np.quantile(per_model, 0.1)),
+                                        "p25": float(np.quantile(per_model, 0.25)),
+                                        "median": float(np.median(per_model)), "max": max(per_model)},
+            "models_at_or_above_0.93": sum(v >= 0.93 for v in per_model) / len(per_model),
+            "trials_to_95_median": float(np.median(to95)),
+            "runs_reaching_95": sum(v <= budget for v in to95) / len(to95),
+            "oom_fraction": float(np.mean(ooms)),
+        }
+        if name.startswith("infrarsi"):
+            predicted = [m["tuners"][name]["mean_predicted_p_oom"] for m in models
+                         if m["tuners"][name]["mean_predicted_p_oom"] is not None]
+            entry["mean_predicted_p_oom"] = float(np.mean(predicted)) if predicted else None
+            found: dict[str, int] = {}
+            for m in models:
+                for f in m["tuners"][name]["best_found_by"]:
+                    found[str(f)] = found.get(str(f), 0) + 1
+            entry["best_found_by"] = found
+        out[name] = entry
+    return out
+
+
+def targets(summary: dict[str, Any], budget: int) -> dict[str, Any]:
+    """Issue 13's targets, each with the numbers it compares."""
+    key = f"best_over_oracle_at_{budget}_median"
+    d, tpe = summary.get("infrarsi[default]"), summary.get("optuna_tpe")
+    out: dict[str, Any] = {}
+    if d is not None:
+        out["median_best_over_oracle_ge_0.97"] = (d[key], d[key] >= 0.97)
+        out["models_ge_0.93_at_least_90pct"] = (d["models_at_or_above_0.93"], d["models_at_or_above_0.93"] >= 0.9)
+        out["oom_fraction_le_0.08"] = (d["oom_fraction"], d["oom_fraction"] <= 0.08)
+        if tpe is not None:
+            out["trials_to_95_le_half_tpe"] = ((d["trials_to_95_median"], tpe["trials_to_95_median"]),
+                                               d["trials_to_95_median"] <= 0.5 * tpe["trials_to_95_median"])
+            out["oom_fraction_le_third_tpe"] = ((d["oom_fraction"], tpe["oom_fraction"]),
+                                                d["oom_fraction"] <= tpe["oom_fraction"] / 3)
+    if "infrarsi[inverted]" in summary:
+        v = summary["infrarsi[inverted]"][key]
+        out["inverted_median_ge_0.93"] = (v, v >= 0.93)
+    if "infrarsi[flat]" in summary:
+        v = summary["infrarsi[flat]"][key]
+        out["flat_median_ge_0.95"] = (v, v >= 0.95)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", type=int, default=30, help="cost models drawn (seeds 0..N-1 of the family)")
+    ap.add_argument("--first-model", type=int, default=0)
+    ap.add_argument("--seeds", type=int, default=2, help="tuner seeds per model")
+    ap.add_argument("--budget", type=int, default=40)
+    ap.add_argument("--tuners", nargs="*", default=list(TUNERS))
+    ap.add_argument("--arms", nargs="*", default=list(ARMS), help="InfraRSI prior arms")
+    ap.add_argument("--json", dest="json_out", default=None)
+    ap.add_argument("--merge", nargs="*", default=None, metavar="PART.json",
+                    help="summarise the per-model results of earlier runs (e.g. the family split over processes) "
+                         "instead of running")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    log = logging.getLogger("bench")
+    models: list[dict[str, Any]] = []
+    t_start = time.perf_counter()
+    for part in args.merge or ():
+        with open(part) as f:
+            data = json.load(f)
+        if data["budget"] != args.budget or data["seeds"] != args.seeds:
+            raise SystemExit(f"{part}: budget {data['budget']}, seeds {data['seeds']} differ from --budget "
+                             f"{args.budget} --seeds {args.seeds}")
+        models += data["per_model"]
+    if args.merge is not None:
+        args.models = len(models)
+    for i in range(args.first_model, args.first_model + args.models) if args.merge is None else ():
+        t0 = time.perf_counter()
+        model = draw_model(i)
+        m = run_model(model, args.tuners, args.arms, args.seeds, args.budget)
+        m["model"] = i
+        models.append(m)
+        cells = "  ".join(f"{n} {np.median(v['best_over_oracle']):.3f}/{np.mean(v['oom_fraction']):.2f}"
+                          for n, v in m["tuners"].items())
+        log.info("model %2d (%5d cands, %s): %s  (%.0fs)", i, m["size"], ",".join(m["features"]) or "-", cells,
+                 time.perf_counter() - t0)
+    summary = summarise(models, args.budget)
+    checks = targets(summary, args.budget)
+    key = f"best_over_oracle_at_{args.budget}_median"
+    print(f"Robustness family: {args.models} models x {args.seeds} seeds, budget {args.budget} "
+          f"({time.perf_counter() - t_start:.0f} s)")
+    print(f"{'tuner':20s} {'@10':>6s} {'@20':>6s} {'@B':>6s}  {'per-model min/p10/med/max':>27s} {'>=.93':>6s} "
+          f"{'to95':>5s} {'reach':>6s} {'oom':>6s} {'pred':>6s}")
+    for name, s in summary.items():
+        sp = s["per_model_median_spread"]
+        pred = s.get("mean_predicted_p_oom")
+        print(f"{name:20s} {s['best_over_oracle_at_10_median']:6.3f} {s['best_over_oracle_at_20_median']:6.3f} "
+              f"{s[key]:6.3f}  {sp['min']:6.3f} {sp['p10']:6.3f} {sp['median']:6.3f} {sp['max']:6.3f} "
+              f"{s['models_at_or_above_0.93']:6.2f} {s['trials_to_95_median']:5.1f} {s['runs_reaching_95']:6.2f} "
+              f"{s['oom_fraction']:6.3f} {pred if pred is not None else float('nan'):6.3f}")
+    for name, s in summary.items():
+        if "best_found_by" in s:
+            print(f"{name}: final best proposed by {s['best_found_by']}")
+    for target, (value, ok) in checks.items():
+        print(f"target {target}: {'met' if ok else 'NOT met'} ({value})")
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump({"simulated": True, "family": "bench/robust_family.py", "models": args.models,
+                       "seeds": args.seeds, "budget": args.budget, "summary": summary, "targets": checks,
+                       "per_model": models}, f, indent=2, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
