@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import os
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
@@ -27,8 +28,9 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import api
 
+from infrarsi import credentials, subjects, tracing
 from infrarsi import events as ev
-from infrarsi import subjects, tracing
+from infrarsi import subjects as _subjects  # event_batches' parameter shadows the module
 from infrarsi.embedded import running_server_url
 from infrarsi.logs import get_logger
 from infrarsi.settings import Settings
@@ -46,6 +48,9 @@ DEADLETTER_RAW_MAX = 64 * 1024
 """Bytes of a bad message kept in its dead letter: a copy of the whole (up to the server's max payload,
 less base64's third) would itself be refused, and a consumer that cannot park a message cannot move on."""
 DEADLETTER_ERROR_MAX = 2000
+MAX_EVENT_BYTES = 4 << 20
+"""The largest message a service handles: the largest real events (a ``StudyCreated`` of a big repo's locked
+files, a long trial's ``step_seen_s``) stay well under it; a bigger one is a bad message, not a slow decode."""
 
 
 LOST_AFTER_S = 120.0
@@ -152,11 +157,16 @@ class Bus:
     ) -> Bus:
         """Connect (failing fast with ``BusError`` if the server cannot be reached) and ensure the streams.
 
+        ``service`` is also the principal whose credentials authenticate the connection
+        (``credentials.for_principal``: ``$INFRARSI_NKEY_FILE``, else ``<data_dir>/creds/<service>.nk``;
+        ``data_dir`` defaults to ``$INFRARSI_DATA_DIR``); none found means connecting without.
+
         ``data_dir``: when ``url`` is the embedded server that ``infrarsi up`` runs there, follow it: if the
         connection is lost and the server comes back on another port, switch to it; if none is back after
         ``lost_after_s``, close the connection and set ``lost`` (the next call fails with a clear error).
         """
         holder: dict[str, Bus] = {}
+        creds = credentials.for_principal(service, data_dir or os.environ.get("INFRARSI_DATA_DIR"))
 
         async def on_reconnect() -> None:
             # A server restarted from an empty store (or a fresh cluster member) has no streams:
@@ -189,6 +199,8 @@ class Bus:
                     reconnect_time_wait=0.5,  # type: ignore[arg-type]  # as connect_timeout
                     reconnected_cb=on_reconnect,
                     error_cb=on_error,
+                    **(creds.connect_options() if creds is not None else {}),
+                    **credentials.tls_options(),
                 ),
                 timeout=connect_timeout_s,
             )
@@ -196,7 +208,14 @@ class Bus:
             with contextlib.suppress(Exception):
                 await nc.close()
             cause = initial_errors[-1] if initial_errors else exc
-            raise BusError(f"cannot reach NATS at {url}: {cause or type(cause).__name__}") from None
+            hint = ""
+            if "authorization" in str(cause).lower():
+                hint = (
+                    f" (connecting as {creds.principal!r} with {creds.seed_file})" if creds is not None
+                    else f" (the server requires credentials; none found for {service!r}: run the verb with the "
+                    f"--data-dir of the `infrarsi up` that made them, or set {credentials.NKEY_FILE_ENV})"
+                )
+            raise BusError(f"cannot reach NATS at {url}: {cause or type(cause).__name__}{hint}") from None
         bus = cls(nc, service, replicas if replicas is not None else replicas_from_env())
         holder["bus"] = bus
         if data_dir is not None and running_server_url(data_dir) == url:
@@ -408,14 +427,19 @@ class Bus:
         types: tuple[type, ...] | None = None,
         *,
         start_seq: int = 1,
+        owned_only: bool = False,
     ) -> AsyncIterator[list[tuple[int, ev.Event]]]:
         """``iter_stream`` decoded: per fetched batch, the (stream sequence, event) of every message that decodes
-        and, given ``types``, has one of those payload types. Dead letters and foreign bytes are skipped."""
+        and, given ``types``, has one of those payload types. Dead letters and foreign bytes are skipped;
+        ``owned_only`` also skips events their publisher may not own (``subjects.publisher_problem``)."""
         async for msgs in self.iter_stream(stream, start_seq, subjects=subjects):
             batch = []
             for msg in msgs:
                 event = ev.decode_or_none(msg.data, types)
-                if event is not None:
+                problem = _subjects.publisher_problem(event, msg.subject) if event and owned_only else None
+                if problem is not None:
+                    log.warning("skipped an event its publisher may not own", problem=problem)
+                elif event is not None:
                     batch.append((msg.metadata.sequence.stream, event))
             if batch:
                 yield batch
@@ -450,9 +474,33 @@ class Bus:
 
 
 def decode_delivery(msg: Msg) -> Delivery:
+    if len(msg.data) > MAX_EVENT_BYTES:
+        return Delivery(msg=msg, event=None, error=f"oversized: {len(msg.data)} bytes, over the {MAX_EVENT_BYTES} an event may take")
     try:
-        return Delivery(msg=msg, event=ev.decode(msg.data), error=None)
+        event = ev.decode(msg.data)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         return Delivery(msg=msg, event=None, error=f"{type(exc).__name__}: {exc}")
     except Exception as exc:  # noqa: BLE001 — whatever a message can make a decoder raise, it is a bad message
         return Delivery(msg=msg, event=None, error=f"undecodable ({type(exc).__name__}): {exc}")
+    problem = misrouted(event, msg.subject)
+    if problem is not None:
+        return Delivery(msg=msg, event=None, error=problem)
+    return Delivery(msg=msg, event=event, error=None)
+
+
+_PRINCIPALS = frozenset(subjects.principals())
+
+
+def misrouted(event: ev.Event, subject: str) -> str | None:
+    """Why a well-formed event must not be handled, or ``None``: it sits on another type's or study's subject
+    (``irsi.…`` subjects), or names as its source a principal that does not publish its type (a service
+    claiming another's event: a forgery or a bug). Unknown sources (tests, tools) are left to the server's
+    permissions, which decide who may publish where."""
+    if subject.startswith(subjects.ROOT + ".") and not subjects.is_deadletter(subject):
+        expected = subjects.subject_for(event)
+        if subject != expected:
+            return f"misrouted: a {event.type} of study {event.study_id!r} belongs on {expected}, not {subject}"
+    if event.source in _PRINCIPALS and event.source not in subjects.route(event.type).publishers:
+        owners = ", ".join(subjects.route(event.type).publishers)
+        return f"wrong owner: {event.source} does not publish {event.type} (published by {owners})"
+    return None

@@ -40,6 +40,7 @@ import yaml
 
 from infrarsi import events as ev
 from infrarsi.backends.base import Backend, JobHandle, JobResult, JobSpec
+from infrarsi.credentials import NKEY_FILE_ENV
 from infrarsi.modeling.space import Candidate
 from infrarsi.settings import JobEnv, env_var
 from infrarsi.study_space import SIM_SCENARIO_ENV
@@ -275,7 +276,7 @@ class SimBackend(Backend):
         if self.publish and env.nats_url and env.trial:
             from infrarsi.probe.sinks import NatsPublisher
 
-            publisher = NatsPublisher(env.nats_url)
+            publisher = NatsPublisher(env.nats_url, nkey_file=spec.env.get(NKEY_FILE_ENV))
         files = [open(probe_dir / f"probe-rank{r}.jsonl", "ab", buffering=0) for r in range(spec.ranks)]
         headers_extra = {"traceparent": env.traceparent} if env.traceparent else {}
         try:

@@ -107,6 +107,8 @@ def summarise(events: list[ev.Event], report_dir: Path) -> dict[str, object]:
         "mfu_after": best.mfu_after if best else None,
         "winner": {"knobs": best.candidate.knobs, "patches": best.candidate.patches} if best else None,
         "failed_invariants": sorted({i for v in verdicts for i in v.failed_invariants}),
+        "invariants": [{"name": i.name, "ok": i.ok, "detail": i.detail} for i in best.invariants] if best else [],
+        "unchecked_invariants": list(best.unchecked_invariants) if best else [],
         "failed_trials": failures,
         "accelerator_s": round(spent, 1),
         "finished": finished.reason if finished else None,
@@ -150,7 +152,7 @@ async def run(args: argparse.Namespace) -> int:
         _stage("init: lock the contract", started)
         prepared = prepare_study(contract, data_dir)
         study = prepared.study_id
-        bus = await Bus.connect(url, service=SOURCE)
+        bus = await Bus.connect(url, service=SOURCE, data_dir=data_dir)
         try:
             await publish_study(bus, prepared)
         finally:
@@ -175,7 +177,7 @@ async def run(args: argparse.Namespace) -> int:
         if rc:
             return rc
 
-        bus = await Bus.connect(url, service=SOURCE, ensure=False)
+        bus = await Bus.connect(url, service=SOURCE, ensure=False, data_dir=data_dir)
         try:
             events, _ = await read_study(bus, study)
         finally:
