@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test test-slow test-all schemas lint bench clean
+.PHONY: venv demo test test-slow test-all schemas lint bench clean slurm-deps slurm-up slurm-down bench-scheduling
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (set PYTHON=/path/to/python3.11)"; exit 2; }
@@ -47,6 +47,24 @@ bench: $(STAMP)
 	$(BIN)/python bench/memory_model.py --json out/memory_model.json
 	$(BIN)/python bench/modeler_refit.py --json out/modeler_refit.json
 	$(BIN)/python bench/transfer.py --json out/transfer.json
+
+## Slurm and munge from Debian (root). The slurm tests' fixture does the same when they are missing.
+slurm-deps:
+	command -v sbatch >/dev/null && command -v slurmd >/dev/null || \
+	  { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends slurm-wlm slurm-client munge; }
+
+## A Slurm cluster of this machine's own (slurmctld + two slurmd in network namespaces) for
+## `infrarsi demo --backend slurm`; then `export SLURM_CONF=/run/infrarsi-slurm/slurm.conf`.
+slurm-up: $(STAMP) slurm-deps
+	$(BIN)/python tests/support/slurm_cluster.py up
+
+## Scheduling overhead per trial, local vs Slurm, side by side (needs the cluster: starts it).
+bench-scheduling: slurm-up
+	mkdir -p out
+	SLURM_CONF=/run/infrarsi-slurm/slurm.conf $(BIN)/python bench/scheduling.py --trials 5 --json out/scheduling.json
+
+slurm-down: $(STAMP)
+	$(BIN)/python tests/support/slurm_cluster.py down
 
 clean:
 	rm -rf .infrarsi out .pytest_cache

@@ -252,3 +252,47 @@ def payload_samples() -> dict[str, object]:
     from infrarsi import events as ev
 
     return {t.__name__: sample_struct(t) for t in ev.PAYLOAD_TYPES}
+
+
+@pytest.fixture(scope="session")
+def emulated_hosts():
+    """Two emulated hosts (network namespaces ``irsi-s1``, ``irsi-s2`` on bridge ``irsisbr0``, 10.213.0.0/24)
+    for the whole session — the Slurm cluster's nodes and the local backend's bare-metal nodes — or the reason
+    there are none (not root, no ``ip netns``)."""
+    from infrarsi import netns
+    from support.slurm_cluster import emulated_hosts as hosts
+
+    reason = netns.unavailable_reason()
+    if reason is not None:
+        yield reason
+        return
+    network = hosts(2)
+    network.up()
+    try:
+        yield network
+    finally:
+        network.down()
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(emulated_hosts):
+    """A real Slurm cluster of the tests' own (``support.slurm_cluster``): slurmctld and two slurmd nodes, each
+    in its own network namespace; one node where namespaces are unavailable. ``SLURM_CONF`` points at it."""
+    from support import slurm_cluster as sc
+
+    network = emulated_hosts if not isinstance(emulated_hosts, str) else None
+    reason = emulated_hosts if isinstance(emulated_hosts, str) else None
+    try:
+        cluster = sc.up(network=network, single_reason=reason)
+    except RuntimeError as exc:
+        pytest.skip(f"no Slurm cluster here: {exc}")
+    previous = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = str(cluster.conf)
+    try:
+        yield cluster
+    finally:
+        if previous is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = previous
+        sc.down(remove_network=False)

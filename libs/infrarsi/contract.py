@@ -302,17 +302,97 @@ class ClusterSpec(_Model):
         )
 
 
+_SLURM_TOKEN = re.compile(r"[A-Za-z0-9_.:@+=/,\-]+")
+"""A Slurm option value: one token, no spaces, quotes or shell characters (it reaches sbatch as one argv item)."""
+_SLURM_TIME = re.compile(r"(\d+-)?\d+(:\d{1,2}){0,2}")
+"""``minutes``, ``mm:ss``, ``hh:mm:ss``, ``d-hh[:mm[:ss]]``."""
+_SBATCH_OWNED = ("--parsable", "--wrap", "--output", "--error", "--job-name", "--chdir", "--nodes", "--ntasks",
+                 "--ntasks-per-node", "--comment", "--requeue", "--no-requeue", "--export")
+"""sbatch options the Slurm backend sets itself: ``extra_sbatch`` may not override them."""
+SLURM_FIELDS = ("partition", "account", "qos", "time_limit", "gres", "constraint", "exclusive", "extra_sbatch")
+
+
 class BackendSpec(_Model):
     """How the launcher runs trials."""
 
-    kind: Literal["local", "sim"] = "local"
-    """``local``: subprocesses on this host; ``sim``: the analytic cluster simulator (labelled as such)."""
+    kind: Literal["local", "sim", "slurm"] = "local"
+    """``local``: subprocesses on this host; ``sim``: the analytic cluster simulator (labelled as such);
+    ``slurm``: a batch job per trial (``sbatch``)."""
     parallel: int = Field(default=1, ge=1)
     """Trials in flight at once."""
     timeout_s: float = Field(default=600.0, gt=0)
     """A trial running longer is killed and reported ``timeout``."""
     scenario: str | None = None
     """For ``kind: sim``: the simulator scenario (see ``infrarsi.sim.scenarios``); ignored otherwise."""
+    netns: list[str] = []
+    """For ``kind: local``: run node ``i``'s torchrun agent inside network namespace ``netns[i]`` (an emulated
+    host with its own address; ``infrarsi.netns``), the rendezvous on the first one's address."""
+    partition: str | None = None
+    """For ``kind: slurm`` (sbatch ``--partition``)."""
+    account: str | None = None
+    """For ``kind: slurm`` (``--account``)."""
+    qos: str | None = None
+    """For ``kind: slurm`` (``--qos``)."""
+    time_limit: str | None = None
+    """Slurm's own limit (``--time``): ``minutes``, ``hh:mm:ss`` or ``d-hh:mm:ss``; reaching it ends the trial
+    ``timeout``."""
+    gres: str | None = None
+    """Per node, e.g. ``gpu:8`` (``--gres``); its GPU count prices the trial's accelerator-seconds."""
+    constraint: str | None = None
+    """For ``kind: slurm``: node features (``--constraint``)."""
+    exclusive: bool = False
+    """For ``kind: slurm``: whole nodes (``--exclusive``)."""
+    extra_sbatch: list[str] = []
+    """More sbatch options, one ``--option=value`` per item (never through a shell)."""
+
+    @field_validator("partition", "account", "qos", "gres", "constraint")
+    @classmethod
+    def _slurm_token(cls, value: str | None) -> str | None:
+        if value is not None and not _SLURM_TOKEN.fullmatch(value):
+            raise ValueError(f"{value!r} is not a single Slurm token (letters, digits, _.:@+=/,-)")
+        return value
+
+    @field_validator("time_limit")
+    @classmethod
+    def _slurm_time(cls, value: str | None) -> str | None:
+        if value is not None and not _SLURM_TIME.fullmatch(value):
+            raise ValueError(f"{value!r} is not a Slurm time (minutes, hh:mm:ss or d-hh:mm:ss)")
+        return value
+
+    @field_validator("extra_sbatch")
+    @classmethod
+    def _sbatch_options(cls, value: list[str]) -> list[str]:
+        for item in value:
+            name, _, arg = item.partition("=")
+            if not re.fullmatch(r"--[a-z][a-z0-9-]*", name) or (arg and not _SLURM_TOKEN.fullmatch(arg)):
+                raise ValueError(f"{item!r} is not one sbatch option (--name or --name=single-token)")
+            if name in _SBATCH_OWNED:
+                raise ValueError(f"{name} is set by the Slurm backend itself")
+        return value
+
+    @field_validator("netns")
+    @classmethod
+    def _netns_names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", name):
+                raise ValueError(f"{name!r} is not a network namespace name")
+        return value
+
+    @model_validator(mode="after")
+    def _options_fit_kind(self) -> BackendSpec:
+        # a field counts as given when it differs from its default (a dumped contract restates every field)
+        given = {
+            k for k, f in type(self).model_fields.items()
+            if k not in ("kind", "parallel", "timeout_s") and getattr(self, k) != f.get_default(call_default_factory=True)
+        }  # fmt: skip
+        allowed = {
+            "local": {"netns"},
+            "sim": {"scenario"},
+            "slurm": set(SLURM_FIELDS),
+        }[self.kind]
+        if extra := sorted(given - allowed):
+            raise ValueError(f"{', '.join(extra)} do not apply to backend kind {self.kind}")
+        return self
 
 
 class ScopeSpec(_Model):
@@ -700,6 +780,8 @@ class Contract(_Model):
             gb = (space.get("constraints") or {}).get("global_batch") if isinstance(space.get("constraints"), Mapping) else None
             if isinstance(gb, Mapping):
                 gb = {k: strip(v) if k.endswith("_key") and isinstance(v, str) else v for k, v in gb.items()}
+                if isinstance(gb.get("parallel_keys"), list):
+                    gb["parallel_keys"] = [strip(k) if isinstance(k, str) else k for k in gb["parallel_keys"]]
                 space["constraints"] = {**space["constraints"], "global_batch": gb}
         return data
 
@@ -1171,6 +1253,7 @@ def _delivery_problems(contract: Contract) -> list[Problem]:
         where = "search_space.constraints.global_batch"
         named += [(f"{where}.{field}", key) for field in ("micro_batch_key", "size_key", "accumulation_key")
                   if (key := getattr(gb, field)) is not None]  # fmt: skip
+        named += [(f"{where}.parallel_keys[{i}]", key) for i, key in enumerate(gb.parallel_keys)]
     problems = [Problem(where, reason) for where, key in named if (reason := launch.key_problem(key, via))]
     for key, knob in space.knobs.items():
         for choice in getattr(knob, "choices", None) or []:

@@ -414,7 +414,13 @@ def scaffold(
 
 
 def _has_overrides(args: Sequence[str]) -> bool:
-    return bool(launch.overrides_golden(args)) and not any(a.startswith("--") for a in args)
+    """Hydra-style: ``key=value`` items, beside which only ``--flag value`` pairs (``--config-name base``)."""
+    items = launch.overrides_golden(args)
+    if not items:
+        return False
+    flags = launch.argv_flags(args)
+    used = {f.index for f in flags} | {f.index + 1 for f in flags if f.value is not None and not f.equals}
+    return all(i in used or "=" in a for i, a in enumerate(args))
 
 
 def _refuse_positionals(args: Sequence[str]) -> None:

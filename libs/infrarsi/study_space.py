@@ -370,12 +370,13 @@ def _scenario(name: str):  # -> infrarsi.sim.scenarios.Scenario
 
 
 def _model_names(keys: list[str]) -> dict[str, str]:
-    """Launch key → modeling name: the last dotted component, the whole key (dots → ``_``) where two clash."""
-    short = {k: k.rsplit(".", 1)[-1] for k in keys}
+    """Launch key → modeling name: the last dotted component, the whole key (dots → ``_``) where two clash.
+    Dashes become ``_`` too: a flag ``--batch-size`` is argparse's ``batch_size``, and the priors know that name."""
+    short = {k: k.rsplit(".", 1)[-1].replace("-", "_") for k in keys}
     counts: dict[str, int] = {}
     for s in short.values():
         counts[s] = counts.get(s, 0) + 1
-    return {k: (s if counts[s] == 1 else k.replace(".", "_")) for k, s in short.items()}
+    return {k: (s if counts[s] == 1 else k.replace(".", "_").replace("-", "_")) for k, s in short.items()}
 
 
 def _convert_knob(key: str, name: str, spec: Any, golden: Any, scenario_space: SearchSpace | None

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -41,8 +42,8 @@ import msgspec
 import yaml
 from infrarsi import events as ev
 from infrarsi import fswatch, procs, stats, tracing, workspace
-from infrarsi.backends import Backend, JobHandle, JobResult, JobSpec, make_backend
-from infrarsi.contract import Contract, ContractError, load_patch_library, locked_contract
+from infrarsi.backends import Backend, JobHandle, JobResult, JobSpec, SubmitError, backend_class, make_backend
+from infrarsi.contract import BackendSpec, Contract, ContractError, load_patch_library, locked_contract
 from infrarsi.launch import LaunchValueError
 from infrarsi.logs import get_logger
 from infrarsi.service import Outbox, Service
@@ -131,21 +132,31 @@ class LauncherService(Service):
     def status(self) -> dict[str, object]:
         return {"running_trials": sorted(self.running), "slots": self.concurrency, "reaped_at_start": self.reaped}
 
-    def backend(self, kind: str) -> Backend:
-        if kind not in self.backends:
-            backend = make_backend(kind, self.state_root)
+    def backend(self, options: BackendSpec) -> Backend:
+        """One backend per kind and options (two studies on different Slurm partitions get two)."""
+        key = options.model_dump_json(exclude={"parallel", "timeout_s"})
+        if key not in self.backends:
+            backend = make_backend(options.kind, self.state_root, options)
             backend.open()
-            self.backends[kind] = backend
-        return self.backends[kind]
+            self.backends[key] = backend
+        return self.backends[key]
 
     def _reap_previous_life(self) -> int:
-        """Kill what a killed launcher left; mark its running trials abandoned; remove every worktree."""
-        killed = self.backend("local").reap()
+        """Kill what a killed launcher left; mark its running trials abandoned; remove every worktree.
+
+        A trial whose job a scheduler holds (``submitted.json`` of a backend that ``survives_launcher``) is
+        left alone, worktree and all: its redelivered ``TrialProposed`` re-attaches to the job."""
+        killed = self.backend(BackendSpec()).reap()
         for tdir in sorted(p for p in self.state_root.iterdir() if p.is_dir()):
+            if (tdir / "finished.json").exists() or (tdir / "abandoned.json").exists():
+                with contextlib.suppress(workspace.WorkspaceError, OSError):
+                    _remove_worktree(tdir / "worktree")
+                continue
+            submitted = _read_json(tdir / "submitted.json")
+            if submitted is not None and backend_class(submitted["backend"]["kind"]).survives_launcher:
+                continue
             with contextlib.suppress(workspace.WorkspaceError, OSError):
                 _remove_worktree(tdir / "worktree")
-            if (tdir / "finished.json").exists() or (tdir / "abandoned.json").exists():
-                continue
             job = _read_json(tdir / "job.json")
             started = float(job.get("started_at", time.time())) if job else time.time()
             (tdir / "abandoned.json").write_text(
@@ -205,6 +216,13 @@ class LauncherService(Service):
             return
         launcher = study.contract.workload.launcher
         ranks = launcher.nnodes * launcher.nproc_per_node
+        if (submitted := _read_json(tdir / "submitted.json")) is not None and not (tdir / "abandoned.json").exists():
+            finished = await self._reattach(submitted, proposed.candidate, study, tdir)
+            if finished is not None:
+                with contextlib.suppress(workspace.WorkspaceError, OSError):
+                    await asyncio.to_thread(_remove_worktree, tdir / "worktree")
+                await self._finish(out, tdir, finished, republish_from=tdir / "probe", trial_id=trial_id, study_id=event.study_id)
+                return
         if (abandoned := _read_json(tdir / "abandoned.json")) is not None:
             wall = float(abandoned.get("wall_s", 0.0))
             await self._finish(
@@ -301,27 +319,57 @@ class LauncherService(Service):
             nproc_per_node=contract.workload.launcher.nproc_per_node,
             memory_capacity_bytes=_emulated_capacity(study.cluster),
         )
-        backend = self.backend(contract.backend.kind)
+        backend = self.backend(contract.backend)
         stall_before = procs.cpu_stall_s()
         try:
             handle = await asyncio.to_thread(backend.submit, spec)
-        except OSError as exc:
+        except (OSError, SubmitError) as exc:
             # e.g. a command item that is not an executable (``"{launch_file}; touch x"``: no shell, so one
-            # literal path): nothing ran, and retrying cannot help.
+            # literal path), or a scheduler refusing the job: nothing ran, and retrying cannot help.
             raise Refused("crash", f"the job could not be started: {type(exc).__name__}: {exc} (argv {spec.argv[:4]!r})") from None
-        t0 = time.monotonic()
+        (tdir / "submitted.json").write_text(
+            json.dumps({"backend": contract.backend.model_dump(mode="json"), "job_id": handle.job_id,
+                        "started_at": handle.started_at, "spec": _spec_to_json(spec)})
+        )  # fmt: skip
+        await out.emit(
+            ev.TrialLaunched(
+                backend=backend.name, workdir=str(worktree), command=handle.command, nodes=spec.nnodes,
+                ranks=spec.ranks, host=handle.host, job_id=handle.job_id,
+            )
+        )  # fmt: skip
+        return await self._follow_job(backend, handle, time.monotonic(), stall_before, candidate, study)
+
+    async def _reattach(
+        self, submitted: dict, candidate: ev.Candidate, study: Study, tdir: Path
+    ) -> ev.TrialFinished | None:
+        """Follow the job a previous life submitted to a scheduler; ``None`` when there is none to follow
+        (the trial is then marked abandoned, as a local job would be)."""
+        options = BackendSpec.model_validate(submitted["backend"])
+        backend = self.backend(options)
+        spec = _spec_from_json(submitted["spec"]) if backend.survives_launcher else None
+        handle = await asyncio.to_thread(backend.attach, spec) if spec is not None else None
+        if handle is None:
+            started = float(submitted.get("started_at", time.time()))
+            (tdir / "abandoned.json").write_text(json.dumps({"wall_s": max(0.0, time.time() - started), "launched": True}))
+            return None
+        log.info("re-attached to a running job", trial_id=spec.name, job_id=handle.job_id, backend=backend.name)
+        # The launcher's clock restarts where the job's submit was; the probe lines already written are seen
+        # now (later than they appeared), which only makes the timing invariant stricter for this trial.
+        t0 = time.monotonic() - max(0.0, time.time() - handle.started_at)
+        return await self._follow_job(backend, handle, t0, procs.cpu_stall_s(), candidate, study)
+
+    async def _follow_job(
+        self, backend: Backend, handle: JobHandle, t0: float, stall_before: float | None, candidate: ev.Candidate,
+        study: Study,
+    ) -> ev.TrialFinished:  # fmt: skip
+        """Poll the job (timeout, probe tail, output steps) until it ends; collect; account."""
+        spec = handle.spec
+        timeout_s = study.contract.backend.timeout_s
         self.running[spec.name] = (backend, handle)
         try:
-            await out.emit(
-                ev.TrialLaunched(
-                    backend=backend.name, workdir=str(worktree), command=handle.command, nodes=spec.nnodes,
-                    ranks=spec.ranks, host=handle.host, job_id=handle.job_id,
-                )
-            )  # fmt: skip
-            tail = ProbeTail(probe_dir / "probe-rank0.jsonl", t0)
+            tail = ProbeTail(spec.state_dir / "probe" / "probe-rank0.jsonl", t0)
             tailing = asyncio.create_task(_follow(tail))
-            output = _output_tail(contract, tdir, t0)
-            timeout_s = contract.backend.timeout_s
+            output = _output_tail(study.contract, spec.state_dir, t0)
             try:
                 while not await asyncio.to_thread(backend.poll, handle):
                     if time.monotonic() - t0 > timeout_s:
@@ -398,8 +446,12 @@ class LauncherService(Service):
         records = _rank0_records(spec.state_dir / "probe")
         capacity = study.cluster.memory_capacity_bytes
         censored = None
-        if job.oom:
-            status: ev.TrialStatus = "oom"
+        if job.infrastructure_failure is not None:
+            # marked ``infrastructure`` below: it costs, it says nothing of the candidate, it is run again
+            status: ev.TrialStatus = "cancelled"
+            reason = f"{job.infrastructure_failure}: not the candidate's doing"
+        elif job.oom:
+            status = "oom"
             reason = job.oom_detail
             probe_peak = max((r.peak_memory_bytes for r in _all_records(spec.state_dir / "probe")), default=0)
             if spec.memory_capacity_bytes:  # emulated: the watchdog's last sample is the bound
@@ -430,21 +482,24 @@ class LauncherService(Service):
             if status != "ok" and len(records) < 3:
                 warmup_end = wall
         warmup_end = min(warmup_end, wall)
+        # A scheduler's accounting (Slurm's sacct) is the cost when there is one; else ranks × the launcher's clock.
+        accelerator_s = job.accelerator_s if job.accelerator_s is not None else ranks * wall
         return ev.TrialFinished(
             status=status,
             reason=reason,
             exit_code=job.exit_code,
             wall_s=wall,
             ranks=ranks,
-            accelerator_s=ranks * wall,
-            warmup_accelerator_s=ranks * warmup_end,
-            steady_accelerator_s=ranks * (wall - warmup_end),
+            accelerator_s=accelerator_s,
+            warmup_accelerator_s=accelerator_s * warmup_end / wall if wall > 0 else 0.0,
+            steady_accelerator_s=accelerator_s * (wall - warmup_end) / wall if wall > 0 else 0.0,
             peak_memory_bytes=job.peak_memory_bytes,
             censored_peak_bytes=censored,
             memory_capacity_bytes=capacity,
             steps_completed=len(records),
             step_seen_s=seen,
             output_tail=job.output_tail[-OUTPUT_TAIL_CHARS:],
+            infrastructure=job.infrastructure_failure is not None,
         )
 
     async def _republish(self, probe_dir: Path, trial_id: str, study_id: str) -> None:
@@ -512,6 +567,14 @@ def _emulated_capacity(cluster: ev.ClusterInfo) -> int | None:
     if cluster.accelerator.lower() == "cpu" and cluster.memory_capacity_bytes > 0:
         return cluster.memory_capacity_bytes
     return None
+
+
+def _spec_to_json(spec: JobSpec) -> dict:
+    return {**dataclasses.asdict(spec), "workdir": str(spec.workdir), "state_dir": str(spec.state_dir)}
+
+
+def _spec_from_json(data: dict) -> JobSpec:
+    return JobSpec(**{**data, "workdir": Path(data["workdir"]), "state_dir": Path(data["state_dir"])})
 
 
 def _read_json(path: Path) -> dict | None:

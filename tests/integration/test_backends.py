@@ -157,3 +157,64 @@ def test_reap_kills_what_a_previous_life_left(tmp_path) -> None:
     assert second.reap() >= 3
     psutil.wait_procs([p for p in left], timeout=5)
     assert_nothing_left(tmp_path)
+
+
+# ---------------------------------------------------------------- the same contract through a real Slurm
+
+
+@pytest.fixture
+def slurm_backend(slurm_cluster, tmp_path) -> Backend:
+    from infrarsi.backends.slurm import SlurmBackend
+
+    b = SlurmBackend(str(tmp_path / "state"))
+    b.open()
+    yield b
+    b.close()
+
+
+def slurm_states(job_id: str) -> str:
+    import subprocess
+
+    return subprocess.run(
+        ["squeue", "-h", "-j", job_id, "--states=all", "-o", "%T"], capture_output=True, text=True
+    ).stdout.strip()
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("case", [CASES[0], CASES[2]], ids=lambda c: c.id)
+def test_slurm_ok_job_runs_every_rank(slurm_backend, slurm_cluster, tmp_path, case) -> None:
+    if case.nnodes > len(slurm_cluster.nodes):
+        pytest.skip(f"one Slurm node only: {slurm_cluster.single_node_reason}")
+    handle = slurm_backend.submit(spec_for(case, tmp_path, "ok"))
+    result = run_to_end(slurm_backend, handle, timeout_s=300)
+    assert result.exit_code == 0, result.output_tail
+    assert not result.oom and result.cancelled is None
+    for rank in range(case.nnodes * case.nproc_per_node):
+        assert f"rank {rank}/{case.nnodes * case.nproc_per_node}" in result.output_tail
+    assert result.accelerator_s is not None and result.accelerator_s >= 0  # Slurm's accounting
+    assert slurm_states(handle.job_id) == "COMPLETED"
+
+
+@pytest.mark.slurm
+def test_slurm_failing_job_and_device_oom(slurm_backend, tmp_path) -> None:
+    failed = run_to_end(
+        slurm_backend, slurm_backend.submit(spec_for(CASES[0], tmp_path, "fail", name="f")), 120
+    )
+    assert failed.exit_code == 3 and "boom" in failed.output_tail and not failed.oom
+    oom = run_to_end(
+        slurm_backend, slurm_backend.submit(spec_for(CASES[0], tmp_path, "cuda-oom", name="o")), 120
+    )
+    assert oom.oom and "CUDA out of memory" in oom.oom_detail
+
+
+@pytest.mark.slurm
+def test_slurm_cancel_ends_the_job(slurm_backend, tmp_path) -> None:
+    handle = slurm_backend.submit(spec_for(CASES[0], tmp_path, "sleep"))
+    deadline = time.monotonic() + 60
+    while slurm_states(handle.job_id) != "RUNNING" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    slurm_backend.cancel(handle, "timeout after 5s")
+    slurm_backend.cancel(handle, "again")  # idempotent; the first reason stands
+    result = run_to_end(slurm_backend, handle, timeout_s=60)
+    assert result.cancelled == "timeout after 5s"
+    assert slurm_states(handle.job_id) == "CANCELLED"

@@ -93,7 +93,7 @@ ESCAPES = {
 }
 
 
-def make_workload(root: Path, *, timeout_s: float = 20.0, capacity: int = 1 << 30) -> Path:
+def make_workload(root: Path, *, timeout_s: float = 20.0, capacity: int = 1 << 30, backend: dict | None = None) -> Path:
     """A workload repo with launch.yaml (locked), *.py (editable; link/ is a symlink to /tmp), a patch library and a contract."""
     repo = root / "workload"
     (repo / "patches").mkdir(parents=True)
@@ -126,7 +126,7 @@ def make_workload(root: Path, *, timeout_s: float = 20.0, capacity: int = 1 << 3
             "verify_steps": 12,
         },
         "cluster": {"id": "test-cpu", "accelerator": "cpu", "memory_capacity_bytes": capacity, "peak_flops": 1e11},
-        "backend": {"kind": "local", "timeout_s": timeout_s},
+        "backend": {"kind": "local", "timeout_s": timeout_s, **(backend or {})},
         "scope": {"files": ["**/*.py"], "launch_keys": ["knobs.mode", "knobs.sleep"]},
         "search_space": {
             "knobs": {

@@ -342,8 +342,31 @@ def test_unknown_field(root: Path) -> None:
 
 
 def test_bad_literal(root: Path) -> None:
-    problems = problems_of(root, mutated(lambda d: d["backend"].update(kind="slurm")))
-    assert problems == ["backend.kind: Input should be 'local' or 'sim'"]
+    problems = problems_of(root, mutated(lambda d: d["backend"].update(kind="pbs")))
+    assert problems == ["backend.kind: Input should be 'local', 'sim' or 'slurm'"]
+
+
+@pytest.mark.parametrize(
+    ("backend", "problem"),
+    [
+        ({"kind": "slurm", "partition": "gpu; rm -rf /"}, "is not a single Slurm token"),
+        ({"kind": "slurm", "time_limit": "1h"}, "is not a Slurm time"),
+        ({"kind": "slurm", "extra_sbatch": ["--output=/tmp/x"]}, "--output is set by the Slurm backend itself"),
+        ({"kind": "slurm", "extra_sbatch": ["--mem 0"]}, "is not one sbatch option"),
+        ({"kind": "local", "partition": "gpu"}, "partition do not apply to backend kind local"),
+        ({"kind": "local", "netns": ["bad name"]}, "is not a network namespace name"),
+    ],
+)
+def test_backend_options_are_validated(root: Path, backend: dict, problem: str) -> None:
+    problems = problems_of(root, mutated(lambda d: d.update(backend=backend)))
+    assert len(problems) == 1 and problem in problems[0], problems
+
+
+def test_slurm_backend_options_accepted(root: Path) -> None:
+    backend = {"kind": "slurm", "partition": "gpu", "account": "lab", "qos": "high", "time_limit": "0-01:30:00",
+               "gres": "gpu:a100:8", "constraint": "ib", "exclusive": True, "extra_sbatch": ["--mem=0", "--hint=nomultithread"]}  # fmt: skip
+    contract = load_contract(write(root, mutated(lambda d: d.update(backend=backend))))
+    assert contract.backend.gres == "gpu:a100:8" and contract.backend.extra_sbatch == ["--mem=0", "--hint=nomultithread"]
 
 
 def test_knob_choice_of_wrong_type(root: Path) -> None:

@@ -243,3 +243,18 @@ def test_yaml_contract_with_flag_keys_loads(tmp_path: Path) -> None:
     assert load_contract(path).search_space.knobs.keys() == {
         "per_device_train_batch_size", "bf16", "optim", "gradient_checkpointing",
     }  # fmt: skip
+
+
+def test_a_flag_contract_becomes_a_search_space_with_the_golden_baseline(tmp_path: Path) -> None:
+    from infrarsi import events as ev
+    from infrarsi.study_space import StudySpace
+
+    command = ["{python}", "train.py", "--batch-size", "8", "--bf16", "0", "--max-steps", "100"]
+    data = with_knobs(contract_dict(tmp_path, "argv", command, steps_key="--max-steps"),
+                      {"batch-size": {"type": "int", "choices": [2, 4, 8]}, "bf16": {"type": "bool"}},
+                      global_batch={"size": 8, "micro_batch_key": "batch-size", "accumulation_key": "grad-accum"})  # fmt: skip
+    contract = contract_from_dict(data)
+    study = StudySpace.from_contract(contract, baseline_launch=contract.baseline_launch(), library=None)
+    assert dict(study.baseline.knobs) == {"batch_size": 8, "bf16": False}  # argparse's names; the golden values
+    assert study.kb.canonical("batch_size") == "micro_batch"  # so the micro-batch prior applies
+    assert study.to_event(study.baseline) == ev.Candidate()  # the golden command is the baseline candidate

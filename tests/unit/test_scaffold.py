@@ -202,14 +202,14 @@ def test_lightning_cli_dotted_flags(tmp_path: Path) -> None:
 
 def test_overrides_command(tmp_path: Path) -> None:
     repo = repo_with(tmp_path, "import hydra\n")
-    text, _ = scaffold(["python", "train.py", "trainer.precision=32-true", "trainer.max_steps=100",
+    text, _ = scaffold(["python", "train.py", "--config-name", "base", "trainer.precision=32-true", "trainer.max_steps=100",
                         "data.batch_size=8", "trainer.accumulate_grad_batches=1"], repo)  # fmt: skip
     contract = accepted(tmp_path, text, repo)
     assert contract.workload.knobs_via == "overrides"
     argv = contract.trial_launch({"trainer.precision": "bf16-mixed", "data.batch_size": 4}, 5, python="py",
                                  launch_file=None, probe_dir="p").argv  # fmt: skip
-    assert argv[2:] == ["trainer.precision=bf16-mixed", "trainer.max_steps=5", "data.batch_size=4",
-                        "trainer.accumulate_grad_batches=2"]  # fmt: skip
+    assert argv[2:] == ["--config-name", "base", "trainer.precision=bf16-mixed", "trainer.max_steps=5",
+                        "data.batch_size=4", "trainer.accumulate_grad_batches=2"]  # fmt: skip
 
 
 def test_a_probe_job_is_measured_by_the_probe(tmp_path: Path) -> None:

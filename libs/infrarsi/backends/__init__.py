@@ -1,28 +1,44 @@
 """Launcher backends: one small interface (``Backend``) and its implementations.
 
 ``make_backend`` picks one by the contract's ``backend.kind``; the verifier and doctor reuse the same
-backends through this package. ``local`` runs real processes; ``sim`` plays trials out on the analytic cluster simulator
-(``infrarsi.sim``, labelled as such). Slurm and Kubernetes will implement the same calls.
+backends through this package. ``local`` runs real processes (on loopback, or one network namespace per
+node); ``sim`` plays trials out on the analytic cluster simulator (``infrarsi.sim``, labelled as such);
+``slurm`` submits batch jobs to a Slurm cluster (``docs/backends.md``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from infrarsi.backends.base import DEVICE_OOM, Backend, JobHandle, JobResult, JobSpec
+from infrarsi.backends.base import DEVICE_OOM, Backend, JobHandle, JobResult, JobSpec, SubmitError
 from infrarsi.backends.local import LocalBackend
+from infrarsi.contract import BackendSpec
 
-__all__ = ["DEVICE_OOM", "Backend", "JobHandle", "JobResult", "JobSpec", "LocalBackend", "make_backend"]
+__all__ = ["DEVICE_OOM", "Backend", "JobHandle", "JobResult", "JobSpec", "LocalBackend", "SubmitError", "backend_class", "make_backend"]
 
 
-def make_backend(kind: str, state_root: Path) -> Backend:
-    """The backend for a contract's ``backend.kind``; ``state_root`` holds its per-job files."""
+def backend_class(kind: str) -> type[Backend]:
     match kind:
         case "local":
-            return LocalBackend(str(Path(state_root).absolute()))
+            return LocalBackend
         case "sim":
             from infrarsi.backends.sim import SimBackend  # imports the simulator only when asked for
 
-            return SimBackend(str(Path(state_root).absolute()))
+            return SimBackend
+        case "slurm":
+            from infrarsi.backends.slurm import SlurmBackend
+
+            return SlurmBackend
         case _:
             raise ValueError(f"backend {kind!r} is not available in this launcher")
+
+
+def make_backend(kind: str, state_root: Path, options: BackendSpec | None = None) -> Backend:
+    """The backend for a contract's ``backend`` (``kind`` and its options); ``state_root`` holds its per-job files."""
+    cls = backend_class(kind)
+    owner = str(Path(state_root).absolute())
+    if cls is LocalBackend:
+        return LocalBackend(owner, netns=options.netns if options else None)
+    if kind == "slurm":
+        return cls(owner, options)  # type: ignore[call-arg]
+    return cls(owner)  # type: ignore[call-arg]

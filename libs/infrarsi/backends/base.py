@@ -13,6 +13,10 @@ Calling order and consistency rules:
    times; the job then ends and ``poll`` turns ``True``. ``collect`` leaves no process of the job behind;
 3. ``close()`` once, at the end; it cancels whatever is still running.
 
+A backend whose jobs outlive the launcher (``survives_launcher``: a scheduler runs them, not this process)
+is not reaped for running jobs: a restarted launcher calls ``attach(spec)`` for a trial it had submitted and
+follows the same job to its end.
+
 ``submit``/``poll`` must not block for long (the launcher calls them from its event loop); ``cancel`` and
 ``collect`` may (the launcher runs them in a thread). Several jobs may run at once.
 Slurm (sbatch/squeue/scancel) and Kubernetes (Job manifests) fit the same five calls.
@@ -28,6 +32,10 @@ from typing import Any, ClassVar, Literal
 
 DEVICE_OOM = re.compile(r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError|HIP out of memory|\bMemoryError\b")
 """What a real out-of-memory leaves in a rank's output."""
+
+
+class SubmitError(Exception):
+    """The scheduler refused the job (``sbatch`` failed, the API answered an error): nothing runs."""
 
 
 @dataclass(frozen=True)
@@ -88,12 +96,18 @@ class JobResult:
     cancelled: str | None = None
     """The reason given to ``cancel``, if it was cancelled."""
     output_tail: str = ""
+    accelerator_s: float | None = None
+    """Device-seconds as the scheduler accounted them (Slurm's ``sacct``); ``None``: ranks × ``wall_s``."""
+    infrastructure_failure: str | None = None
+    """The job ended because of the infrastructure (a node failed, it was preempted), not the candidate."""
 
 
 class Backend(ABC):
     """Runs jobs. See the module docstring for the calling order."""
 
     name: ClassVar[str]
+    survives_launcher: ClassVar[bool] = False
+    """Jobs keep running when the launcher dies (a scheduler holds them) and can be re-attached."""
 
     def open(self) -> None:  # noqa: B027 — a no-op hook by design
         """Acquire what the backend needs (connections, directories). Default: nothing."""
@@ -101,6 +115,11 @@ class Backend(ABC):
     def reap(self) -> int:
         """Cancel every job a previous life of this owner left running; returns how many processes/jobs."""
         return 0
+
+    def attach(self, spec: JobSpec) -> JobHandle | None:
+        """The job a previous life submitted for ``spec`` (same name and state directory), if the backend still
+        knows it; ``None`` otherwise. Only backends that ``survives_launcher``."""
+        return None
 
     def close(self) -> None:  # noqa: B027 — a no-op hook by design
         """Release everything. Default: nothing."""

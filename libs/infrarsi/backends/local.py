@@ -3,7 +3,10 @@
 - ``python`` jobs: one process;
 - ``torchrun`` jobs: ``nnodes`` torchrun agents (``python -m torch.distributed.run``), each with
   ``--nnodes N --node-rank i --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:<free port>`` — one agent is a
-  single node with several ranks; two agents on loopback are a two-node job.
+  single node with several ranks; two agents on loopback are a two-node job;
+- bare-metal multi-node (``netns``: one network namespace per node, ``infrarsi.netns``): agent ``i`` runs
+  inside namespace ``i`` and advertises that namespace's address, the rendezvous is on the first one's
+  address, and gloo uses the namespace's interface — the job's traffic crosses a real bridge.
 
 Every process is started without a shell, in its own session, with the launch tag in its environment
 (``procs.LAUNCH_TAG_VAR``), its output in ``<state_dir>/node<i>.log``, and the pids it has spawned kept in
@@ -24,7 +27,7 @@ from pathlib import Path
 
 import psutil
 
-from infrarsi import procs
+from infrarsi import netns, procs
 from infrarsi.backends.base import DEVICE_OOM, Backend, JobHandle, JobResult, JobSpec
 from infrarsi.embedded import free_port
 
@@ -51,8 +54,12 @@ class LocalBackend(Backend):
 
     name = "local"
 
-    def __init__(self, owner: str, *, sample_interval_s: float = 0.05, term_grace_s: float = 3.0) -> None:
+    def __init__(
+        self, owner: str, *, netns: list[str] | None = None, sample_interval_s: float = 0.05, term_grace_s: float = 3.0
+    ) -> None:
         self.owner = owner
+        self.netns = list(netns or [])
+        """Node ``i`` of a multi-node job runs in namespace ``netns[i]`` (an emulated host); empty: loopback."""
         self.sample_interval_s = sample_interval_s
         self.term_grace_s = term_grace_s
         self._live: dict[str, JobHandle] = {}
@@ -85,8 +92,9 @@ class LocalBackend(Backend):
         env = {**spec.env, procs.LAUNCH_TAG_VAR: tag}
         commands = self._commands(spec)
         if spec.nnodes > 1:
-            # Two agents on loopback: keep gloo on the loopback interface whatever the hostname resolves to.
-            env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+            # Agents on loopback keep gloo there whatever the hostname resolves to; in namespaces, on the
+            # namespace's own interface (the bridge), so the ranks' traffic crosses it.
+            env.setdefault("GLOO_SOCKET_IFNAME", "eth0" if self.netns else "lo")
         popens, logs = [], []
         started = time.time()
         try:
@@ -182,7 +190,7 @@ class LocalBackend(Backend):
         if leftovers:
             procs.kill_all(leftovers, grace_s=1.0)
         self._live.pop(handle.spec.name, None)
-        tails = [self._tail(path) for path in job.logs]
+        tails = [tail_of(path) for path in job.logs]
         if len(tails) > 1:
             output = "\n".join(f"--- node {i} ---\n{t}" for i, t in enumerate(tails))
         else:
@@ -218,36 +226,55 @@ class LocalBackend(Backend):
             if spec.ranks != 1:
                 raise ValueError(f"job {spec.name}: {spec.ranks} ranks need launcher torchrun")
             return [list(spec.argv)]
-        argv = list(spec.argv)
-        if Path(argv[0]).name.startswith("python"):
-            python, rest = argv[0], argv[1:]
-            script = ["--module", *rest[1:]] if rest[:1] == ["-m"] else rest
-        else:
-            python, script = "python3", ["--no-python", *argv]
-        endpoint = f"127.0.0.1:{free_port()}"
+        if not self.netns:
+            endpoint = f"127.0.0.1:{free_port()}"
+            return [torchrun_argv(spec, node, endpoint) for node in range(spec.nnodes)]
+        if len(self.netns) < spec.nnodes:
+            raise ValueError(f"job {spec.name}: {spec.nnodes} nodes but only {len(self.netns)} namespaces (backend.netns)")
+        addresses = [netns.namespace_address(ns) for ns in self.netns[: spec.nnodes]]
+        endpoint = f"{addresses[0]}:{free_port()}"
         return [
-            [
-                python, "-m", "torch.distributed.run",
-                "--nnodes", str(spec.nnodes),
-                "--nproc-per-node", str(spec.nproc_per_node),
-                "--node-rank", str(node),
-                "--rdzv-backend", "c10d",
-                "--rdzv-endpoint", endpoint,
-                "--rdzv-id", spec.name,
-                "--max-restarts", "0",
-                "--monitor-interval", "0.5",
-                *script,
-            ]  # fmt: skip
+            netns.exec_argv(self.netns[node], torchrun_argv(spec, node, endpoint, local_addr=addresses[node]))
             for node in range(spec.nnodes)
         ]
 
-    @staticmethod
-    def _tail(path: Path) -> str:
-        try:
-            with open(path, "rb") as fh:
-                fh.seek(0, os.SEEK_END)
-                size = fh.tell()
-                fh.seek(max(0, size - TAIL_BYTES))
-                return fh.read().decode(errors="replace")
-        except OSError:
-            return ""
+
+
+def torchrun_argv(spec: JobSpec, node_rank: int, endpoint: str, *, local_addr: str | None = None) -> list[str]:
+    """Node ``node_rank``'s torchrun agent for ``spec``, its rendezvous at ``endpoint`` (``host:port``).
+
+    ``local_addr`` is the address this agent advertises to the others (its own host's); without it torchrun
+    uses the hostname, which on one machine with several emulated hosts names the wrong one.
+    """
+    argv = list(spec.argv)
+    if Path(argv[0]).name.startswith("python"):
+        python, rest = argv[0], argv[1:]
+        script = ["--module", *rest[1:]] if rest[:1] == ["-m"] else rest
+    else:
+        python, script = "python3", ["--no-python", *argv]
+    return [
+        python, "-m", "torch.distributed.run",
+        "--nnodes", str(spec.nnodes),
+        "--nproc-per-node", str(spec.nproc_per_node),
+        "--node-rank", str(node_rank),
+        "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", endpoint,
+        "--rdzv-id", spec.name,
+        "--max-restarts", "0",
+        "--monitor-interval", "0.5",
+        # torchrun hosts the rendezvous store where the endpoint names this machine's hostname; an emulated
+        # host's address never does, so node 0 is told it is the host
+        *(["--local-addr", local_addr, "--rdzv-conf", f"is_host={node_rank == 0}".lower()] if local_addr else []),
+        *script,
+    ]  # fmt: skip
+
+
+def tail_of(path: Path) -> str:
+    """The last ``TAIL_BYTES`` of a log file (empty when it is not there)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - TAIL_BYTES))
+            return fh.read().decode(errors="replace")
+    except OSError:
+        return ""

@@ -30,10 +30,44 @@ SOURCE = "cli.demo"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--contract", type=Path, default=DEFAULT_CONTRACT, help=f"contract (default {DEFAULT_CONTRACT})")
+    parser.add_argument(
+        "--backend", choices=("local", "slurm"), default=None,
+        help="run every trial on this backend instead of the contract's (slurm: the cluster SLURM_CONF names; "
+        "`make slurm-up` starts one on this machine)",
+    )  # fmt: skip
     parser.add_argument("--trials", type=int, default=10, help="search trials (default 10; capped by the contract)")
     parser.add_argument("--out", type=Path, default=None, help="report directory (default <data-dir>/reports/<study>)")
     parser.add_argument("--json", action="store_true", help="print a JSON summary at the end")
     parser.add_argument("--keep-running", action="store_true", help="leave the embedded stack running afterwards")
+
+
+def with_backend(contract: Path, kind: str, data_dir: Path) -> Path:
+    """A copy of ``contract`` (its repo made absolute) whose trials run on backend ``kind``, under ``data_dir``."""
+    import shutil
+    import subprocess
+
+    import yaml
+
+    if kind == "slurm":
+        if shutil.which("sinfo") is None:
+            raise UserError("--backend slurm: the Slurm client (sinfo, sbatch) is not installed (make slurm-deps)")
+        try:
+            probe = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=10)
+            problem = probe.stderr.strip()[:200] if probe.returncode != 0 else None
+        except subprocess.TimeoutExpired:
+            problem = "sinfo did not answer within 10 s"
+        if problem is not None:
+            raise UserError(
+                "--backend slurm: no Slurm cluster answers (start one with `make slurm-up` and "
+                f"`export SLURM_CONF=/run/infrarsi-slurm/slurm.conf`): {problem}"
+            )
+    data = yaml.safe_load(contract.read_text())
+    data["workload"]["repo"] = str((contract.parent / data["workload"]["repo"]).resolve())
+    data["backend"] = {"kind": kind, "timeout_s": data.get("backend", {}).get("timeout_s", 600)}
+    out = data_dir / f"demo-contract-{kind}.yaml"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    out.write_text(yaml.safe_dump(data, sort_keys=False))
+    return out
 
 
 def _stage(name: str, started: float) -> None:
@@ -105,13 +139,16 @@ async def run(args: argparse.Namespace) -> int:
     data_dir = data_dir_of(args)
     if not args.contract.exists():
         raise UserError(f"{args.contract}: no such contract (run from the repository root, or pass --contract)")
+    contract = args.contract
+    if getattr(args, "backend", None):
+        contract = with_backend(args.contract, args.backend, data_dir)
     started = time.monotonic()
-    print(f"InfraRSI demo on {args.contract} (data under {data_dir})", flush=True)
+    print(f"InfraRSI demo on {contract} (data under {data_dir})", flush=True)
     url, stack = await asyncio.to_thread(ensure_stack, getattr(args, "nats_url", None), data_dir)
     print(f"bus: {url} ({'embedded stack started' if stack else 'existing server'})", flush=True)
     try:
         _stage("init: lock the contract", started)
-        prepared = prepare_study(args.contract, data_dir)
+        prepared = prepare_study(contract, data_dir)
         study = prepared.study_id
         bus = await Bus.connect(url, service=SOURCE)
         try:
