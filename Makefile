@@ -37,7 +37,7 @@ schemas: $(STAMP)
 	$(BIN)/python scripts/gen_schemas.py
 
 lint: $(STAMP)
-	$(BIN)/ruff check libs services tests bench workloads scripts
+	$(BIN)/ruff check libs services tests bench workloads scripts examples
 
 bench: $(STAMP)
 	mkdir -p out

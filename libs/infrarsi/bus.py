@@ -46,6 +46,9 @@ DEADLETTER_RAW_MAX = 64 * 1024
 """Bytes of a bad message kept in its dead letter: a copy of the whole (up to the server's max payload,
 less base64's third) would itself be refused, and a consumer that cannot park a message cannot move on."""
 DEADLETTER_ERROR_MAX = 2000
+MAX_EVENT_BYTES = 4 << 20
+"""The largest message a service handles: the largest real events (a ``StudyCreated`` of a big repo's locked
+files, a long trial's ``step_seen_s``) stay well under it; a bigger one is a bad message, not a slow decode."""
 
 
 LOST_AFTER_S = 120.0
@@ -447,9 +450,33 @@ class Bus:
 
 
 def decode_delivery(msg: Msg) -> Delivery:
+    if len(msg.data) > MAX_EVENT_BYTES:
+        return Delivery(msg=msg, event=None, error=f"oversized: {len(msg.data)} bytes, over the {MAX_EVENT_BYTES} an event may take")
     try:
-        return Delivery(msg=msg, event=ev.decode(msg.data), error=None)
+        event = ev.decode(msg.data)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         return Delivery(msg=msg, event=None, error=f"{type(exc).__name__}: {exc}")
     except Exception as exc:  # noqa: BLE001 — whatever a message can make a decoder raise, it is a bad message
         return Delivery(msg=msg, event=None, error=f"undecodable ({type(exc).__name__}): {exc}")
+    problem = misrouted(event, msg.subject)
+    if problem is not None:
+        return Delivery(msg=msg, event=None, error=problem)
+    return Delivery(msg=msg, event=event, error=None)
+
+
+_PRINCIPALS = frozenset(subjects.principals())
+
+
+def misrouted(event: ev.Event, subject: str) -> str | None:
+    """Why a well-formed event must not be handled, or ``None``: it sits on another type's or study's subject
+    (``irsi.…`` subjects), or names as its source a principal that does not publish its type (a service
+    claiming another's event: a forgery or a bug). Unknown sources (tests, tools) are left to the server's
+    permissions, which decide who may publish where."""
+    if subject.startswith(subjects.ROOT + ".") and not subjects.is_deadletter(subject):
+        expected = subjects.subject_for(event)
+        if subject != expected:
+            return f"misrouted: a {event.type} of study {event.study_id!r} belongs on {expected}, not {subject}"
+    if event.source in _PRINCIPALS and event.source not in subjects.route(event.type).publishers:
+        owners = ", ".join(subjects.route(event.type).publishers)
+        return f"wrong owner: {event.source} does not publish {event.type} (published by {owners})"
+    return None

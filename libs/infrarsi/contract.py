@@ -205,6 +205,35 @@ class MeasurementSpec(_Model):
         return self
 
 
+class ShapeSpec(_Model):
+    """The model's shape, as the contract states it: each field given here overrides what the probe reads
+    from the model when it attaches (``infrarsi.probe.shape``); a job without a probe can state it all. With
+    layers, hidden, heads, seq_len, vocab and parameters known, the search's memory model is the structural
+    formula (``infrarsi.modeling.memory_model``), as for the simulator's scenarios."""
+
+    parameters: int | None = Field(default=None, ge=1)
+    """All parameters of the model (one replica, before sharding)."""
+    expert_parameters: int | None = Field(default=None, ge=0)
+    """Of which in MoE experts."""
+    layers: int | None = Field(default=None, ge=1)
+    """Transformer blocks."""
+    hidden: int | None = Field(default=None, ge=1)
+    """Residual width (hidden size)."""
+    heads: int | None = Field(default=None, ge=1)
+    """Attention heads."""
+    seq_len: int | None = Field(default=None, ge=1)
+    """Tokens per training sequence."""
+    vocab: int | None = Field(default=None, ge=1)
+    """Vocabulary size."""
+    experts: int | None = Field(default=None, ge=1)
+    """MoE experts per layer (unset or 1: dense)."""
+    experts_per_token: int | None = Field(default=None, ge=1)
+    """MoE experts each token is routed to."""
+    workspace_bytes: float | None = Field(default=None, ge=0)
+    """Memory besides model state and activations (runtime, allocator, CUDA context). Unset: calibrated on
+    the baseline's measured peak once one is measured (1.5 GiB on a GPU, 0.4 GiB on a CPU host until then)."""
+
+
 class WorkloadSpec(_Model):
     """The training job: where it lives and how it is started."""
 
@@ -237,6 +266,8 @@ class WorkloadSpec(_Model):
     """Longer horizon used at verify, to catch slow divergence."""
     patch_dir: str = "patches"
     """Patch library, relative to ``repo``: ``index.yaml`` plus one ``<id>.patch`` per patch."""
+    shape: ShapeSpec | None = None
+    """The model's shape, stated or overriding the probe's reading (``ShapeSpec``)."""
     measurement: MeasurementSpec = MeasurementSpec()
     """How trials are measured: through the probe (default) or coarsely from outside."""
 

@@ -60,7 +60,7 @@ log = get_logger(__name__)
 REPLAYED_STREAMS: tuple[str, ...] = (LIFECYCLE_STREAM, TELEMETRY_STREAM, BANK_STREAM)
 ANALYST_DB_NAME = "analyst.duckdb"
 SNAPSHOT_NAME = "analyst.snapshot.duckdb"
-DB_SCHEMA_VERSION = "2"
+DB_SCHEMA_VERSION = "3"
 """Bumped when a table changes; a DB of another version must be rebuilt (``infrarsi replay --from-scratch``)."""
 DEFAULT_BATCH = 10_000
 """Messages per transaction: large enough that per-statement overhead vanishes, small enough to pipeline."""
@@ -198,7 +198,8 @@ CREATE TABLE IF NOT EXISTS steps (
     step BIGINT, loss DOUBLE, step_time_s DOUBLE, phases JSON, tokens BIGINT, optimizer_steps BIGINT,
     loss_tokens BIGINT, peak_memory_bytes BIGINT, flops DOUBLE, mfu DOUBLE, eval_loss DOUBLE,
     eval_tokens BIGINT, wall_time DOUBLE, ts TIMESTAMPTZ,
-    event_id VARCHAR, subject VARCHAR, cluster_id VARCHAR, source VARCHAR, schema_version INTEGER
+    event_id VARCHAR, subject VARCHAR, cluster_id VARCHAR, source VARCHAR, schema_version INTEGER,
+    shape JSON  -- the model's shape (WorkloadShape) on the first record of a probe, else NULL
 );
 CREATE OR REPLACE VIEW events AS
     SELECT * FROM lifecycle_events
@@ -209,7 +210,7 @@ CREATE OR REPLACE VIEW events AS
                        'step_time_s', step_time_s, 'phases', phases, 'tokens', tokens,
                        'optimizer_steps', optimizer_steps, 'loss_tokens', loss_tokens,
                        'peak_memory_bytes', peak_memory_bytes, 'flops', flops, 'mfu', mfu, 'eval_loss', eval_loss,
-                       'eval_tokens', eval_tokens, 'wall_time', wall_time) AS payload
+                       'eval_tokens', eval_tokens, 'wall_time', wall_time, 'shape', shape) AS payload
     FROM steps;
 CREATE TABLE IF NOT EXISTS studies (
     study_id VARCHAR PRIMARY KEY,
@@ -735,7 +736,7 @@ _STEP_JSON_STRUCTURE = _stdjson.dumps({
         "rank": "INTEGER", "world_size": "INTEGER", "step": "BIGINT", "loss": "DOUBLE", "step_time_s": "DOUBLE",
         "phases": "JSON", "tokens": "BIGINT", "optimizer_steps": "BIGINT", "loss_tokens": "BIGINT",
         "peak_memory_bytes": "BIGINT", "flops": "DOUBLE", "mfu": "DOUBLE", "eval_loss": "DOUBLE",
-        "eval_tokens": "BIGINT", "wall_time": "DOUBLE",
+        "eval_tokens": "BIGINT", "wall_time": "DOUBLE", "shape": "JSON",
     },
 }, separators=(",", ":"))
 """How DuckDB reads a telemetry ``TrialStep`` message's columns. The message was validated by msgspec with
@@ -751,7 +752,7 @@ _INSERTS: dict[str, str] = {
         INSERT INTO steps SELECT seq, m.study_id, m.trial_id, p.rank, p.world_size, p.step, p.loss, p.step_time_s,
                coalesce(p.phases, '{{}}'), p.tokens, p.optimizer_steps, p.loss_tokens, p.peak_memory_bytes, p.flops, p.mfu,
                p.eval_loss, p.eval_tokens, coalesce(p.wall_time, 0.0), make_timestamptz(ts_us), m.event_id,
-               subject, m.cluster_id, m.source, coalesce(m.schema_version, {ev.SCHEMA_VERSION})
+               subject, m.cluster_id, m.source, coalesce(m.schema_version, {ev.SCHEMA_VERSION}), p.shape
         FROM (SELECT seq, subject, ts_us, json_transform(json, '{_STEP_JSON_STRUCTURE}') AS m
               FROM _stage_steps WHERE seq > $after), LATERAL (SELECT m.payload AS p)""",
     "studies": _upsert_sql("studies", ("study_id",), _STUDY_COLUMNS),

@@ -123,6 +123,26 @@ class InvariantResult(msgspec.Struct, frozen=True, kw_only=True):
     tolerance: float | None = None
 
 
+class WorkloadShape(msgspec.Struct, frozen=True, kw_only=True):
+    """The trained model's shape as the probe read it when it attached (``infrarsi.probe.shape``): what
+    the structural memory formula needs. ``None``: the probe could not tell (the contract may say)."""
+
+    parameters: int
+    """All parameters of this rank's model as attached (before any sharding wrapper)."""
+    expert_parameters: int = 0
+    """Of which in MoE experts (0 for a dense model)."""
+    layers: int | None = None
+    hidden: int | None = None
+    heads: int | None = None
+    seq_len: int | None = None
+    """Tokens per training sequence, as fed to the model (a config's context length only as a fallback)."""
+    vocab: int | None = None
+    experts: int | None = None
+    experts_per_token: int | None = None
+    sources: dict[str, str] = {}
+    """Field → where it came from: ``config``, ``module`` (inspection), ``inputs`` (the first forward)."""
+
+
 class UncheckedInvariant(msgspec.Struct, frozen=True, kw_only=True):
     """An invariant a coarse trial could not check (no probe): named with the reason, never passed."""
 
@@ -288,6 +308,8 @@ class TrialStep(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     eval_tokens: int | None = None
     wall_time: float = 0.0
     """Unix time at the end of the step (the probe's clock)."""
+    shape: WorkloadShape | None = None
+    """The model's shape, on the first record a probe writes (``None`` on the others)."""
 
 
 class TrialFinished(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -352,6 +374,8 @@ class TrialMeasured(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     invariants_ok: bool
     """Every invariant in ``invariants`` held (those in ``unchecked_invariants`` were not checked)."""
     accelerator_s: float = 0.0
+    shape: WorkloadShape | None = None
+    """The model's shape as rank 0's probe reported it (``None`` from jobs without a probe)."""
     interfered: bool = False
     """Only the timing invariant failed, and the host's CPU pressure during the trial was too high to tell
     a hack from noise: the trial is re-run (as after an infrastructure failure), the candidate not rejected."""

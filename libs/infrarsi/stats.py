@@ -168,6 +168,8 @@ class Series:
     probe_mfu: float | None
     rank0_steps: list[int] = field(default_factory=list)
     rank0_times: list[float] = field(default_factory=list)
+    shape: ev.WorkloadShape | None = None
+    """The model's shape from rank 0's first record that carries one."""
 
     @property
     def tokens(self) -> int:
@@ -228,6 +230,7 @@ def summarise(samples: Iterable[ev.TrialStep]) -> Series:
         probe_mfu=median(mfus) if mfus else None,
         rank0_steps=[s.step for s in rank0],
         rank0_times=times0,
+        shape=next((s.shape for s in rank0 if s.shape is not None), None),
     )
 
 
@@ -498,6 +501,7 @@ def measure(
         invariants=invariants,
         invariants_ok=invariants_ok,
         accelerator_s=finished.accelerator_s,
+        shape=series.shape,
         interfered=under_interference and finished.status == "ok",
     )
     return measured, series

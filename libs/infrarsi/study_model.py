@@ -43,6 +43,15 @@ def observation(study: StudySpace, outcome: TrialOutcome) -> Observation | None:
                        outcome.accelerator_s or None)
 
 
+def adopt_shape(study: StudySpace, measured: ev.TrialMeasured) -> StudySpace | None:
+    """The study with the workload shape its first good baseline reported (``StudySpace.with_shape``), or
+    ``None`` when this measurement changes nothing (not a baseline, no shape, or a shape already adopted)."""
+    if (study.scenario is not None or study.probed_shape is not None or measured.shape is None
+            or measured.kind not in ("baseline", "doctor") or measured.status != "ok"):  # fmt: skip
+        return None
+    return study.with_shape(measured.shape, baseline_peak_bytes=max(measured.peak_memory_bytes, default=0) or None)
+
+
 def noise_floor(doctor: ev.DoctorCompleted | None, default: float = 0.03) -> float:
     """The time model's noise floor (σ of log step time) from the doctor's run-to-run CV."""
     if doctor is None or not doctor.run_to_run_cv > 0:
@@ -118,6 +127,8 @@ class StudyModel:
             case ev.TrialFinished() as finished if tid:
                 return self._on_outcome(self.ledger.finished(tid, finished))
             case ev.TrialMeasured() as measured if tid:
+                if (shaped := adopt_shape(self.space, measured)) is not None:
+                    self.space, self.searcher = shaped, None  # rebuilt below with the structural formula
                 return self._on_outcome(self.ledger.measured(tid, measured))
             case _:
                 return None

@@ -59,6 +59,7 @@ from infrarsi.modeling.space import (
     Patch,
     SearchSpace,
 )
+from infrarsi.study_shape import study_meta
 
 SIM_SCENARIO_ENV = "INFRARSI_SIM_SCENARIO"
 """Workload env var naming the simulator scenario, until ``BackendSpec`` has a ``scenario`` field."""
@@ -128,7 +129,10 @@ class StudySpace:
     capacity_bytes: float
     kb: KnowledgeBase
     meta: TransformerMeta | None = None
-    """Workload shape for the structured memory model (known for simulator scenarios)."""
+    """Workload shape for the structured memory model: the scenario's for a simulated study; for a real one
+    the contract's ``workload.shape`` over the probe's reading (``study_shape``), once every field is known."""
+    probed_shape: ev.WorkloadShape | None = None
+    """The shape the probe reported with the study's first measured baseline (``with_shape``)."""
     scenario: str | None = None
     """The simulator scenario, when ``backend.kind`` is ``sim``."""
     notes: tuple[str, ...] = ()
@@ -187,9 +191,21 @@ class StudySpace:
                             memory_direction=memory_direction)
         device_kind = "cpu" if contract.cluster.accelerator.lower() == "cpu" else "gpu"
         capacity = float(capacity_bytes or contract.cluster.memory_capacity_bytes)
+        if scenario is None:
+            meta = study_meta(contract, space, base_values, capacity)  # a contract that states the whole shape
         return cls(contract=contract, space=space, baseline=Candidate.of(base_values), bindings=tuple(bindings),
                    capacity_bytes=capacity, kb=default_knowledge_base(device_kind), meta=meta,
                    scenario=scenario_name, notes=tuple(notes))
+
+    def with_shape(self, probed: ev.WorkloadShape, *, baseline_peak_bytes: float | None) -> StudySpace:
+        """This study with the shape the probe read from the model (the contract's statement still wins
+        field by field) and the workspace calibrated on the baseline's peak: the structural memory formula
+        from here on. A simulated study keeps its scenario's shape."""
+        if self.scenario is not None:
+            return self
+        meta = study_meta(self.contract, self.space, self.baseline.knobs, self.capacity_bytes, probed,
+                          baseline_peak_bytes=baseline_peak_bytes)
+        return dataclasses.replace(self, meta=meta, probed_shape=probed)
 
     def with_bank(self, resolution: ev.BankResolution | None) -> StudySpace:
         """This study with the priors ``init`` resolved from the experience bank laid over the built-in ones

@@ -60,7 +60,7 @@ from infrarsi.events import RunRequested
 from infrarsi.modeling.search import SearchConfig, Searcher
 from infrarsi.modeling.space import Candidate
 from infrarsi.service import Emission, Fold
-from infrarsi.study_model import build_searcher, observation, prediction
+from infrarsi.study_model import adopt_shape, build_searcher, observation, prediction
 from infrarsi.study_space import StudyLoader, StudySpace, load_study_space
 from infrarsi.trial_ledger import TrialLedger, TrialOutcome
 
@@ -137,6 +137,8 @@ class ProposerState(Fold):
             case ev.TrialFinished() as finished if event.trial_id:
                 return self._on_outcome(study, study.ledger.finished(event.trial_id, finished))
             case ev.TrialMeasured() as measured if event.trial_id:
+                if study.space is not None and (shaped := adopt_shape(study.space, measured)) is not None:
+                    study.space, study.searcher = shaped, None  # rebuilt on demand with the structural formula
                 return self._on_outcome(study, study.ledger.measured(event.trial_id, measured))
             case ev.VerifyCompleted() as done:
                 return self._on_verified(study, done)

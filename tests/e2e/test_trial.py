@@ -27,11 +27,6 @@ def data_dir(tmp_path_factory) -> Path:
 
 
 def infrarsi_trial(data_dir: Path, contract: Path, *args: str, timeout: float = 900) -> tuple[int, dict]:
-    code, report, _stderr = infrarsi_trial_with_stderr(data_dir, contract, *args, timeout=timeout)
-    return code, report
-
-
-def infrarsi_trial_with_stderr(data_dir: Path, contract: Path, *args: str, timeout: float = 900) -> tuple[int, dict, str]:
     env = {k: v for k, v in os.environ.items() if k != "INFRARSI_NATS_URL"}
     proc = subprocess.run(
         [sys.executable, "-m", "infrarsi.cli", "trial", str(contract), "--data-dir", str(data_dir),
@@ -41,7 +36,7 @@ def infrarsi_trial_with_stderr(data_dir: Path, contract: Path, *args: str, timeo
     assert proc.stdout.strip(), proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert procs.tagged_processes(f"{data_dir.absolute() / 'launcher' / 'trials'}|") == []
-    return proc.returncode, report, proc.stderr
+    return proc.returncode, report
 
 
 def check_plausible(run: dict, *, ranks: int) -> None:
@@ -57,24 +52,11 @@ def check_plausible(run: dict, *, ranks: int) -> None:
 
 
 def test_trial_dense_1node(data_dir) -> None:
-    code, report, stderr = infrarsi_trial_with_stderr(
-        data_dir, CONTRACTS / "dense-1node.yaml", "--set", "knobs.optimizer_impl=foreach", "--peak-budget", "5"
-    )
+    code, report = infrarsi_trial(data_dir, CONTRACTS / "dense-1node.yaml", "--set", "knobs.optimizer_impl=foreach")
     check_plausible(report["baseline"], ranks=1)
     check_plausible(report["candidate"][0], ranks=1)
     assert code == 0, report
     assert report["candidate"][0]["measured"]["invariants_ok"]
-    # without a terminal it said what it did, phase by phase, with the steps as they came (plain lines)
-    lines = [line for line in stderr.splitlines() if line.startswith("[trial] ")]
-    assert "\r" not in stderr
-    assert any(line.startswith("[trial] host: measuring the matmul peak in float32") for line in lines), stderr
-    assert any(line.startswith("[trial] host: peak ") and "GFLOP/s in" in line for line in lines), stderr
-    for label in ("baseline", "candidate 1/1"):
-        mine = [line.removeprefix(f"[trial] {label}: ") for line in lines if line.startswith(f"[trial] {label}: ")]
-        running = next(i for i, m in enumerate(mine) if m.startswith("running trial"))
-        assert mine[running + 1].startswith(f"step 1/{STEPS}"), mine
-        assert any(m.startswith(f"step {STEPS}/{STEPS}") for m in mine[running + 1 :]), mine
-        assert mine[-2].startswith("finished ok") and mine[-1].startswith("measured ok"), mine
 
 
 def test_reward_hack_is_caught(data_dir) -> None:

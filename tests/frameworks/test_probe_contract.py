@@ -175,3 +175,13 @@ def test_outside_infrarsi_the_integration_does_nothing(
     facts = INTEGRATIONS[integration](None, cfg, tmp_path)
     assert len(facts.train_loss) == 2 and all(math.isfinite(v) for v in facts.train_loss.values())
     assert not list(tmp_path.rglob("probe-rank*.jsonl")) and not (Path(os.getcwd()) / ".infrarsi").exists()
+
+
+def test_the_model_shape_is_read_when_the_probe_attaches(integration: str, run) -> None:
+    records, facts = run(integration, BASE)
+    shape = records[0].shape
+    assert shape is not None and all(r.shape is None for r in records[1:])  # sent once
+    assert shape.parameters == facts.parameters and shape.expert_parameters == 0
+    assert (shape.layers, shape.hidden, shape.heads, shape.vocab, shape.experts) == (2, 64, 2, 64, None)
+    assert shape.seq_len == SEQ_LEN and shape.sources["seq_len"] == "inputs"  # as fed, not the config's context
+    assert shape.sources["layers"] == "config"

@@ -107,7 +107,8 @@ def test_snapshot_is_a_readable_copy_and_the_writer_keeps_its_lock(tmp_path: Pat
 
 def test_events_view_rebuilds_step_payloads(tmp_path: Path) -> None:
     """``events`` shows a TrialStep once, with the payload's fields and values as published."""
-    steps = [_step(1, eval_loss=2.5, eval_tokens=7), _step(2, flops=1e15, loss_tokens=None)]
+    shape = ev.WorkloadShape(parameters=10, layers=2, hidden=8, seq_len=4, sources={"layers": "config"})
+    steps = [_step(1, eval_loss=2.5, eval_tokens=7, shape=shape), _step(2, flops=1e15, loss_tokens=None, loss=None)]
     with eventlog.AnalystDB.open(tmp_path / "db.duckdb") as db:
         db.apply_batch(eventlog.TELEMETRY_STREAM, _messages(steps))
         _, rows = db.query("SELECT stream, seq, subject, event_id, type, study_id, trial_id, cluster_id, source, ts, "

@@ -107,6 +107,8 @@ def summarise(events: list[ev.Event], report_dir: Path) -> dict[str, object]:
         "mfu_after": best.mfu_after if best else None,
         "winner": {"knobs": best.candidate.knobs, "patches": best.candidate.patches} if best else None,
         "failed_invariants": sorted({i for v in verdicts for i in v.failed_invariants}),
+        "invariants": [{"name": i.name, "ok": i.ok, "detail": i.detail} for i in best.invariants] if best else [],
+        "unchecked_invariants": list(best.unchecked_invariants) if best else [],
         "failed_trials": failures,
         "accelerator_s": round(spent, 1),
         "finished": finished.reason if finished else None,

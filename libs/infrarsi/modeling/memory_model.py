@@ -42,6 +42,8 @@ class TransformerMeta:
     expert_params: int = 0
     experts: int = 1
     top_k: int = 1
+    workspace_bytes: float = WORKSPACE_BYTES
+    """Memory besides model state and activations (CUDA context and workspaces; a CPU process's runtime)."""
     roles: Mapping[str, str] = field(default_factory=dict)
     """Role -> knob name where the contract names knobs differently (roles: tp, pp, dp, ep, micro_batch,
     recompute, zero_stage, sequence_parallel, flash_attention, offload_optimizer, capacity_factor, bucket_mb,
@@ -227,7 +229,7 @@ class MemoryModel:
         u, v, w = theta[:p], theta[p:2 * p], theta[2 * p]
         s_term = sa[:, 0] * np.exp(x @ u)  # (n,)
         a_term = sa[:, 1] * np.exp(x @ v)  # (n,)
-        o_term = WORKSPACE_BYTES * math.exp(w)
+        o_term = self.meta.workspace_bytes * math.exp(w)  # type: ignore[union-attr]
         total = s_term + a_term + o_term
         grad = np.concatenate([x * (s_term / total)[:, None], x * (a_term / total)[:, None],
                                (o_term / total)[:, None]], axis=1)  # (n, 2p+1)

@@ -44,6 +44,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import torch
 
 from infrarsi import events
@@ -58,9 +59,14 @@ TokenCounter = Callable[[tuple[Any, ...], dict[str, Any]], tuple[int, torch.Tens
 """(forward args, kwargs) → (tokens entering the model, tokens that count in the loss)."""
 
 
+def model_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The token ids among a forward's arguments: ``input_ids`` (or ``idx``), else the first argument."""
+    return kwargs.get("input_ids", kwargs.get("idx", args[0] if args else None))
+
+
 def count_tokens_default(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, torch.Tensor | int | None]:
     """First tensor argument (or ``input_ids``) = inputs; second (or ``targets``/``labels``) = targets."""
-    inputs = kwargs.get("input_ids", kwargs.get("idx", args[0] if args else None))
+    inputs = model_inputs(args, kwargs)
     targets = kwargs.get("targets", kwargs.get("labels", args[1] if len(args) > 1 else None))
     tokens = inputs.numel() if isinstance(inputs, torch.Tensor) else 0
     loss_tokens = (targets != IGNORE_INDEX).sum() if isinstance(targets, torch.Tensor) else None
@@ -225,6 +231,9 @@ class Probe:
         self._counter: TokenCounter = count_tokens_default
         self._watched: tuple[torch.Tensor, float | None] | None = None  # a parameter, its update count
         self._optimizer_depth = 0
+        self.shape: events.WorkloadShape | None = None
+        """The model's shape (``describe``), sent with the first record."""
+        self._shape_sent = False
 
     @classmethod
     def from_env(
@@ -291,14 +300,31 @@ class Probe:
         """
         self._counter = count_tokens
         if model is not None:
+            self.describe(model)
             self._hooks.append(model.register_forward_pre_hook(self._on_forward, with_kwargs=True))
         if optimizer is not None:
             self._hooks.append(optimizer.register_step_pre_hook(self._before_optimizer_step))
             self._hooks.append(optimizer.register_step_post_hook(self._on_optimizer_step))
 
+    def describe(self, model: torch.nn.Module) -> None:
+        """Read the model's shape (``infrarsi.probe.shape``) to send with the first record; ``attach`` does
+        it for the model it hooks."""
+        from infrarsi.probe.shape import read_shape
+
+        self.shape = read_shape(model, seq_len=self.shape.seq_len if self.shape is not None else None)
+
+    def saw_inputs(self, inputs: Any) -> None:
+        """The token ids of a training forward: the first one gives the shape its sequence length."""
+        if self.shape is not None and self.shape.sources.get("seq_len") != "inputs" and isinstance(inputs, torch.Tensor):
+            if inputs.dim() >= 2:
+                sources = {**self.shape.sources, "seq_len": "inputs"}
+                self.shape = msgspec.structs.replace(self.shape, seq_len=int(inputs.shape[-1]), sources=sources)
+
     def _on_forward(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if self._mode is None or self._current is None:
             return
+        if self._mode == "train" and not self._shape_sent:
+            self.saw_inputs(model_inputs(args, kwargs))
         tokens, loss_tokens = self._counter(args, kwargs)
         if self._mode == "eval" and self._current.eval is not None:
             self._current.eval.tokens += tokens
@@ -445,7 +471,9 @@ class Probe:
             eval_loss=eval_loss,
             eval_tokens=eval_tokens,
             wall_time=time.time(),
+            shape=None if self._shape_sent else self.shape,
         )
+        self._shape_sent = True
         self._emit(record)
         return record
 

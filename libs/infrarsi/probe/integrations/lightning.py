@@ -26,21 +26,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import torch
 from lightning.pytorch import Callback
 
-from infrarsi.probe.core import Probe, TokenCounter, count_tokens_default
+from infrarsi.probe.core import Probe, TokenCounter, count_tokens_default, model_inputs
 from infrarsi.probe.integrations._steps import StepTracker, innermost_optimizer
 
 
-def count_batch_tokens(batch: Any, count_tokens: TokenCounter = count_tokens_default) -> tuple[int, torch.Tensor | int | None]:
-    """Tokens of a batch as a dataloader yields it: a mapping is read as keyword arguments, a sequence as
-    positional ones (inputs first, targets second)."""
+def as_call(batch: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A batch as the (args, kwargs) of a forward: a mapping as keyword arguments, a sequence as positional
+    ones (inputs first, targets second), anything else as the one argument."""
     if isinstance(batch, Mapping):
-        return count_tokens((), dict(batch))
-    if isinstance(batch, list | tuple):
-        return count_tokens(tuple(batch), {})
-    return count_tokens((batch,), {})
+        return (), dict(batch)
+    return (tuple(batch) if isinstance(batch, list | tuple) else (batch,)), {}
 
 
 class InfraRSICallback(Callback):
@@ -71,7 +68,8 @@ class InfraRSICallback(Callback):
         probe = self._given or Probe.launched(device=pl_module.device, out_dir=self._out_dir)
         if probe is None:
             return
-        probe.attach(count_tokens=self._count_tokens)
+        probe.attach(count_tokens=self._count_tokens)  # tokens come from the batches, not a forward hook
+        probe.describe(pl_module)
         for optimizer in trainer.optimizers:
             probe.attach(optimizer=innermost_optimizer(optimizer), count_tokens=self._count_tokens)
         self.probe, self.tracker = probe, StepTracker(probe)
@@ -81,7 +79,8 @@ class InfraRSICallback(Callback):
         if tracker is None:
             return
         step = tracker.current or tracker.begin()
-        step.add_tokens(*count_batch_tokens(batch, self._count_tokens))
+        step.add_tokens(*self._count_tokens(*as_call(batch)))
+        tracker.probe.saw_inputs(model_inputs(*as_call(batch)))
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         if self.tracker is not None:
@@ -104,7 +103,7 @@ class InfraRSICallback(Callback):
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
         if self.tracker is not None and not trainer.sanity_checking:
-            self.tracker.eval_tokens(count_batch_tokens(batch, self._count_tokens)[0])
+            self.tracker.eval_tokens(self._count_tokens(*as_call(batch))[0])
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         if self.tracker is not None and not trainer.sanity_checking and self.tracker.pending is not None:

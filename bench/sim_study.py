@@ -1,0 +1,120 @@
+"""Helpers (no benchmark) shared by bench/chaos.py and bench/fuzz_bus.py: a simulator study run through a real
+stack (embedded nats-server, the six service processes, backend ``sim``), and what its log says afterwards.
+
+``study_ledger`` reads the lifecycle stream *with duplicates* (every stored message, not one per event id)
+and counts trials proposed / finished / measured, trials lost (proposed, never finished), messages sharing an
+event id, and trials finished or launched twice. ``analyst_equals_replay`` compares the reporter's analyst
+DuckDB with a fresh replay of the streams, table by table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import yaml
+from infrarsi import eventlog
+from infrarsi import events as ev
+from infrarsi.backends.sim import write_sim_workload
+from infrarsi.bus import Bus
+from infrarsi.commands.init import prepare_study, publish_study
+from infrarsi.subjects import LIFECYCLE_STREAM
+
+SCENARIO = "dense7b_h100x64"
+KNOBS = ["tp", "pp", "dp", "micro_batch", "recompute", "flash_attention"]
+RESTRICT = {"dp": [16, 32, 64], "micro_batch": [1, 2, 4]}
+
+
+def write_contract(root: Path, *, trials: int, parallel: int) -> Path:
+    """A sim workload repo under ``root`` and its contract file (search budget ``trials``, ``parallel`` slots)."""
+    contract = write_sim_workload(root / "workload", SCENARIO, knobs=KNOBS, restrict=RESTRICT, steps=12,
+                                  trials=trials, parallel=parallel, accelerator_hours=1000.0)  # fmt: skip
+    path = root / "contract.yaml"
+    path.write_text(yaml.safe_dump(contract, sort_keys=False))
+    return path
+
+
+async def create_study(bus: Bus, contract: Path, data_dir: Path, study_id: str) -> None:
+    prepared = await asyncio.to_thread(prepare_study, contract, data_dir, study_id=study_id)
+    await publish_study(bus, prepared)
+
+
+async def run_study(bus: Bus, study_id: str, *, trials: int, parallel: int, timeout_s: float) -> ev.StudyFinished | None:
+    """Publish ``RunRequested`` and wait for the study's ``StudyFinished`` (``None`` on timeout)."""
+    await bus.publish(ev.make_event(ev.RunRequested(trials=trials, parallel=parallel), study_id=study_id,
+                                    source="cli.run", event_id=ev.derived_id(study_id, "bench-run")))  # fmt: skip
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        finished = [e.payload for e in await lifecycle(bus, study_id) if isinstance(e.payload, ev.StudyFinished)]
+        if finished:
+            return finished[-1]
+        await asyncio.sleep(1.0)
+    return None
+
+
+async def lifecycle(bus: Bus, study_id: str | None = None) -> list[ev.Event]:
+    """Every stored lifecycle message that decodes, duplicates included, in stream order."""
+    out = []
+    subject = f"irsi.{study_id}.*" if study_id else None
+    try:
+        async for batch in bus.iter_stream(LIFECYCLE_STREAM, subjects=subject):
+            for msg in batch:
+                try:
+                    out.append(ev.decode(msg.data))
+                except (msgspec.DecodeError, msgspec.ValidationError):
+                    continue
+    except TimeoutError:
+        pass  # caught up (a filtered read ends in a fetch timeout)
+    return out
+
+
+def study_ledger(events: list[ev.Event]) -> dict[str, Any]:
+    """Trials proposed / finished / measured, lost, and duplicates, from a study's stored messages."""
+    proposed = {e.trial_id for e in events if e.type == "TrialProposed"}
+    finished = Counter(e.trial_id for e in events if e.type == "TrialFinished")
+    measured = {e.trial_id for e in events if e.type == "TrialMeasured"}
+    launched = Counter(e.trial_id for e in events if e.type == "TrialLaunched")
+    ids = Counter(e.event_id for e in events)
+    statuses = Counter(e.payload.status for e in events if isinstance(e.payload, ev.TrialFinished))
+    return {
+        "trials_proposed": len(proposed),
+        "trials_finished": len(finished),
+        "trials_measured": len(measured),
+        "trials_lost": len(proposed - set(finished)),
+        "duplicate_event_ids": sum(n - 1 for n in ids.values() if n > 1),
+        "trials_finished_twice": sum(1 for n in finished.values() if n > 1),
+        "trials_launched_twice": sum(1 for n in launched.values() if n > 1),
+        "infrastructure_retries": sum(1 for e in events if e.type == "TrialProposed"
+                                      and e.payload.reason.startswith("re-run of trial")),  # fmt: skip
+        "finished_statuses": dict(statuses),
+    }
+
+
+def result_of(finished: ev.StudyFinished | None, ledger: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The study's result; ``search_trials`` leaves out the re-runs of infrastructure failures and of timing
+    verdicts taken under host interference (they depend on the host's load, not on the study)."""
+    if finished is None:
+        return None
+    retries = ledger["infrastructure_retries"] if ledger else 0
+    return {"best_candidate_key": finished.best_candidate_key, "best_speedup": finished.best_speedup,
+            "trials": finished.trials, "search_trials": finished.trials - retries}  # fmt: skip
+
+
+def _dump(path: Path) -> dict[str, list[tuple]]:
+    with eventlog.AnalystDB.open(path, read_only=True) as db:
+        return {t: db.query(f"SELECT * FROM {t} ORDER BY ALL")[1] for t in eventlog.PROJECTION_TABLES}
+
+
+async def analyst_equals_replay(bus: Bus, analyst_db: Path) -> dict[str, Any]:
+    """The reporter's DB (its writer stopped) vs a fresh replay of the streams: per table, equal or not."""
+    with tempfile.TemporaryDirectory() as tmp:
+        fresh = Path(tmp) / "fresh.duckdb"
+        await eventlog.replay(bus, fresh)
+        live, replayed = _dump(analyst_db), _dump(fresh)
+    tables = {t: live[t] == replayed[t] for t in eventlog.PROJECTION_TABLES}
+    return {"equal": all(tables.values()), "tables": tables, "rows": {t: len(replayed[t]) for t in replayed}}
