@@ -28,8 +28,9 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import api
 
+from infrarsi import credentials, subjects, tracing
 from infrarsi import events as ev
-from infrarsi import subjects, tracing
+from infrarsi import subjects as _subjects  # event_batches' parameter shadows the module
 from infrarsi.embedded import running_server_url
 from infrarsi.logs import get_logger
 
@@ -152,11 +153,16 @@ class Bus:
     ) -> Bus:
         """Connect (failing fast with ``BusError`` if the server cannot be reached) and ensure the streams.
 
+        ``service`` is also the principal whose credentials authenticate the connection
+        (``credentials.for_principal``: ``$INFRARSI_NKEY_FILE``, else ``<data_dir>/creds/<service>.nk``;
+        ``data_dir`` defaults to ``$INFRARSI_DATA_DIR``); none found means connecting without.
+
         ``data_dir``: when ``url`` is the embedded server that ``infrarsi up`` runs there, follow it: if the
         connection is lost and the server comes back on another port, switch to it; if none is back after
         ``lost_after_s``, close the connection and set ``lost`` (the next call fails with a clear error).
         """
         holder: dict[str, Bus] = {}
+        creds = credentials.for_principal(service, data_dir or os.environ.get("INFRARSI_DATA_DIR"))
 
         async def on_reconnect() -> None:
             # A server restarted from an empty store (or a fresh cluster member) has no streams:
@@ -189,6 +195,8 @@ class Bus:
                     reconnect_time_wait=0.5,
                     reconnected_cb=on_reconnect,
                     error_cb=on_error,
+                    **(creds.connect_options() if creds is not None else {}),
+                    **credentials.tls_options(),
                 ),
                 timeout=connect_timeout_s,
             )
@@ -196,7 +204,14 @@ class Bus:
             with contextlib.suppress(Exception):
                 await nc.close()
             cause = initial_errors[-1] if initial_errors else exc
-            raise BusError(f"cannot reach NATS at {url}: {cause or type(cause).__name__}") from None
+            hint = ""
+            if "authorization" in str(cause).lower():
+                hint = (
+                    f" (connecting as {creds.principal!r} with {creds.seed_file})" if creds is not None
+                    else f" (the server requires credentials; none found for {service!r}: run the verb with the "
+                    f"--data-dir of the `infrarsi up` that made them, or set {credentials.NKEY_FILE_ENV})"
+                )
+            raise BusError(f"cannot reach NATS at {url}: {cause or type(cause).__name__}{hint}") from None
         bus = cls(nc, service, replicas if replicas is not None else replicas_from_env())
         holder["bus"] = bus
         if data_dir is not None and running_server_url(data_dir) == url:
@@ -408,14 +423,19 @@ class Bus:
         types: tuple[type, ...] | None = None,
         *,
         start_seq: int = 1,
+        owned_only: bool = False,
     ) -> AsyncIterator[list[tuple[int, ev.Event]]]:
         """``iter_stream`` decoded: per fetched batch, the (stream sequence, event) of every message that decodes
-        and, given ``types``, has one of those payload types. Dead letters and foreign bytes are skipped."""
+        and, given ``types``, has one of those payload types. Dead letters and foreign bytes are skipped;
+        ``owned_only`` also skips events their publisher may not own (``subjects.publisher_problem``)."""
         async for msgs in self.iter_stream(stream, start_seq, subjects=subjects):
             batch = []
             for msg in msgs:
                 event = ev.decode_or_none(msg.data, types)
-                if event is not None:
+                problem = _subjects.publisher_problem(event, msg.subject) if event and owned_only else None
+                if problem is not None:
+                    log.warning("skipped an event its publisher may not own", problem=problem)
+                elif event is not None:
                     batch.append((msg.metadata.sequence.stream, event))
             if batch:
                 yield batch

@@ -14,6 +14,7 @@ import asyncio
 import importlib
 import inspect
 import os
+import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -69,6 +70,7 @@ VERBS: tuple[Verb, ...] = (
     ),
     Verb("demo", "demo", "the five stages end to end on the reference workload"),
     Verb("bank", "bank", "the experience bank: list, show, export, import"),
+    Verb("creds", "creds", "make the bus credentials (nkeys) and the server's authorization block"),
 )
 VERBS_BY_NAME = {verb.name: verb for verb in VERBS}
 
@@ -218,6 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from infrarsi import tracing
 
+    _interrupt_on_termination()
     try:
         with tracing.span_from(None, f"infrarsi {verb.name}"):
             if inspect.iscoroutinefunction(run):
@@ -228,6 +231,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     finally:
         tracing.shutdown_tracing()
+
+
+def _interrupt_on_termination() -> None:
+    """SIGTERM and SIGHUP (a closed terminal) stop a verb as Ctrl-C does.
+
+    Python's default for both is to die on the spot, skipping every ``finally``: ``infrarsi trial`` then left
+    its embedded nats-server running. As ``KeyboardInterrupt`` they unwind the verb like Ctrl-C, so each
+    stack-starting verb's ``finally`` stops what it started (``up`` also handles them on its event loop).
+    """
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.default_int_handler)
 
 
 async def invoke(run: Callable[[argparse.Namespace], Awaitable[int | None]], args: argparse.Namespace) -> int:

@@ -862,6 +862,15 @@ class Contract(_Model):
             return f"{key!r} is not a knob of the search space"
         return launch.value_problem(key, value, self.workload.knobs_via) or knob.problem(value)
 
+    def with_study_patches(self, patch_ids: Iterable[str]) -> Contract:
+        """This contract with patches that became the study's after ``init`` (the agent's checked diffs,
+        ``events.AgentPatch``) added to ``search_space.patches``; the scope, invariants and budget unchanged."""
+        new = [p for p in patch_ids if p not in self.search_space.patches]
+        if not new:
+            return self
+        search = self.search_space.model_copy(update={"patches": [*self.search_space.patches, *new]})
+        return self.model_copy(update={"search_space": search})
+
     def candidate_problems(self, knobs: Mapping[str, Any], patches: Sequence[str] = ()) -> list[str]:
         """Every reason a knob vector + patch set is outside the contract (empty = inside)."""
         problems = [f"{k}: {r}" for k, v in knobs.items() if (r := self.knob_value_ok(k, v))]

@@ -23,6 +23,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from infrarsi import credentials
+
 DEFAULT_DATA_DIR = Path(".infrarsi")
 SERVER_STATE_FILE = "nats-server.json"
 
@@ -91,10 +93,15 @@ class EmbeddedServer:
         server_name: str = "infrarsi-embedded",
         extra_config: str = "",
         ready_timeout_s: float = 20.0,
+        authorize: bool = False,
     ) -> EmbeddedServer:
         """Start a server with its store under ``data_dir/jetstream`` and wait until it is healthy.
 
         ``extra_config`` is appended to the generated config (leaf nodes, domains; see deploy/nats).
+        ``authorize``: every connection needs a principal's nkey (made under ``data_dir/creds`` if missing)
+        and may use only that principal's subjects (``infrarsi.credentials``). The stack-starting verbs
+        pass it; so does any start over a data directory that already has credentials, so a later verb
+        never opens a store that ``infrarsi up`` protected.
         Without ``port`` it listens where the last server over this data dir did, when that port is free:
         clients of the killed one (a running ``infrarsi run``, the services) reconnect on their own.
         """
@@ -102,6 +109,9 @@ class EmbeddedServer:
         data_dir.mkdir(parents=True, exist_ok=True)
         port = port or previous_port(data_dir) or free_port()
         server = cls(data_dir=data_dir, port=port, monitor_port=free_port())
+        auth = ""
+        if authorize or credentials.has_credentials(data_dir):
+            auth = credentials.authorization_block(credentials.ensure(data_dir))
         config_path = data_dir / "nats-server.conf"
         config_path.write_text(
             "\n".join(
@@ -115,6 +125,7 @@ class EmbeddedServer:
                     "  max_file_store: 8GB",
                     "}",
                     "max_payload: 8MB",
+                    auth,
                     extra_config,
                 ]
             )

@@ -30,7 +30,7 @@ import nats
 import nats.errors
 from nats.aio.client import Client as NATS
 
-from infrarsi import subjects
+from infrarsi import credentials, subjects
 from infrarsi.bus import Bus, BusError
 from infrarsi.embedded import SERVER_STATE_FILE, EmbeddedServer, resolve_nats_url, running_server_url
 from infrarsi.logs import get_logger
@@ -105,7 +105,9 @@ async def connect_for_cli(
             f"no NATS server: pass --nats-url, set INFRARSI_NATS_URL, or start one with `infrarsi up` "
             f"(no running stack under {Path(data_dir).absolute()})"
         )
-    return await Bus.connect(url, service=service, ensure=ensure, connect_timeout_s=connect_timeout_s, data_dir=data_dir)
+    return await Bus.connect(
+        url, service=service, ensure=ensure, connect_timeout_s=connect_timeout_s, data_dir=data_dir
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -214,7 +216,7 @@ class Stack:
                 "use it (commands find it by themselves), or stop it first"
             )
         data_dir.mkdir(parents=True, exist_ok=True)
-        server = EmbeddedServer.start(data_dir) if nats_url is None else None
+        server = EmbeddedServer.start(data_dir, authorize=True) if nats_url is None else None
         stack = cls(data_dir, nats_url or server.url, server, env or {})  # type: ignore[union-attr]
         try:
             for name in names:
@@ -277,7 +279,14 @@ class Stack:
         """Ping until every service in ``names`` answered; raise ``StackError`` if one dies or time runs out."""
         wanted = set(names)
         deadline = time.monotonic() + timeout_s
-        nc = await nats.connect(self.url, name="infrarsi-stack", connect_timeout=5, allow_reconnect=False)
+        admin = credentials.for_principal(credentials.ADMIN, self.data_dir)
+        nc = await nats.connect(
+            self.url,
+            name="infrarsi-stack",
+            connect_timeout=5,
+            allow_reconnect=False,
+            **(admin.connect_options() if admin is not None else {}),
+        )
         try:
             while True:
                 self._raise_if_dead(wanted)

@@ -221,33 +221,33 @@ class StudySpace:
         space, kb = with_priors(self.space, self.kb, time, memory)
         return dataclasses.replace(self, space=space, kb=kb, bank_features=frozenset(time) | frozenset(memory))
 
-    def with_agent(self, patches: Iterable[ev.AgentPatch] = (), priors: Iterable[ev.AgentPrior] = ()) -> StudySpace:
+    def with_agent(self, patches: Iterable[ev.AgentPatch] = (), priors: Iterable[ev.AgentPrior] = (), *,
+                   trust_model: bool = True) -> StudySpace:
         """This study with the agent's accepted diffs as patches of the study (their ids added to the contract's
         ``search_space.patches``, so every later ``contract_problems`` check knows them) and its priors laid over
         the knowledge base (``AgentPrior.std`` already widened by the contract's ``agent.prior_weight``). Pure,
-        so the proposer and the modeler agree. Diffs are medium risk to the invariant model: unreviewed code."""
+        so the proposer and the modeler agree. Diffs are medium risk to the invariant model: unreviewed code.
+        ``trust_model=False``: the patches without the model's expected effects (flat priors) and none of its
+        priors — the study once the measurements overruled the model (``agent.prior_check``)."""
         patches = [p for p in patches if p.patch_id not in {q.id for q in self.space.patches}]
-        priors = list(priors)
+        priors = list(priors) if trust_model else []
         if not patches and not priors:
             return self
         new = tuple(Patch(p.patch_id, description=p.description,
-                          time_prior=(p.expected_time_log_ratio, p.prior_std),
-                          memory_prior=(p.expected_memory_log_ratio, p.prior_std),
+                          time_prior=(p.expected_time_log_ratio, p.prior_std) if trust_model else None,
+                          memory_prior=(p.expected_memory_log_ratio, p.prior_std) if trust_model else None,
                           invariant_prior=_INVARIANT_PRIOR["medium"], risk="medium") for p in patches)
         space = dataclasses.replace(self.space, patches=self.space.patches + new)
-        contract = self.contract
-        if patches:
-            search = contract.search_space.model_copy(
-                update={"patches": [*contract.search_space.patches, *(p.patch_id for p in patches)]})
-            contract = contract.model_copy(update={"search_space": search})
-        time = {p.feature: (p.mean, p.std) for p in priors if p.target == "time"}
-        memory = {p.feature: (p.mean, p.std) for p in priors if p.target == "memory"}
+        contract = self.contract.with_study_patches(p.patch_id for p in patches)
+        from infrarsi.agent.answers import prior_overrides
+
+        time, memory = prior_overrides(priors)
         kb = self.kb
         if time or memory:
             from infrarsi.bank.adapt import with_priors
 
             space, kb = with_priors(space, kb, time, memory)
-        features = frozenset(time) | frozenset(memory) | {f"patch:{p.patch_id}" for p in patches}
+        features = frozenset(time) | frozenset(memory) | {f"patch:{p.patch_id}" for p in patches if trust_model}
         return dataclasses.replace(self, contract=contract, space=space, kb=kb,
                                    agent_features=self.agent_features | features)
 

@@ -88,8 +88,8 @@ ROUTES: tuple[Route, ...] = (
            ("proposer", "launcher", "telemetry", "modeler", "reporter")),
     _route("TrialLaunched", ("launcher",), ("reporter",)),
     # The launcher relays the probe's own file after a job ends (steps a killed job never sent) and hosts the
-    # simulator backend, which publishes for its simulated jobs.
-    _route("TrialStep", (PROBE, "launcher"), ("telemetry", "reporter")),
+    # simulator backend, which publishes for its simulated jobs, labelled "sim" (with the probe's credentials).
+    _route("TrialStep", (PROBE, "launcher", "sim"), ("telemetry", "reporter")),
     _route("TrialFinished", ("launcher",), ("proposer", "telemetry", "modeler", "verifier", "reporter")),
     _route("TrialMeasured", ("telemetry",), ("proposer", "telemetry", "modeler", "verifier", "reporter")),
     _route("ModelUpdated", ("modeler",), ("reporter",)),
@@ -101,9 +101,10 @@ ROUTES: tuple[Route, ...] = (
     _route("BankEntry", ("reporter", "cli.bank"), ("reporter",)),
     _route("StudyFinished", ("proposer",), ("reporter",)),
     # The agent (libs/infrarsi/agent): the proposer asks the study's language model and records its answer;
-    # ``init --ask`` records the contract draft's exchange.
-    _route("AgentAsked", ("proposer", "cli.init"), ("reporter",)),
-    _route("AgentAnswered", ("proposer", "cli.init"), ("reporter",)),
+    # ``init --ask`` records the contract draft's exchange. The proposer answers its own questions (the HTTP
+    # exchange is the handler of its AgentAsked); the launcher reads the accepted diffs from the answers.
+    _route("AgentAsked", ("proposer", "cli.init"), ("proposer", "reporter")),
+    _route("AgentAnswered", ("proposer", "cli.init"), ("proposer", "launcher", "reporter")),
 )
 ROUTES_BY_TYPE: dict[str, Route] = {route.event_type: route for route in ROUTES}
 
@@ -238,3 +239,19 @@ def permissions(principal: str) -> Permissions:
     if principal == "cli.status":
         publish.add(PING_SUBJECT)
     return Permissions(tuple(sorted(publish)), tuple(sorted(subscribe)))
+
+
+def publisher_problem(event: ev.Event, subject: str) -> str | None:
+    """Why ``event``, read from ``subject``, is not one its publisher may own; ``None`` when it is.
+
+    Two checks, so that a reader trusts an event only as far as the server's permissions do: the event must
+    sit on the subject of its type (a principal may publish only its own types' subjects, so an envelope of
+    another type smuggled onto one of them is refused here), and its ``source`` must be a publisher the
+    table lists for the type (on a server without authorization this is the only check there is).
+    """
+    expected = subject_for(event)
+    if subject != expected:
+        return f"{event.type} on subject {subject} (its subject is {expected})"
+    if event.source not in route(event.type).publishers:
+        return f"{event.source!r} may not publish {event.type} (publishers: {', '.join(route(event.type).publishers)})"
+    return None

@@ -35,19 +35,26 @@ import re
 import shutil
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
 import yaml
+from infrarsi import credentials, fswatch, procs, stats, tracing, workspace
 from infrarsi import events as ev
-from infrarsi import fswatch, procs, stats, tracing, workspace
 from infrarsi.backends import Backend, JobHandle, JobResult, JobSpec, SubmitError, backend_class, make_backend
-from infrarsi.contract import BackendSpec, Contract, ContractError, load_patch_library, locked_contract
+from infrarsi.contract import (
+    BackendSpec,
+    Contract,
+    ContractError,
+    PatchInfo,
+    load_patch_library,
+    locked_contract,
+)
 from infrarsi.launch import LaunchValueError
 from infrarsi.logs import get_logger
 from infrarsi.service import Outbox, Service
-from infrarsi.subjects import TELEMETRY_STREAM, step_msg_id, telemetry_subject
+from infrarsi.subjects import PROBE, TELEMETRY_STREAM, step_msg_id, telemetry_subject
 from infrarsi_services.launcher.output import GrowingFile, OutputSteps, OutputTail
 
 log = get_logger(__name__)
@@ -69,6 +76,9 @@ class Study:
     baseline_ref: str
     locked_files: dict[str, str]
     cluster: ev.ClusterInfo
+    agent_patches: dict[str, str] = field(default_factory=dict)
+    """Diffs the study's language model proposed and the proposer's checks accepted (``AgentAnswered``), by
+    patch id: patches of this study beside the library, applied with the same checks."""
 
 
 class Refused(Exception):
@@ -102,7 +112,7 @@ class ProbeTail:
 
 class LauncherService(Service):
     name = "launcher"
-    consumes = (ev.StudyCreated, ev.TrialProposed)
+    consumes = (ev.StudyCreated, ev.TrialProposed, ev.AgentAnswered)
     ack_wait_s = float(os.environ.get("INFRARSI_LAUNCHER_ACK_WAIT_S", "30"))
     """A TrialProposed left unacked by a dead launcher is redelivered after this long."""
 
@@ -121,8 +131,8 @@ class LauncherService(Service):
     async def start(self) -> None:
         self.state_root.mkdir(parents=True, exist_ok=True)
         self.reaped = await asyncio.to_thread(self._reap_previous_life)
-        async for event in self.replay((ev.StudyCreated,)):
-            self._remember_study(event)
+        async for event in self.replay((ev.StudyCreated, ev.AgentAnswered)):
+            self._remember(event)
         log.info("launcher ready", studies=len(self.studies), reaped=self.reaped, slots=self.concurrency)
 
     async def stop(self) -> None:
@@ -168,10 +178,10 @@ class LauncherService(Service):
 
     async def handle(self, event: ev.Event, out: Outbox) -> None:
         match event.payload:
-            case ev.StudyCreated():
-                self._remember_study(event)
             case ev.TrialProposed() as proposed:
                 await self._trial(event, proposed, out)
+            case _:
+                self._remember(event)
 
     async def give_up(self, event: ev.Event, out: Outbox, reason: str) -> None:
         """A ``TrialProposed`` whose handling kept failing ends as a crashed trial: nobody waits forever."""
@@ -185,6 +195,15 @@ class LauncherService(Service):
         finished = ev.TrialFinished(status="crash", reason=reason, memory_capacity_bytes=capacity, infrastructure=True)
         await self._finish(out, tdir, finished, republish_from=tdir / "probe", trial_id=event.trial_id,
                            study_id=event.study_id)  # fmt: skip
+
+    def _remember(self, event: ev.Event) -> None:
+        match event.payload:
+            case ev.StudyCreated():
+                self._remember_study(event)
+            case ev.AgentAnswered(patches=patches) if event.study_id in self.studies:
+                self.studies[event.study_id].agent_patches.update({p.patch_id: p.diff for p in patches})
+            case _:
+                pass
 
     def _remember_study(self, event: ev.Event) -> None:
         created = event.payload
@@ -274,7 +293,7 @@ class LauncherService(Service):
     async def _run(
         self, event: ev.Event, proposed: ev.TrialProposed, study: Study, tdir: Path, out: Outbox
     ) -> ev.TrialFinished:
-        contract = study.contract
+        contract = study.contract.with_study_patches(study.agent_patches)
         candidate = proposed.candidate
         problems = contract.candidate_problems(candidate.knobs, candidate.patches)
         if proposed.steps is not None and proposed.steps < 1:
@@ -285,7 +304,7 @@ class LauncherService(Service):
         worktree = tdir / "worktree"
         await asyncio.to_thread(_remove_worktree, worktree)
         await asyncio.to_thread(workspace.materialise, study.workload_dir, study.baseline_ref, worktree)
-        patch_paths = await asyncio.to_thread(self._copy_patches, contract, worktree, tdir, candidate.patches)
+        patch_paths = await asyncio.to_thread(self._copy_patches, study, worktree, tdir, candidate.patches)
         result = await asyncio.to_thread(
             workspace.apply_patches, worktree, patch_paths, contract.editable, study.locked_files
         )
@@ -392,18 +411,26 @@ class LauncherService(Service):
             finished = _with_output_steps(finished, output, job)
         return finished
 
-    def _copy_patches(self, contract: Contract, worktree: Path, tdir: Path, patch_ids: list[str]) -> list[Path]:
-        """The candidate's diffs, copied out of the pristine worktree before anything is applied."""
+    def _copy_patches(self, study: Study, worktree: Path, tdir: Path, patch_ids: list[str]) -> list[Path]:
+        """The candidate's diffs, copied out of the pristine worktree (the agent's: written from the study's
+        ``AgentAnswered``) before anything is applied."""
         if not patch_ids:
             return []
-        try:
-            library = load_patch_library(worktree / contract.workload.patch_dir)
-        except ContractError as exc:
-            raise Refused("patch_conflict", f"patch library unreadable: {exc}") from None
         dest = tdir / "patches"
         dest.mkdir(exist_ok=True)
+        library: dict[str, PatchInfo] = {}
+        if any(p not in study.agent_patches for p in patch_ids):
+            try:
+                library = load_patch_library(worktree / study.contract.workload.patch_dir)
+            except ContractError as exc:
+                raise Refused("patch_conflict", f"patch library unreadable: {exc}") from None
         paths = []
         for patch_id in patch_ids:
+            if patch_id in study.agent_patches:
+                target = dest / f"{patch_id}.patch"
+                target.write_text(study.agent_patches[patch_id], errors="surrogateescape")
+                paths.append(target)
+                continue
             info = library.get(patch_id)
             if info is None:
                 raise Refused("scope_violation", f"patch {patch_id!r} is not in the workload's patch library")
@@ -429,6 +456,10 @@ class LauncherService(Service):
         )
         if (traceparent := tracing.traceparent()) is not None:
             env["INFRARSI_TRACEPARENT"] = traceparent
+        # The job reports as the probe, with the probe's rights only: a path to its seed, never the seed.
+        data_dir = os.environ.get("INFRARSI_DATA_DIR")
+        if data_dir and (probe := credentials.stored(PROBE, data_dir)) is not None:
+            env[credentials.NKEY_FILE_ENV] = str(probe.seed_file)
         if study.cluster.peak_flops:
             env["INFRARSI_PEAK_FLOPS"] = repr(float(study.cluster.peak_flops))
         return env

@@ -50,12 +50,15 @@ second wire format for a posterior. The modeler's ``ModelUpdated`` is for humans
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
 import msgspec
 from infrarsi import events as ev
 from infrarsi import verification as vf
+from infrarsi.agent.answers import golden_editable_files
+from infrarsi.contract import Contract
 from infrarsi.events import RunRequested
 from infrarsi.modeling.search import SearchConfig, Searcher
 from infrarsi.modeling.space import Candidate
@@ -63,6 +66,8 @@ from infrarsi.service import Emission, Fold
 from infrarsi.study_model import adopt_shape, build_searcher, observation, prediction
 from infrarsi.study_space import StudyLoader, StudySpace, load_study_space
 from infrarsi.trial_ledger import TrialLedger, TrialOutcome
+
+from .agent import AgentRole
 
 Phase = Literal["idle", "searching", "verifying", "finished"]
 
@@ -99,6 +104,13 @@ class _Study:
     stop_reason: str = ""
     verify_keys: list[str] = field(default_factory=list)
     verdicts: dict[str, ev.VerifyCompleted] = field(default_factory=dict)
+    agent: AgentRole | None = None
+    """The agent role, when the contract gives it tokens and the service has a model to ask (agent.py)."""
+    base_space: StudySpace | None = None
+    """The study before the agent's patches and priors (``space`` is ``agent.space(base_space)``)."""
+    recovery: list[Candidate] = field(default_factory=list)
+    """Queued (origin ``prior``) when a rebuilt searcher starts: the knowledge base's best guess once the
+    model's priors were dropped."""
 
     @property
     def trials_used(self) -> int:
@@ -109,10 +121,16 @@ class _Study:
 class ProposerState(Fold):
     """The proposer's read model and reactions, for every study on the bus."""
 
-    def __init__(self, *, load_study: StudyLoader = load_study_space, config: SearchConfig | None = None) -> None:
+    def __init__(self, *, load_study: StudyLoader = load_study_space, config: SearchConfig | None = None,
+                 agent_available: Callable[[Contract], bool] = lambda _contract: False,
+                 load_files: Callable[[ev.StudyCreated, Contract], dict[str, str]] = golden_editable_files) -> None:
+        """``agent_available``: whether a model can be asked for a study with this contract (the service says so
+        when an endpoint is configured); ``load_files``: the editable files the model is shown."""
         super().__init__()
         self.load_study = load_study
         self.config = config
+        self.agent_available = agent_available
+        self.load_files = load_files
         self.studies: dict[str, _Study] = {}
 
     # ------------------------------------------------------------------------------------------- events
@@ -142,6 +160,8 @@ class ProposerState(Fold):
                 return self._on_outcome(study, study.ledger.measured(event.trial_id, measured))
             case ev.VerifyCompleted() as done:
                 return self._on_verified(study, done)
+            case ev.AgentAnswered() as answered:
+                return self._on_agent_answer(study, answered)
             case _:
                 return []
 
@@ -150,7 +170,31 @@ class ProposerState(Fold):
             space, error = self.load_study(created).with_bank(created.bank), None
         except Exception as exc:  # noqa: BLE001 — a contract this build cannot search is reported, not raised
             space, error = None, f"{type(exc).__name__}: {exc}"
-        return _Study(study_id=study_id, created=created, space=space, load_error=error)
+        agent = None
+        if space is not None and space.contract.budget.llm_tokens > 0 and self.agent_available(space.contract):
+            agent = AgentRole(files=self.load_files(created, space.contract))
+        return _Study(study_id=study_id, created=created, space=space, load_error=error, agent=agent,
+                      base_space=space)
+
+    def _on_agent_answer(self, study: _Study, answered: ev.AgentAnswered) -> list[Emission]:
+        if study.agent is None or study.base_space is None:
+            return []
+        if study.agent.on_answer(answered):
+            study.space = study.agent.space(study.base_space)
+            study.searcher = None  # rebuilt over the new patches and priors, every outcome observed again
+        return self._fill(study)
+
+    def _check_agent_priors(self, study: _Study) -> None:
+        """Drop the model's priors once the measurements overrule them (agent.py); the searcher is rebuilt and
+        starts with the knowledge base's own initial design (its best guess, then space-filling seeds)."""
+        if study.agent is None or study.base_space is None or study.searcher is None:
+            return
+        study.searcher.refit()
+        if study.agent.check_priors(study.base_space, study.outcomes, study.searcher.time_model.noise_std):
+            study.space = study.agent.space(study.base_space)
+            fresh = build_searcher(study.space, study.study_id, doctor=study.doctor, config=self.config)
+            study.recovery = [s.candidate for s in fresh.suggest(1 + fresh.config.n_seeds)]
+            study.searcher = None
 
     def _on_run(self, study: _Study, request: RunRequested) -> list[Emission]:
         study.requests += 1
@@ -180,6 +224,7 @@ class ProposerState(Fold):
             obs = observation(study.space, outcome)
             if obs is not None:
                 study.searcher.observe(obs)
+        self._check_agent_priors(study)
         return self._fill(study)
 
     def _on_verified(self, study: _Study, done: ev.VerifyCompleted) -> list[Emission]:
@@ -216,6 +261,8 @@ class ProposerState(Fold):
             assert study.space is not None
             study.searcher = build_searcher(study.space, study.study_id, doctor=study.doctor,
                                             outcomes=study.outcomes, bank=study.created.bank, config=self.config)
+            study.searcher.enqueue(study.recovery, "prior",
+                                   "the knowledge base's initial design, once the measurements overruled the model's priors")
         return study.searcher
 
     def _fill(self, study: _Study) -> list[Emission]:
@@ -246,6 +293,16 @@ class ProposerState(Fold):
             if n <= 0:
                 return out
             searcher = self._searcher(study)
+            if study.agent is not None:
+                asked = study.agent.maybe_ask(study.study_id, study.space, study.outcomes, study.ledger, searcher)
+                if asked is not None:
+                    out.append(Emission(asked, study.study_id, None, f"agent-ask:{len(study.agent.asked)}"))
+                llm = study.agent.next_candidate(study.space, study.target_trials, study.proposed_keys)
+                if llm is not None:
+                    study.agent.proposed += 1
+                    candidate, reason = llm
+                    out += self._propose(study, searcher, study.space.from_event(candidate), "llm", reason)
+                    continue
             if self._design_done(study, searcher):
                 stop, why = searcher.should_stop()
                 if stop:
@@ -257,22 +314,29 @@ class ProposerState(Fold):
                 study.stop_reason = "search space exhausted"
                 continue
             for s in suggestions:
-                problems = study.space.contract_problems(s.candidate)
-                event_candidate = study.space.to_event(s.candidate)
-                key = event_candidate.key()
-                if problems or key in study.proposed_keys:
+                if study.space.contract_problems(s.candidate) or study.space.event_key(s.candidate) in study.proposed_keys:
                     study.rejected.append(s.candidate)
                     continue
-                predicted = prediction(searcher, s.candidate)
-                study.proposed_keys.add(key)
-                for r in range(repeats):
-                    index = len(study.proposals)
-                    trial_id = ev.derived_id(study.study_id, "search", str(index))
-                    payload = ev.TrialProposed(candidate=event_candidate, candidate_key=key, kind="search",
-                                               origin=s.origin, reason=s.reason, repeat=r, prediction=predicted)
-                    study.proposals.append(Proposal(trial_id, s.candidate, key))
-                    study.ledger.proposed(trial_id, payload)
-                    out.append(Emission(payload, study.study_id, trial_id, f"proposal:{index}"))
+                out += self._propose(study, searcher, s.candidate, s.origin, s.reason)
+
+    def _propose(self, study: _Study, searcher: Searcher, candidate: Candidate, origin: ev.Origin,
+                 reason: str) -> list[Emission]:
+        """``TrialProposed`` of a checked candidate, once per repeat."""
+        assert study.space is not None
+        event_candidate = study.space.to_event(candidate)
+        key = event_candidate.key()
+        predicted = prediction(searcher, candidate)
+        study.proposed_keys.add(key)
+        out = []
+        for r in range(study.space.contract.budget.repeats_per_trial):
+            index = len(study.proposals)
+            trial_id = ev.derived_id(study.study_id, "search", str(index))
+            payload = ev.TrialProposed(candidate=event_candidate, candidate_key=key, kind="search",
+                                       origin=origin, reason=reason, repeat=r, prediction=predicted)
+            study.proposals.append(Proposal(trial_id, candidate, key))
+            study.ledger.proposed(trial_id, payload)
+            out.append(Emission(payload, study.study_id, trial_id, f"proposal:{index}"))
+        return out
 
     def _design_done(self, study: _Study, searcher: Searcher) -> bool:
         """``should_stop`` is asked only once the initial design has been measured."""

@@ -19,6 +19,7 @@ import pytest
 from infrarsi import events as ev
 from infrarsi.bus import Bus
 from infrarsi.stack import SERVICES
+from support.owned import owned_event
 
 INFRARSI = str(Path(sys.executable).parent / "infrarsi")
 
@@ -105,10 +106,10 @@ async def test_up_status_tail_and_clean_interrupt(tmp_path: Path) -> None:
 
         # What is published is what `events tail` prints, filtered by study and type.
         study = ev.new_id()
-        bus = await Bus.connect(server["url"], service="test")
+        bus = await Bus.connect(server["url"], service="admin", data_dir=data_dir)  # `up` turned auth on
         try:
-            sent = [ev.make_event(ev.DoctorRequested(repeats=r), study_id=study, source="test") for r in (2, 3)]
-            sent.append(ev.make_event(ev.StudyFinished(reason="e2e", trials=0, accelerator_s=0.0), study_id=study, source="test"))
+            sent = [owned_event(ev.DoctorRequested(repeats=r), study_id=study) for r in (2, 3)]
+            sent.append(owned_event(ev.StudyFinished(reason="e2e", trials=0, accelerator_s=0.0), study_id=study))
             await bus.publish_many(sent)
         finally:
             await bus.close()

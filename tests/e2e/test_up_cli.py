@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from infrarsi import cli
+from support.owned import owned_event
 
 INFRARSI = str(Path(sys.executable).parent / "infrarsi")
 
@@ -108,8 +109,8 @@ async def test_events_tail_filters_follows_and_stops_on_ctrl_c(nats_server, tmp_
     study, other = ev.new_id(), ev.new_id()
     bus = await Bus.connect(nats_server, service="test")
     try:
-        old = [ev.make_event(ev.DoctorRequested(repeats=r), study_id=study, source="test") for r in (1, 2, 3)]
-        await bus.publish_many([*old, ev.make_event(ev.DoctorRequested(repeats=9), study_id=other, source="test")])
+        old = [owned_event(ev.DoctorRequested(repeats=r), study_id=study) for r in (1, 2, 3)]
+        await bus.publish_many([*old, owned_event(ev.DoctorRequested(repeats=9), study_id=other)])
         base = [INFRARSI, "--nats-url", nats_server, "--data-dir", str(tmp_path), "events", "tail", "--study", study]
 
         last = subprocess.run([*base, "--last", "2"], capture_output=True, text=True, timeout=30)
@@ -119,7 +120,7 @@ async def test_events_tail_filters_follows_and_stops_on_ctrl_c(nats_server, tmp_
         follow = subprocess.Popen([*base, "--follow", "--type", "StudyFinished"], stdout=subprocess.PIPE, text=True)
         try:
             await asyncio.sleep(1.5)  # subscribed and idle: nothing of that type yet
-            new = ev.make_event(ev.StudyFinished(reason="r", trials=1, accelerator_s=1.0), study_id=study, source="test")
+            new = owned_event(ev.StudyFinished(reason="r", trials=1, accelerator_s=1.0), study_id=study)
             await bus.publish(new)
             line = await asyncio.wait_for(asyncio.to_thread(follow.stdout.readline), 15)
             assert ev.decode(line.encode()) == new

@@ -49,12 +49,12 @@ async def test_verify_rejects_hacks_and_math_change_by_name(tmp_path: Path) -> N
     stack = await asyncio.to_thread(Stack.start, data_dir)
     try:
         prepared = prepare_study(_contract(tmp_path), data_dir)
-        bus = await Bus.connect(stack.url, service="test")
+        bus = await Bus.connect(stack.url, service="admin", data_dir=data_dir)  # the stack turned auth on
         try:
             await bus.publish(study_created_event(prepared))
             await bus.publish(ev.make_event(
                 ev.VerifyRequested(candidates=candidates, repeats=1, reason="reward-hack audit"),
-                study_id=prepared.study_id, source="test",
+                study_id=prepared.study_id, source="cli.verify",
             ))
             verdicts: dict[str, ev.VerifyCompleted] = {}
             for _ in range(2000):

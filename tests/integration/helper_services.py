@@ -6,8 +6,8 @@
   id to ``$CRASHY_MARKER``, then — while ``$CRASHY_HOLD_FILE`` exists — waits before returning (and so
   before the runner acks), so that a test can SIGKILL it between publishing its output and acking
   its input. Short ``ack_wait_s``: the input is redelivered 2 s after the crash.
-- ``relay``: consumes ``TrialProposed`` and publishes a ``TrialFinished`` for the same trial — one hop of
-  an event chain, for trace propagation across processes.
+- ``relay``: consumes ``TrialProposed`` and publishes a ``TrialFinished`` for the same trial (under the
+  launcher's name) — one hop of an event chain, for trace propagation across processes.
 
 These are test doubles: the outputs are not what the real services compute.
 """
@@ -15,6 +15,7 @@ These are test doubles: the outputs are not what the real services compute.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -46,7 +47,9 @@ class RelayService(Service):
     async def handle(self, event: ev.Event, out: Outbox) -> None:
         match event.payload:
             case ev.TrialProposed():
-                await out.emit(ev.TrialFinished(status="ok", reason="relayed by a test double"))
+                # As the launcher: consumers refuse a TrialFinished from a source the subjects table does not list.
+                as_launcher = dataclasses.replace(out, source="launcher")
+                await as_launcher.emit(ev.TrialFinished(status="ok", reason="relayed by a test double"))
 
 
 KINDS: dict[str, type[Service]] = {"crashy": CrashyService, "relay": RelayService}

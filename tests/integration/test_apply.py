@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 
+import msgspec
 import pytest
 import yaml
 from infrarsi import cli
@@ -14,6 +15,7 @@ from infrarsi import events as ev
 from infrarsi.commands.approve_apply import ApplyRefused, evidence_text, execute_apply, plan_apply
 from infrarsi.commands.init import prepare_study
 from infrarsi.workspace import WorkspaceError, git
+from support import verified_study
 
 FRIDAY = datetime(2026, 1, 2, 12, 0, tzinfo=UTC)
 MONDAY = datetime(2026, 1, 5, 12, 0, tzinfo=UTC)
@@ -125,34 +127,24 @@ def study(tmp_path: Path, *, as_git: bool = False, study_id: str = "s1"):
 CANDIDATE = ev.Candidate(knobs={"knobs.micro_batch_size": 8, "knobs.attention": "manual"}, patches=["fused"])
 
 
-def verified(candidate: ev.Candidate = CANDIDATE, promotable: bool = True) -> ev.VerifyCompleted:
-    return ev.VerifyCompleted(
-        verify_id="v1",
-        candidate=candidate,
-        candidate_key=candidate.key(),
-        passes=2 if promotable else 0,
-        promotable=promotable,
-        speedup=1.25,
-        ci_low=1.18,
-        ci_high=1.31,
-        baseline_step_s=0.5,
-        candidate_step_s=0.4,
-        mfu_before=None,
-        mfu_after=None,
-        invariants=[],
-        failed_invariants=[],
-        trial_ids=["t1", "t2"],
-    )
+def verified(candidate: ev.Candidate = CANDIDATE, promotable: bool = True) -> list[verified_study.Piece]:
+    """A whole verification (measured trials and the verifier's rounds); not promotable: one failed round."""
+    if promotable:
+        return verified_study.verification(candidate)
+    return verified_study.verification(candidate, candidate_s=0.6, rounds=1)
 
 
 def approval(role: str = "ml-lead", approver: str = "ana") -> ev.ApprovalGranted:
     return ev.ApprovalGranted(candidate_key=CANDIDATE.key(), role=role, approver=approver, action_classes=[])
 
 
-def log(prepared, *payloads) -> list[ev.Event]:
-    return [
-        ev.make_event(p, study_id=prepared.study_id, source="test") for p in (prepared.created, *payloads)
-    ]
+def log(prepared, *items) -> list[ev.Event]:
+    """The study's events: payloads, or lists of (payload, trial id) such as ``verified()``, each from its
+    type's publisher."""
+    pieces = [(prepared.created, None)]
+    for item in items:
+        pieces += item if isinstance(item, list) else [(item, None)]
+    return [verified_study.owned_event(p, study_id=prepared.study_id, trial_id=t) for p, t in pieces]
 
 
 # ------------------------------------------------------------------------------------------ init
@@ -242,16 +234,53 @@ def test_apply_refuses_unverified_unknown_and_reapplied(tmp_path: Path) -> None:
         plan_apply(log(prepared, verified()), "s1", "ffff", MONDAY)
     with pytest.raises(ApplyRefused, match="not found"):
         plan_apply([], "s1", "ffff", MONDAY)
-    promoted = ev.PatchPromoted(
-        candidate_key=CANDIDATE.key(),
-        repo="r",
-        branch="b",
-        commit="c" * 40,
-        files_changed=[],
-        launch_changes={},
+    # Applied once for real: the branch in the repository is what says so.
+    execute_apply(plan_apply(log(prepared, verified(), approval()), "s1", CANDIDATE.key(), MONDAY))
+    with pytest.raises(ApplyRefused, match=f"already applied to infrarsi/s1/{CANDIDATE.key()}"):
+        plan_apply(log(prepared, verified(), approval()), "s1", CANDIDATE.key(), MONDAY)
+
+
+def test_forged_patch_promoted_does_not_block_apply(tmp_path: Path) -> None:
+    """Issue 16: a PatchPromoted with no branch behind it made apply refuse with "already applied"."""
+    prepared = study(tmp_path)
+    forged = ev.PatchPromoted(
+        candidate_key=CANDIDATE.key(), repo="r", branch="b", commit="c" * 40, files_changed=[], launch_changes={}
     )
-    with pytest.raises(ApplyRefused, match="already applied"):
-        plan_apply(log(prepared, verified(), approval(), promoted), "s1", CANDIDATE.key(), MONDAY)
+    plan = plan_apply(log(prepared, verified(), approval(), forged), "s1", CANDIDATE.key(), MONDAY)
+    assert plan.notes == [
+        f"a PatchPromoted names b (cccccccccccc), but {prepared.created.workload_dir} has no branch "
+        f"infrarsi/s1/{CANDIDATE.key()}: applying"
+    ]
+    assert execute_apply(plan).branch == f"infrarsi/s1/{CANDIDATE.key()}"
+
+
+def test_forged_verification_and_approval_refused(tmp_path: Path) -> None:
+    """Issue 16: a forged VerifyCompleted + ApprovalGranted made apply exit 0 with the forged evidence.
+
+    Apply counts an event only from a publisher the subjects table lists for its type, and re-derives the
+    verification from the measured trials, so neither an outsider's events nor numbers the trials do not
+    support promote anything."""
+    prepared = study(tmp_path)
+    real = verified_study.final(verified())
+    forged = msgspec.structs.replace(real, speedup=9.0, ci_low=8.5, ci_high=9.5)
+    outsider = [
+        ev.make_event(p, study_id="s1", source="mallory") for p in (real, approval())
+    ]
+    with pytest.raises(ApplyRefused) as info:
+        plan_apply([*log(prepared), *outsider], "s1", CANDIDATE.key(), MONDAY)
+    assert info.value.reasons[0] == f"candidate {CANDIDATE.key()} is unknown in this study"
+    assert any("from 'mallory': not a publisher of VerifyCompleted" in r for r in info.value.reasons)
+    # under the verifier's name: a lone final round, or every round but no trial measured
+    with pytest.raises(ApplyRefused, match="round 1 names trials the verifier never planned"):
+        plan_apply(log(prepared, real, approval()), "s1", CANDIDATE.key(), MONDAY)
+    pieces = verified()
+    rounds_only = [(p, t) for p, t in pieces if isinstance(p, ev.VerifyCompleted)]
+    with pytest.raises(ApplyRefused, match="trial .* was never measured"):
+        plan_apply(log(prepared, rounds_only, approval()), "s1", CANDIDATE.key(), MONDAY)
+    # the trials were measured, but not at the published numbers
+    doctored = [(forged if p == real else p, t) for p, t in pieces]
+    with pytest.raises(ApplyRefused, match="does not match its measured trials .*published: speed-up 9.000"):
+        plan_apply(log(prepared, doctored, approval()), "s1", CANDIDATE.key(), MONDAY)
 
 
 # ------------------------------------------------------------------------------------------ the branch
@@ -290,7 +319,7 @@ def test_apply_writes_exactly_the_candidate_to_a_branch(tmp_path: Path, as_git: 
     ]
     # the evidence is in the commit message
     message = git(repo, "log", "-1", "--format=%B", promoted.commit).stdout
-    assert "Speed-up 1.250x (CI 1.180-1.310)" in message and "Approved by: ml-lead:ana" in message
+    assert "Speed-up 1.250x (CI 1.250-1.250)" in message and "Approved by: ml-lead:ana" in message
     assert message.startswith(f"infrarsi: candidate {CANDIDATE.key()}")
     assert (
         git(repo, "log", "-1", "--format=%an <%ae>", promoted.commit).stdout.strip()
@@ -338,7 +367,7 @@ def test_evidence_text_mentions_everything(tmp_path: Path) -> None:
         "Step time 0.5000 s -> 0.4000 s",
         "Invariants: all held",
         "Action classes: code_patch, launch_keys",
-        "Trials: t1, t2",
+        f"Trials: {', '.join(verified_study.final(verified()).trial_ids)}",
         prepared.created.baseline_ref,
     ]:
         assert needle in text
@@ -367,7 +396,8 @@ async def test_init_approve_apply_over_nats(tmp_path: Path, capsys) -> None:
 
         bus = await Bus.connect(server.url, service="test")
         try:
-            await bus.publish(ev.make_event(verified(), study_id=study_id, source="test"))
+            for payload, trial_id in verified():
+                await bus.publish(verified_study.owned_event(payload, study_id=study_id, trial_id=trial_id))
             args = argparse.Namespace(study=study_id, candidate=CANDIDATE.key()[:8], **common)
             assert await cli.invoke(partial(approve_apply.run_apply, now=MONDAY), args) == 3
             assert (
@@ -384,14 +414,15 @@ async def test_init_approve_apply_over_nats(tmp_path: Path, capsys) -> None:
             assert promoted["branch"] == f"infrarsi/{study_id}/{CANDIDATE.key()}"
 
             events = await approve_apply.load_study_events(bus, study_id)
-            assert [e.type for e in events] == [
+            assert [e.type for e in events if e.type != "TrialMeasured"] == [
                 "StudyCreated",
+                "VerifyCompleted",
                 "VerifyCompleted",
                 "ApprovalGranted",
                 "PatchPromoted",
             ]
             assert events[0].cluster_id == "local-cpu"
-            assert events[3].payload.files_changed == ["launch/dense.yaml", "model.py"]
+            assert events[-1].payload.files_changed == ["launch/dense.yaml", "model.py"]
         finally:
             await bus.close()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from infrarsi import events as ev
 from infrarsi.bus import STREAMS, Bus, BusError, stream_for_type
+from support.owned import owned_event
 
 pytestmark = pytest.mark.integration
 
@@ -12,7 +13,7 @@ pytestmark = pytest.mark.integration
 async def test_every_event_type_round_trips(bus: Bus, payload_samples: dict[str, object]) -> None:
     study = ev.new_id()
     sent = {
-        name: ev.make_event(payload, study_id=study, trial_id="trial-1", source="test")  # type: ignore[arg-type]
+        name: owned_event(payload, study_id=study, trial_id="trial-1")  # type: ignore[arg-type]
         for name, payload in payload_samples.items()
     }
     assert set(sent) == set(ev.EVENT_TYPES)
@@ -50,7 +51,7 @@ async def test_every_event_type_round_trips(bus: Bus, payload_samples: dict[str,
 
 async def test_same_event_id_is_stored_once(bus: Bus) -> None:
     study = ev.new_id()
-    event = ev.make_event(ev.DoctorRequested(repeats=3), study_id=study, source="test")
+    event = owned_event(ev.DoctorRequested(repeats=3), study_id=study)
     first = await bus.publish(event)
     second = await bus.publish(event)
     assert not first.duplicate
@@ -60,7 +61,7 @@ async def test_same_event_id_is_stored_once(bus: Bus) -> None:
 
 async def test_publish_many_checks_every_ack(bus: Bus) -> None:
     study = ev.new_id()
-    events = [ev.make_event(ev.DoctorRequested(repeats=i), study_id=study, source="test") for i in range(50)]
+    events = [owned_event(ev.DoctorRequested(repeats=i), study_id=study) for i in range(50)]
     acks = await bus.publish_many(events)
     assert len(acks) == 50
     assert len({a.seq for a in acks}) == 50

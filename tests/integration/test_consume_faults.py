@@ -23,6 +23,7 @@ from infrarsi.commands.status import collect, render
 from infrarsi.service import Runner
 from infrarsi.stack import ping_services
 from infrarsi_services.proposer.service import ProposerService
+from support.owned import owned_event
 
 pytestmark = pytest.mark.integration
 
@@ -33,7 +34,7 @@ def _study_created(study: str, payload_samples: dict[str, object]) -> ev.Event:
         name="faults",
         contract={"budget": {"trials": 12, "accelerator_hours": 0.5}},
     )
-    return ev.make_event(payload, study_id=study, source="test")
+    return owned_event(payload, study_id=study)
 
 
 def _deeply_nested(study: str, payload_samples: dict[str, object], depth: int = 5000) -> bytes:

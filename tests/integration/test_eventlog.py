@@ -27,7 +27,8 @@ def _event(payload, n: int, study: str, trial: str | None = None) -> ev.Event:
     """Fixed ids and times: the log, and so the tables, are the same on every run."""
     return ev.Event(
         event_id=f"{study}-{trial or 'x'}-{type(payload).__name__}-{n}", type=type(payload).__name__,
-        study_id=study, trial_id=trial, cluster_id="test", source="test", ts=T0 + timedelta(seconds=n),
+        study_id=study, trial_id=trial, cluster_id="test", ts=T0 + timedelta(seconds=n),
+        source=subjects.route(type(payload).__name__).publishers[0],  # services refuse other sources
         payload=payload,
     )
 

@@ -17,6 +17,7 @@ from infrarsi.bus import Bus
 from infrarsi.commands.init import prepare_study, study_created_event
 from infrarsi.embedded import EmbeddedServer
 from infrarsi.service import Runner
+from support.owned import owned_event
 
 JOB = textwrap.dedent(
     """
@@ -190,7 +191,7 @@ class Harness:
         proposal = ev.TrialProposed(
             candidate=candidate, candidate_key=candidate.key(), kind=kind, origin="manual", steps=steps
         )
-        await self.bus.publish(ev.make_event(proposal, study_id=study_id, trial_id=trial_id, source="test"))
+        await self.bus.publish(owned_event(proposal, study_id=study_id, trial_id=trial_id))
         return trial_id
 
     async def wait_for(self, trial_id: str, event_type: str, timeout_s: float = 60.0) -> ev.Payload:

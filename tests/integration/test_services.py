@@ -16,6 +16,7 @@ from infrarsi.stack import Stack, ping_services
 from infrarsi_services.modeler.service import ModelerService
 from infrarsi_services.proposer.service import ProposerService
 from infrarsi_services.verifier.service import VerifierService
+from support.owned import owned_event
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +29,7 @@ def _study_created(study: str, payload_samples: dict[str, object]) -> ev.Event:
         name="fan-out",
         contract={"budget": {"trials": 12, "accelerator_hours": 0.5}},
     )
-    return ev.make_event(payload, study_id=study, source="test")
+    return owned_event(payload, study_id=study)
 
 
 async def _service_status(bus: Bus, name: str) -> dict | None:
@@ -83,7 +84,7 @@ async def test_every_event_reaches_every_subscriber_and_read_models_replay(
     for name, payload in payload_samples.items():
         if name != "StudyCreated":
             payload = msgspec.structs.replace(payload, **overrides.get(name, {}))  # type: ignore[arg-type]
-            events.append(ev.make_event(payload, study_id=study, trial_id="trial-1", source="test"))
+            events.append(owned_event(payload, study_id=study, trial_id="trial-1"))
 
     with Stack.start(tmp_path / "stack", nats_url=fresh_nats_server, services=tuple(services)) as stack:
         bus = await Bus.connect(stack.url, service="test")
@@ -151,7 +152,7 @@ async def test_crash_between_publish_and_ack_leaves_no_duplicate_and_no_gap(
     try:
         first = spawn_service("crashy", fresh_nats_server, script=HELPERS, env=env)
         await wait_answering(bus, first)
-        request = ev.make_event(ev.DoctorRequested(repeats=2), study_id=study, source="test")
+        request = owned_event(ev.DoctorRequested(repeats=2), study_id=study)
         await bus.publish(request)
 
         await wait_for(lambda: marker.exists() and marker.read_text().count("\n") == 1)
@@ -177,7 +178,7 @@ async def test_crash_between_publish_and_ack_leaves_no_duplicate_and_no_gap(
         assert stored.payload == ev.StudyFinished(reason="crash-test", trials=2, accelerator_s=0.0)
 
         # And the pipeline goes on: the next input is handled once, by the second life.
-        await bus.publish(ev.make_event(ev.DoctorRequested(repeats=3), study_id=study, source="test"))
+        await bus.publish(owned_event(ev.DoctorRequested(repeats=3), study_id=study))
         await wait_for(lambda: marker.read_text().count("\n") == 3)
         await wait_for(input_acked)
         assert await outputs() == 2

@@ -18,6 +18,7 @@ from infrarsi.commands.init import prepare_study
 from infrarsi.contract import ContractError
 from infrarsi.signing import public_key_line
 from infrarsi.workspace import git
+from support import verified_study
 
 from tests.integration.test_apply import CANDIDATE, MONDAY, contract_dict, log, make_workload, verified
 
@@ -53,7 +54,7 @@ def signed_study(tmp_path: Path, keys: dict[str, Path], *, signers_file: bool = 
 
 
 def approve(prepared, key: Path | None, *, approver: str = "ana", role: str = "ml-lead", candidate=CANDIDATE,
-            verification: ev.VerifyCompleted | None = None, when=MONDAY) -> ev.ApprovalGranted:
+            verification: list | None = None, when=MONDAY) -> ev.ApprovalGranted:
     events = log(prepared, verification or verified(candidate))
     args = argparse.Namespace(study="s1", candidate=candidate.key(), role=role, action_classes=[], note="", key=key)
     return approval_for(events, args, approver, when)
@@ -72,7 +73,7 @@ def test_signed_approval_counts_and_the_commit_is_signed(tmp_path: Path, keys) -
     assert granted.signature.startswith("-----BEGIN SSH SIGNATURE-----")
     assert f"candidate: {CANDIDATE.key()}\nrole: ml-lead\napprover: ana\n" in granted.statement
     plan = plan_apply(log(prepared, verified(), granted), "s1", CANDIDATE.key(), MONDAY)
-    assert plan.not_counted == [] and plan.approvals == [granted]
+    assert plan.notes == [] and plan.approvals == [granted]
 
     promoted = execute_apply(plan, signing_key=keys["bo"])
     repo = prepared.created.workload_dir
@@ -137,7 +138,7 @@ def test_expired_and_stale_evidence_refused(tmp_path: Path, keys) -> None:
     future = approve(prepared, keys["ana"], when=MONDAY + timedelta(hours=1))
     assert "signed in the future" in refused(prepared, future)[1]
     # approved on other numbers than the verification apply would use
-    older = msgspec.structs.replace(verified(), speedup=1.9)
+    older = verified_study.verification(CANDIDATE, candidate_s=0.3)
     stale = approve(prepared, keys["ana"], verification=older)
     assert "the candidate's verified evidence is now" in refused(prepared, stale)[1]
 

@@ -24,6 +24,7 @@ from infrarsi.embedded import EmbeddedServer
 from infrarsi.study_space import load_study_space
 from infrarsi_services.modeler.logic import ModelerState
 from infrarsi_services.proposer.logic import ProposerState, RunRequested
+from support.owned import owned_event
 
 pytestmark = pytest.mark.integration
 
@@ -100,11 +101,11 @@ async def test_a_short_study_runs_on_the_simulator_through_the_bus(server, tmp_p
         created = ev.StudyCreated(name=contract.name, goal=contract.goal, contract=contract.to_dict(),
                                   contract_sha256=contract.sha256(), workload_dir=str(workload), baseline_ref="HEAD",
                                   locked_files={}, cluster=contract.cluster.info())
-        await bus.publish(ev.make_event(created, study_id=study, source="test"))
+        await bus.publish(owned_event(created, study_id=study))
         # RunRequested is not in the catalog yet (see the proposer's docstring): it goes to the states directly,
         # right after the StudyCreated read back from the bus
         run_request = ev.Event(event_id=ev.new_id(), type="RunRequested", study_id=study, cluster_id="sim",
-                               source="test", ts=datetime.now(UTC), payload=RunRequested(parallel=2))
+                               source="cli.run", ts=datetime.now(UTC), payload=RunRequested(parallel=2))
 
         running: dict[str, tuple[object, ev.TrialProposed]] = {}
         next_seq, applied = 1, []
@@ -147,15 +148,15 @@ async def test_a_short_study_runs_on_the_simulator_through_the_bus(server, tmp_p
                 job = backend.collect(handle)
                 status = "oom" if job.oom else ("ok" if job.exit_code == 0 else "crash")
                 assert job.output_tail.startswith(SIM_LABEL)
-                await bus.publish(ev.make_event(ev.TrialFinished(
+                await bus.publish(owned_event(ev.TrialFinished(
                     status=status, reason=job.output_tail[:200], exit_code=job.exit_code, wall_s=job.wall_s,
                     accelerator_s=job.wall_s, peak_memory_bytes=job.peak_memory_bytes,
                     censored_peak_bytes=job.peak_memory_bytes if job.oom else None,
                     memory_capacity_bytes=contract.cluster.memory_capacity_bytes,
-                ), study_id=study, trial_id=trial_id, source="test-launcher"))
+                ), study_id=study, trial_id=trial_id))
                 if status == "ok":
                     measured = await _measure(bus, study, trial_id, p, expected_steps=8)
-                    await bus.publish(ev.make_event(measured, study_id=study, trial_id=trial_id, source="test-telemetry"))
+                    await bus.publish(owned_event(measured, study_id=study, trial_id=trial_id))
             await asyncio.sleep(0.05)
 
         proposals = [e for e in applied if isinstance(e.payload, ev.TrialProposed)]

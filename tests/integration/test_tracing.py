@@ -10,6 +10,7 @@ import pytest
 from infrarsi import events as ev
 from infrarsi import subjects
 from infrarsi.bus import Bus
+from support.owned import owned_event
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +36,7 @@ async def test_event_chain_across_two_processes_is_one_trace(
 
         trace_id, root_span_id = secrets.token_hex(16), secrets.token_hex(8)
         study = ev.new_id()
-        proposed = ev.make_event(payload_samples["TrialProposed"], study_id=study, trial_id="t-1", source="test")  # type: ignore[arg-type]
+        proposed = owned_event(payload_samples["TrialProposed"], study_id=study, trial_id="t-1")  # type: ignore[arg-type]
         await bus.js.publish(
             subjects.subject_for(proposed),
             ev.encode(proposed),

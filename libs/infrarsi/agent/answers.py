@@ -35,6 +35,7 @@ from typing import Any
 
 from infrarsi import events as ev
 from infrarsi import workspace
+from infrarsi.contract import Contract
 from infrarsi.modeling.space import FeatureEncoder
 from infrarsi.study_space import CandidateOutsideSpace, StudySpace
 
@@ -68,6 +69,25 @@ class GoldenRepo:
     @classmethod
     def of(cls, created: ev.StudyCreated) -> GoldenRepo:
         return cls(Path(created.workload_dir), created.baseline_ref, created.locked_files)
+
+    def editable_files(self, contract: Contract, *, max_files: int = 20) -> dict[str, str]:
+        """The editable text files at the golden baseline (what the model may diff against), by path."""
+        listed = workspace.git(self.repo, "ls-tree", "-r", "-z", "--name-only", self.baseline_ref, check=False)
+        paths = [p for p in listed.stdout.split("\0") if p and contract.editable(p)][:max_files]
+        files = {}
+        for path in paths:
+            shown = workspace.git(self.repo, "show", f"{self.baseline_ref}:{path}", check=False)
+            if shown.returncode == 0 and "\0" not in shown.stdout:
+                files[path] = shown.stdout
+        return files
+
+
+def golden_editable_files(created: ev.StudyCreated, contract: Contract) -> dict[str, str]:
+    """``GoldenRepo.editable_files`` of a study; empty when its repo cannot be read here."""
+    try:
+        return GoldenRepo.of(created).editable_files(contract)
+    except (OSError, workspace.WorkspaceError):
+        return {}
 
 
 class NotJSON(ValueError):
@@ -222,9 +242,21 @@ def _check_prior(i: int, item: Any, features: set[str], names: Mapping[str, str]
     except ValueError as exc:
         out.refuse("malformed", name, str(exc))
         return
-    out.priors.append(ev.AgentPrior(feature=feature, target=target, mean=_clamp(mean),
-                                    std=max(MIN_PRIOR_STD, abs(std)) / math.sqrt(weight), weight=weight,
-                                    reason=str(item.get("reason", ""))[:2000]))
+    out.priors.append(prior_from_answer(feature, target, mean, std, weight, str(item.get("reason", ""))[:2000]))
+
+
+def prior_from_answer(feature: str, target: str, mean: float, std: float, weight: float, reason: str) -> ev.AgentPrior:
+    """A model's stated prior as the search will hold it: the mean clamped to ±``MAX_PRIOR_MEAN``, the std
+    floored at ``MIN_PRIOR_STD`` and widened by 1/sqrt(``weight``) — a prior that measurements overrule."""
+    return ev.AgentPrior(feature=feature, target="memory" if target == "memory" else "time", mean=_clamp(mean),
+                         std=max(MIN_PRIOR_STD, abs(std)) / math.sqrt(weight), weight=weight, reason=reason)
+
+
+def prior_overrides(priors: list[ev.AgentPrior]) -> tuple[dict[str, tuple[float, float]], dict[str, tuple[float, float]]]:
+    """(time, memory) knowledge-base overrides of a list of accepted priors (later ones win)."""
+    time = {p.feature: (p.mean, p.std) for p in priors if p.target == "time"}
+    memory = {p.feature: (p.mean, p.std) for p in priors if p.target == "memory"}
+    return time, memory
 
 
 def _clamp(value: float) -> float:

@@ -40,6 +40,7 @@ import yaml
 
 from infrarsi import events as ev
 from infrarsi.backends.base import Backend, JobHandle, JobResult, JobSpec
+from infrarsi.credentials import NKEY_FILE_ENV
 from infrarsi.modeling.space import Candidate
 from infrarsi.study_space import SIM_SCENARIO_ENV
 from infrarsi.subjects import step_msg_id, telemetry_subject
@@ -274,7 +275,7 @@ class SimBackend(Backend):
         if self.publish and env.get("INFRARSI_NATS_URL") and env.get("INFRARSI_TRIAL"):
             from infrarsi.probe.sinks import NatsPublisher
 
-            publisher = NatsPublisher(env["INFRARSI_NATS_URL"])
+            publisher = NatsPublisher(env["INFRARSI_NATS_URL"], nkey_file=env.get(NKEY_FILE_ENV))
         files = [open(probe_dir / f"probe-rank{r}.jsonl", "ab", buffering=0) for r in range(spec.ranks)]
         headers_extra = {"traceparent": env["INFRARSI_TRACEPARENT"]} if env.get("INFRARSI_TRACEPARENT") else {}
         try:

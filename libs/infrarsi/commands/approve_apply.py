@@ -31,6 +31,8 @@ from pydantic import ValidationError
 
 from infrarsi import approvals as appr
 from infrarsi import events as ev
+from infrarsi import subjects
+from infrarsi import verification as vf
 from infrarsi.bus import Bus
 from infrarsi.commands.study_log import read_study, recording_bus
 from infrarsi.contract import Contract, PatchIndex, PatchInfo, locked_contract
@@ -83,8 +85,9 @@ class ApplyPlan:
     verification: ev.VerifyCompleted
     approvals: list[ev.ApprovalGranted]
     """The approvals that count (signatures verified when the policy names signers)."""
-    not_counted: list[str]
-    """One line per approval of this candidate that does not count, with the reason."""
+    notes: list[str]
+    """What apply left out, one line each: approvals that do not count (with the reason), events whose
+    publisher may not own them, a ``PatchPromoted`` with no branch behind it."""
     action_classes: list[str]
     launch_changes: dict[str, ev.KnobValue]
     patch_texts: dict[str, str]
@@ -118,13 +121,27 @@ def plan_apply(
     *,
     operation: Operation = "apply",
 ) -> ApplyPlan:
-    """Decide whether a candidate may be applied now; raises ``ApplyRefused`` with every reason if not."""
+    """Decide whether a candidate may be applied now; raises ``ApplyRefused`` with every reason if not.
+
+    Only events whose ``source`` may publish their type (``subjects.ROUTES``) count; the verification is
+    re-derived from the measured trials (``measured_verification``), and "already applied" is the
+    repository's branch, not an event's word.
+    """
+    notes = [
+        f"ignored {e.type} {e.event_id} from {e.source!r}: not a publisher of {e.type}"
+        for e in events
+        if e.source not in subjects.route(e.type).publishers
+    ]
+    events = [e for e in events if e.source in subjects.route(e.type).publishers]
     created_list = _payloads(events, ev.StudyCreated)
     if not created_list:
         raise ApplyRefused([f"study {study_id} not found (no StudyCreated)"])
     created: ev.StudyCreated = created_list[0]
     contract = locked_contract(created)
-    key = resolve_candidate_key(events, candidate)
+    try:
+        key = resolve_candidate_key(events, candidate)
+    except ApplyRefused as exc:
+        raise ApplyRefused(exc.reasons + notes) from None
 
     verifications = [v for v in _payloads(events, ev.VerifyCompleted) if v.candidate_key == key]
     promotable = [v for v in verifications if v.promotable]
@@ -132,17 +149,26 @@ def plan_apply(
         detail = (
             f"{len(verifications)} verification(s), none promotable" if verifications else "never verified"
         )
-        raise ApplyRefused([f"candidate {key} has not passed verification ({detail})"])
-    verification = promotable[-1]
-    already = [p for p in _payloads(events, ev.PatchPromoted) if p.candidate_key == key]
-    if already:
-        raise ApplyRefused(
-            [f"candidate {key} was already applied to {already[-1].branch} ({already[-1].commit[:12]})"]
-        )
-
+        raise ApplyRefused([f"candidate {key} has not passed verification ({detail})", *notes])
+    verification = measured_verification(events, promotable[-1], contract)
     repo = Path(created.workload_dir)
+    branch = candidate_branch(study_id, key)
+    existing = git(repo, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}^{{commit}}", check=False)
+    if existing.returncode == 0:
+        raise ApplyRefused([f"candidate {key} was already applied to {branch} ({existing.stdout.strip()[:12]})"])
+    notes += [
+        f"a PatchPromoted names {p.branch} ({p.commit[:12]}), but {repo} has no branch {branch}: applying"
+        for p in _payloads(events, ev.PatchPromoted)
+        if p.candidate_key == key
+    ]
+
     patch_ids = verification.candidate.patches
-    library, texts = _golden_patches(repo, created.baseline_ref, contract.workload.patch_dir, patch_ids)
+    # The agent's diffs are patches of the study recorded in its log (AgentAnswered), not files of the library;
+    # they count as code patches for the policy and are checked again when the branch is written.
+    agent = {p.patch_id: p.diff for a in _payloads(events, ev.AgentAnswered) for p in a.patches}
+    library, texts = _golden_patches(repo, created.baseline_ref, contract.workload.patch_dir,
+                                     [p for p in patch_ids if p not in agent])
+    texts = {p: agent[p] if p in agent else texts[p] for p in patch_ids}
     if contract.workload.launch_file is not None:
         baseline = yaml.safe_load(_golden_file(repo, created.baseline_ref, contract.workload.launch_file)) or {}
     else:  # flags, overrides or variables: the golden values are in the locked contract itself
@@ -161,19 +187,68 @@ def plan_apply(
     )
     reasons = check(policy, classes, counted.approvals, now, operation=operation)
     if reasons:
-        raise ApplyRefused(reasons + counted.not_counted)
+        raise ApplyRefused(reasons + counted.not_counted + notes)
     return ApplyPlan(
         study_id=study_id,
         created=created,
         contract=contract,
         verification=verification,
         approvals=counted.approvals,
-        not_counted=counted.not_counted,
+        notes=counted.not_counted + notes,
         action_classes=classes,
         launch_changes=changes,
         patch_texts=texts,
-        branch=candidate_branch(study_id, key),
+        branch=branch,
     )
+
+
+def measured_verification(
+    events: Sequence[ev.Event], published: ev.VerifyCompleted, contract: Contract
+) -> ev.VerifyCompleted:
+    """``published`` re-derived from the measured trials: every round of its verification decided again
+    (``verification.decide``) from the ``TrialMeasured`` (or failed ``TrialFinished``) of the trials the
+    verifier's plan names. Refuses when a trial is missing or the numbers differ from what was published,
+    so a forged ``VerifyCompleted`` promotes nothing even where the bus cannot tell who published it.
+    """
+    rounds = [
+        v
+        for v in _payloads(events, ev.VerifyCompleted)
+        if v.verify_id == published.verify_id and v.candidate_key == published.candidate_key
+    ]
+    rounds = rounds[: rounds.index(published) + 1]
+    results = {
+        e.trial_id: e.payload
+        for e in events
+        if isinstance(e.payload, ev.TrialMeasured)
+        or (isinstance(e.payload, ev.TrialFinished) and e.payload.status != "ok")
+    }
+    loss = contract.invariants.loss
+    rule = vf.LossRule(tolerance=loss.tolerance, mode=loss.mode)
+    derived, passes = published, 0
+    for round_no, done in enumerate(rounds, start=1):
+        repeats = max(1, len(done.trial_ids) // 2)
+        plan = vf.plan_round(done.verify_id, done.candidate, round_no=round_no, repeats=repeats, steps=None)
+        if sorted(p.trial_id for p in plan) != sorted(done.trial_ids):
+            raise ApplyRefused([f"verification {done.verify_id} round {round_no} names trials the verifier never planned"])
+        round_ = vf.Round(done.verify_id, done.candidate, round_no, repeats)
+        for p in plan:
+            match results.get(p.trial_id):
+                case ev.TrialMeasured() as m:
+                    round_.runs[p.trial_id] = vf.RunMeasurement.from_measured(p.trial_id, p.arm, p.pair, m)
+                case ev.TrialFinished() as f:
+                    round_.runs[p.trial_id] = vf.RunMeasurement.from_finished(p.trial_id, p.arm, p.pair, f)
+                case _:
+                    raise ApplyRefused([f"verification {done.verify_id}: trial {p.trial_id} was never measured"])
+        fields = vf.decide(round_, passes_before=passes, passes_required=contract.verify.passes_required, loss_rule=rule)
+        derived = ev.VerifyCompleted(**fields)  # type: ignore[arg-type]
+        passes = derived.passes
+        if derived != done:
+            raise ApplyRefused([
+                f"verification {done.verify_id} round {round_no} does not match its measured trials "
+                f"(published: speed-up {done.speedup:.3f}, promotable {done.promotable}; "
+                f"measured: speed-up {derived.speedup:.3f}, promotable {derived.promotable})"
+            ])
+    return derived
 
 
 def _golden_file(repo: Path, ref: str, rel: str) -> str:
@@ -316,8 +391,9 @@ add_arguments = add_apply_arguments
 
 
 async def load_study_events(bus: Bus, study_id: str) -> list[ev.Event]:
-    """Every decodable lifecycle event of one study, in stream order."""
-    return (await read_study(bus, study_id))[0]
+    """Every lifecycle event of one study that its publisher may own, in stream order (an event on another
+    type's subject, or from a source the subjects table does not list for its type, is left out)."""
+    return (await read_study(bus, study_id, owned_only=True))[0]
 
 
 def approval_for(
@@ -395,7 +471,7 @@ async def run_apply(args: argparse.Namespace, *, now: datetime | None = None) ->
         events = await load_study_events(bus, args.study)
         try:
             plan = plan_apply(events, args.study, args.candidate, now or datetime.now(UTC))
-            for line in plan.not_counted:
+            for line in plan.notes:
                 print(f"note: {line}", file=sys.stderr)
             if plan.contract.apply_policy.allowed_signers is None and plan.approvals:
                 print("note: the policy names no allowed_signers, so approvals were taken on their word", file=sys.stderr)

@@ -152,7 +152,7 @@ async def run(args: argparse.Namespace) -> int:
         _stage("init: lock the contract", started)
         prepared = prepare_study(contract, data_dir)
         study = prepared.study_id
-        bus = await Bus.connect(url, service=SOURCE)
+        bus = await Bus.connect(url, service=SOURCE, data_dir=data_dir)
         try:
             await publish_study(bus, prepared)
         finally:
@@ -177,7 +177,7 @@ async def run(args: argparse.Namespace) -> int:
         if rc:
             return rc
 
-        bus = await Bus.connect(url, service=SOURCE, ensure=False)
+        bus = await Bus.connect(url, service=SOURCE, ensure=False, data_dir=data_dir)
         try:
             events, _ = await read_study(bus, study)
         finally:

@@ -76,7 +76,7 @@ async def run(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stopping.set)
-    bus = await connect_for_cli(args.nats_url, args.data_dir, ensure=False)
+    bus = await connect_for_cli(args.nats_url, args.data_dir, "cli.events", ensure=False)
     try:
         await _tail(bus, stream, filters, args, fmt, stopping)
     except BrokenPipeError:

@@ -72,7 +72,7 @@ async def connect(args: argparse.Namespace, service: str):
             raise BusError(
                 "no NATS server: pass --nats-url, set INFRARSI_NATS_URL, or start one with `infrarsi up`"
             ) from None
-        return await Bus.connect(url, service=service, ensure=False)
+        return await Bus.connect(url, service=service, ensure=False, data_dir=args.data_dir)
     return await connect_for_cli(args.nats_url, args.data_dir, service, ensure=False)
 
 

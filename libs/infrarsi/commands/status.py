@@ -59,7 +59,7 @@ async def collect(bus, timeout_s: float = PING_WINDOW_S) -> dict[str, Any]:
 
 
 async def run(args: argparse.Namespace) -> int:
-    bus = await connect_for_cli(args.nats_url, args.data_dir, ensure=False)
+    bus = await connect_for_cli(args.nats_url, args.data_dir, "cli.status", ensure=False)
     try:
         doc = await collect(bus, args.timeout)
     finally:

@@ -39,14 +39,21 @@ async def cli_bus(args: argparse.Namespace, source: str, *, ensure: bool = True)
         await bus.close()
 
 
-async def read_study(bus: Bus, study_id: str, start_seq: int = 1) -> tuple[list[ev.Event], int]:
-    """The study's lifecycle events from stream position ``start_seq``, and the next position to read."""
+async def read_study(
+    bus: Bus, study_id: str, start_seq: int = 1, *, owned_only: bool = False
+) -> tuple[list[ev.Event], int]:
+    """The study's lifecycle events from stream position ``start_seq``, and the next position to read.
+
+    ``owned_only``: only events their publisher may own (``subjects.publisher_problem``), for verbs that
+    act on who published what (``apply``)."""
     out: list[ev.Event] = []
     next_seq = start_seq
     # A filtered read ends in a fetch timeout when the stream's last message is another study's; nats-py
     # raises asyncio's TimeoutError there, which Bus.iter_stream does not catch: it only means "caught up".
     with contextlib.suppress(asyncio.TimeoutError):
-        async for batch in bus.event_batches(LIFECYCLE_STREAM, lifecycle_subject(study_id, "*"), start_seq=start_seq):
+        async for batch in bus.event_batches(
+            LIFECYCLE_STREAM, lifecycle_subject(study_id, "*"), start_seq=start_seq, owned_only=owned_only
+        ):
             out.extend(event for _, event in batch)
             next_seq = batch[-1][0] + 1
     return out, next_seq
@@ -123,10 +130,10 @@ async def recording_bus(args: argparse.Namespace, source: str) -> AsyncIterator[
     server = None
     if url is None:
         print(f"note: no NATS server running; starting a temporary one over {data_dir}", file=sys.stderr)
-        server = EmbeddedServer.start(data_dir)
+        server = EmbeddedServer.start(data_dir, authorize=True)
         url = server.url
     try:
-        bus = await Bus.connect(url, service=source)
+        bus = await Bus.connect(url, service=source, data_dir=data_dir)
         try:
             yield bus
         finally:

@@ -92,7 +92,7 @@ async def run(args: argparse.Namespace) -> int:
         ensure_stack, getattr(args, "nats_url", None), data_dir, services=("launcher", "telemetry")
     )
     try:
-        bus = await Bus.connect(url, service=SOURCE)
+        bus = await Bus.connect(url, service=SOURCE, data_dir=data_dir)
         try:
             report = await _trial(bus, args, contract, knobs, data_dir)
         finally:

@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 async def run(args: argparse.Namespace) -> int:
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(sig, stopping.set)
     services = tuple(args.services or SERVICES)
     # Start-up blocks (processes, health checks): off the loop, so a signal is still noticed.
@@ -62,7 +62,7 @@ async def run(args: argparse.Namespace) -> int:
     finally:
         print("stopping services...", file=sys.stderr, flush=True)
         await asyncio.to_thread(stack.stop)
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             loop.remove_signal_handler(sig)
     print("stopped", file=sys.stderr, flush=True)
     return 0 if clean else 1

@@ -48,6 +48,7 @@ import msgspec
 import torch
 
 from infrarsi import events
+from infrarsi.credentials import NKEY_FILE_ENV
 from infrarsi.probe.sinks import JsonlSink, NatsPublisher
 from infrarsi.subjects import step_msg_id, telemetry_subject
 
@@ -202,6 +203,7 @@ class Probe:
         device: torch.device | str = "cpu",
         peak_flops: float | None = None,
         nats_url: str | None = None,
+        nkey_file: str | None = None,
         traceparent: str | None = None,
         reduce_across_ranks: bool = True,
     ) -> None:
@@ -223,7 +225,7 @@ class Probe:
         """Every record written, in order (handy for callers and tests)."""
         self._clock = _Clock(self.device)
         self._jsonl = JsonlSink(self.path)
-        self._nats = NatsPublisher(nats_url) if nats_url else None
+        self._nats = NatsPublisher(nats_url, nkey_file=nkey_file) if nats_url else None
         self._mode: str | None = None  # "train" inside a step, "eval" inside an evaluation
         self._current: StepContext | None = None
         self._next_index = 0
@@ -273,6 +275,7 @@ class Probe:
             device=device or "cpu",
             peak_flops=peak_flops,
             nats_url=nats_url,
+            nkey_file=env.get(NKEY_FILE_ENV),
             traceparent=env.get("INFRARSI_TRACEPARENT"),
         )
 

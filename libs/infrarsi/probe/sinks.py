@@ -14,6 +14,8 @@ import logging
 import threading
 from pathlib import Path
 
+from infrarsi.subjects import PROBE
+
 log = logging.getLogger("infrarsi.probe")
 
 
@@ -35,8 +37,12 @@ class JsonlSink:
 class NatsPublisher:
     """Batched JetStream publishes from a background thread with its own event loop."""
 
-    def __init__(self, url: str, *, max_batch: int = 64, connect_timeout_s: float = 2.0) -> None:
+    def __init__(
+        self, url: str, *, nkey_file: str | None = None, max_batch: int = 64, connect_timeout_s: float = 2.0
+    ) -> None:
         self.url = url
+        self.nkey_file = nkey_file
+        """The probe's seed file on a server with authorization (``$INFRARSI_NKEY_FILE``, set by the launcher)."""
         self.max_batch = max_batch
         self.connect_timeout_s = connect_timeout_s
         self.published = 0
@@ -87,8 +93,12 @@ class NatsPublisher:
             async def on_error(exc: Exception) -> None:  # nats-py prints tracebacks by default
                 log.debug("probe: NATS client error: %s", exc)
 
+            from infrarsi.credentials import Credentials
+
+            creds = Credentials(PROBE, Path(self.nkey_file)).connect_options() if self.nkey_file else {}
             nc = await nats.connect(
                 self.url,
+                **creds,
                 connect_timeout=self.connect_timeout_s,
                 max_reconnect_attempts=3,
                 reconnect_time_wait=0.5,

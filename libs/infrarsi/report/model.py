@@ -140,6 +140,55 @@ class PatchAudit:
     files: list[str]
     diff: str
     found: bool
+    proposed_by: str = "library"
+    """``library`` (the workload's patch library), ``bank`` (a library patch first tried in a bank seed) or
+    ``agent`` (a diff of the study's language model, ``AgentAnswered``)."""
+    reason: str = ""
+    """The proposer's words: the agent's stated reason and description, or the library entry's description."""
+    expected_time_log_ratio: float | None = None
+    """What its proposer expected of log(step time with / without); the agent's stated number, or the library's
+    prior mean."""
+    measured_time_log_ratio: float | None = None
+    """The step-time model's posterior mean of the patch's effect (last ``ModelUpdated``)."""
+
+
+@dataclass(frozen=True)
+class AgentPatchRow:
+    """One diff the agent proposed and the gates accepted, with what happened to it."""
+
+    patch_id: str
+    description: str
+    reason: str
+    files: list[str]
+    expected_time_log_ratio: float
+    expected_memory_log_ratio: float
+    trials: int
+    outcomes: list[str]
+    """The outcome of each search trial whose candidate held the patch."""
+    failed_invariants: list[str]
+    best_step_ratio: float | None
+    """Fastest invariant-keeping trial holding the patch / baseline step time."""
+    verdict: str
+    """``promoted`` (a promotable verified winner holds it), ``verified-rejected``, ``rejected by invariant``,
+    ``not verified``, or ``not tried``."""
+
+
+@dataclass(frozen=True)
+class AgentSummary:
+    """What the study's language model was asked, what it cost, and what became of its answers."""
+
+    model: str
+    exchanges: int
+    failed: dict[str, int]
+    """Exchanges without a usable answer, by error name (``timeout``, ``not_json``, ``budget_exceeded``…)."""
+    tokens: int
+    cost_usd: float
+    budget_tokens: int
+    refusals: list[tuple[str, str, str]]
+    """(kind, item, detail) of every part of an answer the gates refused."""
+    patches: list[AgentPatchRow]
+    candidates: list[tuple[str, str]]
+    """(candidate key, the model's reason) of each checked candidate it proposed."""
 
 
 @dataclass(frozen=True)
@@ -197,6 +246,8 @@ class Report:
     memory_capacity_bytes: int | None
     generated_from: dict[str, int] = field(default_factory=dict)
     """Event counts by type: what the report was built from."""
+    agent: AgentSummary | None = None
+    """``None`` when the study never asked a model."""
 
     @property
     def winners(self) -> list[Verdict]:
@@ -232,17 +283,48 @@ def _last_payload(con: duckdb.DuckDBPyConnection, study_id: str, payload_type: t
         raise ReportSourceError(f"the study's {payload_type.__name__} does not decode: {exc}") from None
 
 
-def _patch_audit(workload_dir: Path | None, patch_dir: str, patch_id: str) -> PatchAudit:
+def _patch_audit(workload_dir: Path | None, patch_dir: str, patch_id: str, origins: _PatchOrigins) -> PatchAudit:
+    measured = origins.posterior.get(f"patch:{patch_id}")
+    agent = origins.agent.get(patch_id)
+    if agent is not None:
+        reason = " — ".join(x for x in (agent.description, agent.reason) if x)
+        return PatchAudit(patch_id, list(agent.files), agent.diff, True, "agent", reason,
+                          agent.expected_time_log_ratio, measured)
+    proposed_by = "bank" if patch_id in origins.bank else "library"
     if workload_dir is not None:
         try:  # the library's index names each diff (<id>.patch, <id>.diff, or an explicit file)
             path: Path | None = load_patch_library(workload_dir / patch_dir)[patch_id].path
         except (ContractError, KeyError):
             path = None
         if path is not None and path.is_file():
+            info = load_patch_library(workload_dir / patch_dir)[patch_id]
             diff = path.read_text(errors="replace")
             files = sorted(set(re.findall(r"^\+\+\+ b/(\S+)", diff, flags=re.M)) | set(re.findall(r"^--- a/(\S+)", diff, flags=re.M)))
-            return PatchAudit(patch_id, files, diff, True)
-    return PatchAudit(patch_id, [], "", False)
+            return PatchAudit(patch_id, files, diff, True, proposed_by, info.description,
+                              info.time_log_ratio.mean, measured)
+    return PatchAudit(patch_id, [], "", False, proposed_by, measured_time_log_ratio=measured)
+
+
+@dataclass(frozen=True)
+class _PatchOrigins:
+    agent: dict[str, ev.AgentPatch]
+    """The agent's accepted diffs (``AgentAnswered.patches``), by patch id."""
+    bank: set[str]
+    """Library patches whose first search trial was a bank seed."""
+    posterior: dict[str, float]
+    """Posterior mean of each feature's time effect, from the last ``ModelUpdated``."""
+
+
+def _patch_origins(answers: list[ev.AgentAnswered], trials: list[TrialRow], model: ev.ModelUpdated | None
+                   ) -> _PatchOrigins:
+    agent = {p.patch_id: p for a in answers for p in a.patches}
+    first: dict[str, str] = {}
+    for t in trials:
+        if t.kind == "search":
+            for p in t.patches:
+                first.setdefault(p, t.origin)
+    posterior = {e.feature: e.post_mean for e in model.time_effects} if model is not None else {}
+    return _PatchOrigins(agent, {p for p, origin in first.items() if origin == "bank"}, posterior)
 
 
 def build_report(db: str | Path | duckdb.DuckDBPyConnection, study_id: str) -> Report:
@@ -329,7 +411,11 @@ def _build(con: duckdb.DuckDBPyConnection, study_id: str) -> Report:
             invariant_failures[name] = invariant_failures.get(name, 0) + 1
 
     workload_dir = _workload_dir(created, contract)
-    verdicts = _verdicts(con, study_id, workload_dir, str(contract.workload.patch_dir))
+    asked = _payloads(con, study_id, ev.AgentAsked)
+    answers = _payloads(con, study_id, ev.AgentAnswered)
+    origins = _patch_origins(answers, trials, model)
+    verdicts = _verdicts(con, study_id, workload_dir, str(contract.workload.patch_dir), origins)
+    agent = _agent_summary(asked, answers, trials, verdicts, baseline_s, contract) if asked else None
     capacity = created.cluster.memory_capacity_bytes or None
     return Report(
         study_id=study_id, name=created.name, goal=created.goal, contract=contract,
@@ -337,7 +423,57 @@ def _build(con: duckdb.DuckDBPyConnection, study_id: str) -> Report:
         baseline_ref=created.baseline_ref, baseline_step_s=baseline_s, doctor=doctor,
         doctor_run_step_s=doctor_runs, trials=trials, cost_by_outcome=cost, trials_by_outcome=n_by_outcome,
         best_speedup_curve=curve, verdicts=verdicts, model=model, invariant_failures=invariant_failures,
-        memory_capacity_bytes=capacity, generated_from=counts,
+        memory_capacity_bytes=capacity, generated_from=counts, agent=agent,
+    )
+
+
+def _payloads(con: duckdb.DuckDBPyConnection, study_id: str, payload_type: type[P]) -> list[P]:
+    """Every payload of ``payload_type`` of the study, in log order, decoded into its struct."""
+    rows = con.execute(
+        f"SELECT CAST(payload AS VARCHAR) FROM {VIEW} WHERE study_id = $study AND type = $type ORDER BY seq",
+        {"study": study_id, "type": payload_type.__name__},
+    ).fetchall()
+    try:
+        return [msgspec.json.decode(r[0], type=payload_type) for r in rows]
+    except msgspec.ValidationError as exc:
+        raise ReportSourceError(f"the study's {payload_type.__name__} does not decode: {exc}") from None
+
+
+def _agent_summary(asked: list[ev.AgentAsked], answers: list[ev.AgentAnswered], trials: list[TrialRow],
+                   verdicts: list[Verdict], baseline_s: float | None, contract: Contract) -> AgentSummary:
+    failed: dict[str, int] = {}
+    for a in answers:
+        if not a.ok:
+            failed[a.error or "unknown"] = failed.get(a.error or "unknown", 0) + 1
+    return AgentSummary(
+        model=asked[0].model, exchanges=len(asked), failed=failed, tokens=sum(a.tokens for a in answers),
+        cost_usd=sum(a.cost_usd for a in answers), budget_tokens=contract.budget.llm_tokens,
+        refusals=[(r.kind, r.item, r.detail) for a in answers for r in a.refused],
+        patches=[_agent_patch_row(p, trials, verdicts, baseline_s) for a in answers for p in a.patches],
+        candidates=[(c.candidate.key(), c.reason) for a in answers for c in a.candidates],
+    )
+
+
+def _agent_patch_row(p: ev.AgentPatch, trials: list[TrialRow], verdicts: list[Verdict],
+                     baseline_s: float | None) -> AgentPatchRow:
+    held = [t for t in trials if t.kind == "search" and p.patch_id in t.patches and t.outcome is not None]
+    failed = sorted({name for t in held for name in t.failed_invariants})
+    ok_times = [t.step_time_s for t in held if t.outcome == "ok" and t.step_time_s]
+    best = min(ok_times) / baseline_s if ok_times and baseline_s else None
+    mine = [v for v in verdicts if any(a.patch_id == p.patch_id for a in v.patches)]
+    if any(v.promotable for v in mine):
+        verdict = "promoted"
+    elif mine:
+        verdict = "verified-rejected"
+    elif failed:
+        verdict = "rejected by invariant"
+    else:
+        verdict = "not verified" if held else "not tried"
+    return AgentPatchRow(
+        patch_id=p.patch_id, description=p.description, reason=p.reason, files=list(p.files),
+        expected_time_log_ratio=p.expected_time_log_ratio, expected_memory_log_ratio=p.expected_memory_log_ratio,
+        trials=len(held), outcomes=[t.outcome or "" for t in held], failed_invariants=failed, best_step_ratio=best,
+        verdict=verdict,
     )
 
 
@@ -358,7 +494,7 @@ def _workload_dir(created: ev.StudyCreated, contract: Contract) -> Path | None:
     return None
 
 
-def _verdicts(con, study_id: str, workload_dir: Path | None, patch_dir: str) -> list[Verdict]:
+def _verdicts(con, study_id: str, workload_dir: Path | None, patch_dir: str, origins: _PatchOrigins) -> list[Verdict]:
     rows = con.execute(
         f"""SELECT payload->>'verify_id' AS verify_id, count(*) AS rounds, CAST(arg_max(payload, seq) AS VARCHAR) AS last
             FROM {VIEW} WHERE study_id = $study AND type = 'VerifyCompleted'
@@ -371,7 +507,7 @@ def _verdicts(con, study_id: str, workload_dir: Path | None, patch_dir: str) -> 
         out.append(
             Verdict(
                 verify_id=verify_id, candidate_key=last.candidate_key, knobs=dict(last.candidate.knobs),
-                patches=[_patch_audit(workload_dir, patch_dir, p) for p in last.candidate.patches],
+                patches=[_patch_audit(workload_dir, patch_dir, p, origins) for p in last.candidate.patches],
                 promotable=last.promotable, passes=last.passes, speedup=last.speedup,
                 ci_low=last.ci_low, ci_high=last.ci_high,
                 baseline_step_s=last.baseline_step_s, candidate_step_s=last.candidate_step_s,

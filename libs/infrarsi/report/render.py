@@ -14,6 +14,7 @@ import base64
 import html
 import io
 import json
+import math
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,6 +72,37 @@ def _ms(s: float | None) -> str:
 
 def _pct(x: float | None) -> str:
     return "—" if x is None else f"{x:.1%}"
+
+
+def _ratio(log_ratio: float | None) -> str:
+    """A log-ratio of step time as the factor it multiplies the step by (×0.90 = 10% faster)."""
+    return "—" if log_ratio is None else f"×{math.exp(log_ratio):.3f}"
+
+
+def _agent_blocks(report: Report) -> list[Block]:
+    """What the study's language model was asked, said and cost, and what the gates and the invariants made of
+    its diffs — in its own words beside the measurements."""
+    a = report.agent
+    if a is None:
+        return []
+    failed = ", ".join(f"{k} {n}" for k, n in sorted(a.failed.items())) or "none"
+    blocks: list[Block] = [Heading("The agent"), Para(
+        f"Model {a.model or '(from the environment)'}: {a.exchanges} exchange(s), {a.tokens} of {a.budget_tokens} tokens "
+        f"(budget.llm_tokens), ${a.cost_usd:.4f}; exchanges without a usable answer: {failed}. Every prompt and answer "
+        "is in the log (AgentAsked/AgentAnswered; the DuckDB view agent_exchanges).")]
+    if a.patches:
+        blocks.append(Table(
+            ["patch", "the model's description and reason", "expected step time", "measured best / baseline",
+             "trials", "failed invariants", "verdict"],
+            [[r.patch_id, " — ".join(x for x in (r.description, r.reason) if x) or "—", _ratio(r.expected_time_log_ratio),
+              "—" if r.best_step_ratio is None else f"×{r.best_step_ratio:.3f}", str(r.trials),
+              ", ".join(r.failed_invariants) or "none", r.verdict] for r in a.patches]))
+    if a.candidates:
+        blocks.append(Table(["candidate", "the model's reason"], [[k, why or "—"] for k, why in a.candidates]))
+    if a.refusals:
+        blocks.append(Heading("Refused parts of the answers", 3))
+        blocks.append(Table(["refused as", "item", "detail"], [list(r) for r in a.refusals]))
+    return blocks
 
 
 def outline(report: Report) -> list[Block]:
@@ -160,9 +192,14 @@ def outline(report: Report) -> list[Block]:
             ["patches", ", ".join(p.patch_id + ("" if p.found else " (diff not found)") for p in v.patches) or "none"],
             ["verify trials", ", ".join(v.trial_ids)],
         ]))
+        if v.patches:
+            blocks.append(Table(["patch", "proposed by", "their words", "expected step time", "measured (model)"], [
+                [p.patch_id, p.proposed_by, p.reason or "—", _ratio(p.expected_time_log_ratio),
+                 _ratio(p.measured_time_log_ratio)] for p in v.patches]))
         for p in v.patches:
             if p.found:
                 blocks.append(Code(p.diff, f"{p.patch_id}.patch"))
+    blocks += _agent_blocks(report)
     # Cost
     blocks.append(Heading("Cost"))
     blocks.append(Table(["outcome", "trials", "accelerator-hours"],

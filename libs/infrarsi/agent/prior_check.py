@@ -1,0 +1,55 @@
+"""Whether the measurements so far contradict the model's priors: the rule that lets them overrule it.
+
+Owns ``log_bayes_factor``: the log marginal likelihood of the measured log step times under the study's
+priors *without* the model's (the knowledge base, the library's metadata, flat priors for the agent's patches)
+minus the same under the priors *with* the model's, both Gaussian linear models over the same features and
+the same noise. ``contradicted`` is true once that factor exceeds ``DROP_LOG_BF`` (e : 1 odds): from
+then on the search drops the model's priors (its patches stay, with flat priors) for the rest of the study.
+
+Widening every model prior (``agent.prior_weight``) bounds what one wrong number can do inside the posterior;
+this check bounds what a consistently wrong model can do to the search: confident priors pointing the wrong way
+are caught after a few trials instead of pulling the acquisition for the whole budget. Pure math, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from infrarsi.modeling.space import Candidate
+from infrarsi.modeling.time_model import TimeModel
+
+DROP_LOG_BF = 1.0
+"""log Bayes factor (without / with the model's priors) above which the model's priors are dropped."""
+MIN_OBSERVATIONS = 3
+"""Measured trials before the check may decide anything."""
+
+
+def log_evidence(model: TimeModel, x: np.ndarray, y: np.ndarray, noise_std: float) -> float:
+    """log N(y; X m0, X S0 Xᵀ + σ² I) under ``model``'s prior (m0, S0) — x (n, p), y (n,)."""
+    cov = (x * model.prior_std**2) @ x.T + noise_std**2 * np.eye(len(y))  # (n, n)
+    r = y - x @ model.prior_mean  # (n,)
+    sign, logdet = np.linalg.slogdet(cov)
+    if sign <= 0:
+        return -np.inf
+    return float(-0.5 * (r @ np.linalg.solve(cov, r) + logdet + len(y) * np.log(2 * np.pi)))
+
+
+def log_bayes_factor(with_model: TimeModel, without_model: TimeModel,
+                     measured: Sequence[tuple[Candidate, float]], noise_std: float) -> float:
+    """log p(y | without the model's priors) − log p(y | with them); positive = the data prefer without."""
+    if not measured:
+        return 0.0
+    x = with_model.encoder.encode_many([c for c, _ in measured])  # (n, p)
+    y = np.log([t for _, t in measured])  # (n,)
+    return log_evidence(without_model, x, y, noise_std) - log_evidence(with_model, x, y, noise_std)
+
+
+def contradicted(with_model: TimeModel, without_model: TimeModel, measured: Sequence[tuple[Candidate, float]],
+                 noise_std: float) -> tuple[bool, float]:
+    """(drop the model's priors?, the log Bayes factor) — never before ``MIN_OBSERVATIONS`` measurements."""
+    if len(measured) < MIN_OBSERVATIONS:
+        return False, 0.0
+    bf = log_bayes_factor(with_model, without_model, measured, noise_std)
+    return bf > DROP_LOG_BF, bf

@@ -1,0 +1,197 @@
+"""Bus credentials: one NATS nkey per principal, and the server's authorization block built from them.
+
+Owns where credentials live (``<data_dir>/creds/<principal>.nk``, the seed, mode 0600 in a 0700 directory),
+making them (``ensure``), how a connection finds its own (``for_principal``: ``$INFRARSI_NKEY_FILE`` first —
+how a trial job or a deployed service is handed one — else the data directory's file for its name), and the
+``authorization { users = [...] }`` block a nats-server loads: each principal's public key with the subjects
+``infrarsi.subjects.permissions`` gives it, plus the JetStream API, ack and inbox subjects its reading and
+publishing need, scoped to the streams it uses. ``admin`` (the stack itself and operators) has every right.
+
+What a permission cannot say: a JetStream pull consumer delivers through the reader's inbox, so reading is
+scoped per *stream* (the streams holding the types a principal consumes), not per event type. docs/security.md
+lists this and the rest of what is not protected.
+
+Secrets never leave the seed files: events, logs and environment variables carry paths only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from infrarsi import subjects
+
+CREDS_DIR = "creds"
+NKEY_FILE_ENV = "INFRARSI_NKEY_FILE"
+"""A path to one principal's seed file: set by the launcher for a trial job, or by a deployment."""
+ADMIN = "admin"
+"""The stack's own principal (creates streams, pings services) and an operator's: every right."""
+SEED_SUFFIX = ".nk"
+STREAMS = (subjects.LIFECYCLE_STREAM, subjects.TELEMETRY_STREAM, subjects.BANK_STREAM)
+READ_ONLY_API = (
+    "$JS.API.INFO",
+    "$JS.API.STREAM.NAMES",
+    "$JS.API.STREAM.LIST",
+    "$JS.API.STREAM.INFO.*",
+    "$JS.API.CONSUMER.NAMES.*",
+    "$JS.API.CONSUMER.LIST.*",
+    "$JS.API.CONSUMER.INFO.*.*",
+)
+"""Metadata every principal may ask for (``infrarsi status`` shows stream and consumer counts): no content."""
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """How one principal connects: its seed file and the inbox prefix its permissions allow."""
+
+    principal: str
+    seed_file: Path
+
+    @property
+    def inbox_prefix(self) -> str:
+        return inbox_prefix(self.principal)
+
+    def connect_options(self) -> dict[str, str]:
+        """The nats-py ``connect`` keyword arguments."""
+        return {"nkeys_seed": str(self.seed_file), "inbox_prefix": self.inbox_prefix}
+
+
+TLS_CA_ENV = "INFRARSI_NATS_CA"
+"""A CA file to verify a TLS server with (deploy/nats/secure signs its servers with its own CA)."""
+
+
+def tls_options() -> dict[str, object]:
+    """nats-py ``connect`` arguments for a server with TLS: a context trusting ``$INFRARSI_NATS_CA``, if set."""
+    import ssl
+
+    ca = os.environ.get(TLS_CA_ENV)
+    return {"tls": ssl.create_default_context(cafile=ca)} if ca else {}
+
+
+def inbox_prefix(principal: str) -> str:
+    """A principal's own reply subjects (``_INBOX_<name>.…``): nobody else may subscribe to them."""
+    return "_INBOX_" + "".join(c if c.isalnum() else "_" for c in principal)
+
+
+def creds_dir(data_dir: Path | str) -> Path:
+    return Path(data_dir) / CREDS_DIR
+
+
+def all_principals() -> tuple[str, ...]:
+    return (ADMIN, *subjects.principals())
+
+
+def _principal_of(seed_file: Path) -> str:
+    return seed_file.name.removesuffix(SEED_SUFFIX)
+
+
+def ensure(data_dir: Path | str) -> dict[str, str]:
+    """Make a seed for every principal that has none under ``data_dir``; return principal → public key.
+
+    Existing seeds are kept, so a restarted server accepts the services still holding them.
+    """
+    import nkeys
+
+    directory = creds_dir(data_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    directory.chmod(0o700)
+    public: dict[str, str] = {}
+    for principal in all_principals():
+        path = directory / f"{principal}{SEED_SUFFIX}"
+        if not path.exists():
+            seed = nkeys.encode_seed(secrets.token_bytes(32), nkeys.PREFIX_BYTE_USER)
+            # Created 0600 before the secret is written: never readable by others, even for an instant.
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as out:
+                out.write(seed)
+        public[principal] = nkeys.from_seed(path.read_bytes()).public_key.decode()
+    return public
+
+
+def for_principal(principal: str, data_dir: Path | str | None) -> Credentials | None:
+    """The credentials ``principal`` connects with, or ``None`` when there are none (a server without auth).
+
+    ``$INFRARSI_NKEY_FILE`` wins (a job or a deployed process is handed exactly one); otherwise
+    ``<data_dir>/creds/<principal>.nk`` if it exists.
+    """
+    explicit = os.environ.get(NKEY_FILE_ENV)
+    if explicit:
+        return Credentials(_principal_of(Path(explicit)), Path(explicit))
+    return stored(principal, data_dir) if data_dir is not None else None
+
+
+def stored(principal: str, data_dir: Path | str) -> Credentials | None:
+    """``principal``'s credentials under ``data_dir``, if a stack made them (what the launcher hands a job)."""
+    path = creds_dir(data_dir) / f"{principal}{SEED_SUFFIX}"
+    return Credentials(principal, path) if path.exists() else None
+
+
+def has_credentials(data_dir: Path | str) -> bool:
+    """Whether a server over ``data_dir`` runs with authorization (a stack made credentials there)."""
+    return (creds_dir(data_dir) / f"{ADMIN}{SEED_SUFFIX}").exists()
+
+
+# --------------------------------------------------------------------------------------------------
+# Server side
+# --------------------------------------------------------------------------------------------------
+
+
+def _streams_of(filters: Iterable[str]) -> set[str]:
+    """The streams holding the subjects of ``filters`` (telemetry, bank, or the lifecycle stream)."""
+    out = set()
+    for subject in filters:
+        if subject.startswith(subjects.telemetry_subject("", "")[:-2]):
+            out.add(subjects.TELEMETRY_STREAM)
+        elif subject.startswith(f"{subjects.BANK_ROOT}."):
+            out.add(subjects.BANK_STREAM)
+        elif subject.startswith(f"{subjects.ROOT}.") and not subjects.is_deadletter(subject):
+            out.add(subjects.LIFECYCLE_STREAM)
+    return out
+
+
+def nats_permissions(principal: str) -> dict[str, object]:
+    """The nats-server ``permissions`` block of one principal (``subjects.permissions`` plus JetStream's needs).
+
+    - publish: the event subjects it owns; creating a stream with InfraRSI's definition (a no-op on an existing
+      stream — it cannot update, purge or delete one); stream and consumer metadata; for each stream it reads,
+      the consumer API (create, next, delete), direct gets and acks; replies to requests it received
+      (``allow_responses``: pings).
+    - subscribe: the event subjects it reads (core subscriptions) and its own inbox (JetStream replies and
+      pull deliveries arrive there).
+    """
+    table = subjects.permissions(principal)
+    publish = set(table.publish) | set(READ_ONLY_API)
+    publish |= {f"$JS.API.STREAM.CREATE.{s}" for s in STREAMS}
+    for stream in sorted(_streams_of(table.subscribe)):
+        publish |= {
+            f"$JS.API.CONSUMER.CREATE.{stream}",
+            f"$JS.API.CONSUMER.CREATE.{stream}.>",
+            f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.*",
+            f"$JS.API.CONSUMER.MSG.NEXT.{stream}.*",
+            f"$JS.API.CONSUMER.DELETE.{stream}.*",
+            f"$JS.API.DIRECT.GET.{stream}",
+            f"$JS.API.DIRECT.GET.{stream}.>",
+            f"$JS.API.STREAM.MSG.GET.{stream}",
+            f"$JS.ACK.{stream}.>",
+        }
+    subscribe = set(table.subscribe) | {f"{inbox_prefix(principal)}.>"}
+    return {
+        "publish": {"allow": sorted(publish)},
+        "subscribe": {"allow": sorted(subscribe)},
+        "allow_responses": True,
+    }
+
+
+def authorization_block(public_keys: dict[str, str]) -> str:
+    """The ``authorization { users = [...] }`` text for a nats-server config (JSON values are valid there)."""
+    users = []
+    for principal in sorted(public_keys):
+        user: dict[str, object] = {"nkey": public_keys[principal]}
+        if principal != ADMIN:
+            user["permissions"] = nats_permissions(principal)
+        users.append(f"    # {principal}\n    {json.dumps(user)}")
+    return "authorization {\n  users = [\n" + ",\n".join(users) + "\n  ]\n}\n"
