@@ -175,8 +175,11 @@ class StepTracker:
         self.probe.close_evaluation()
         self.current = None
 
-    def close(self) -> None:
-        """Write what is pending (a step still in progress when training stopped is not a step)."""
+    def close(self, *, close_probe: bool = False) -> None:
+        """Write what is pending (a step still in progress when training stopped is not a step); with
+        ``close_probe``, close the probe too (an integration closes the probe it built, not one it was given)."""
         self.abandon()
         self._flops = None
         self.flush()
+        if close_probe:
+            self.probe.close()

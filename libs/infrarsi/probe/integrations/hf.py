@@ -89,9 +89,6 @@ class InfraRSICallback(TrainerCallback):
             self.tracker.idle()  # a checkpoint is not part of the next step
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.tracker is None or self.probe is None:
-            return
-        self.tracker.close()
-        if self._given is None:
-            self.probe.close()
-        self.tracker = None
+        if self.tracker is not None:
+            self.tracker.close(close_probe=self._given is None)
+            self.tracker = None

@@ -110,9 +110,6 @@ class InfraRSICallback(Callback):
             self.tracker.close_evaluation(trainer.callback_metrics.get(self.eval_metric))
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        if self.tracker is None or self.probe is None:
-            return
-        self.tracker.close()
-        if self._given is None:
-            self.probe.close()
-        self.tracker = None
+        if self.tracker is not None:
+            self.tracker.close(close_probe=self._given is None)
+            self.tracker = None

@@ -111,9 +111,8 @@ class Tracked:
         for hook in self._hooks:
             hook.remove()
         self._hooks.clear()
-        if self.tracker is not None and self.probe is not None:
-            self.tracker.close()
-            self.probe.close()
+        if self.tracker is not None:
+            self.tracker.close(close_probe=True)
             self.tracker = None
 
     def __enter__(self) -> Tracked:
