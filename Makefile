@@ -38,6 +38,7 @@ schemas: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check libs services tests bench workloads scripts examples
+	$(BIN)/python -m mypy
 
 bench: $(STAMP)
 	mkdir -p out

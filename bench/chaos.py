@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import signal
@@ -33,7 +32,6 @@ import sim_study  # noqa: E402
 from infrarsi.bus import Bus  # noqa: E402
 from infrarsi.embedded import EmbeddedServer  # noqa: E402
 from infrarsi.eventlog import analyst_db_path  # noqa: E402
-from infrarsi.logs import setup_logging  # noqa: E402
 from infrarsi.stack import SERVICES, Stack  # noqa: E402
 
 STUDY_ID = "01chaos0000000000000000000"
@@ -127,13 +125,7 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    setup_logging("bench", level="error")  # logs on stderr; stdout is the result
-    result = asyncio.run(measure(args))
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        for key, value in result.items():
-            print(f"{key:<28} {value}")
+    result = sim_study.run_and_print(measure(args), as_json=args.json)
     ok = (result["study_finished"] and result["trials_lost"] == 0 and result["duplicate_event_ids"] == 0
           and result["trials_finished_twice"] == 0 and result["analyst_db_equals_replay"])  # fmt: skip
     return 0 if ok else 1

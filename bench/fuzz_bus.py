@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import sys
@@ -42,7 +41,6 @@ from conftest import sample_struct  # noqa: E402
 from infrarsi import events as ev  # noqa: E402
 from infrarsi import subjects  # noqa: E402
 from infrarsi.bus import MAX_EVENT_BYTES, Bus  # noqa: E402
-from infrarsi.logs import setup_logging  # noqa: E402
 from infrarsi.stack import SERVICES, Stack, ping_services  # noqa: E402
 
 STUDY_ID = "01fuzz00000000000000000000"
@@ -230,13 +228,7 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=1200.0)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    setup_logging("bench", level="error")  # logs on stderr; stdout is the result
-    result = asyncio.run(measure(args))
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        for key, value in result.items():
-            print(f"{key:<24} {value}")
+    result = sim_study.run_and_print(measure(args), as_json=args.json)
     ok = result["crashes"] == 0 and result["dead_lettered_share"] == 1.0 and result["study_unaffected"]
     return 0 if ok else 1
 

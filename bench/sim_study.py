@@ -10,9 +10,11 @@ DuckDB with a fresh replay of the streams, table by table.
 from __future__ import annotations
 
 import asyncio
+import json
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,7 @@ from infrarsi import events as ev
 from infrarsi.backends.sim import write_sim_workload
 from infrarsi.bus import Bus
 from infrarsi.commands.init import prepare_study, publish_study
+from infrarsi.logs import setup_logging
 from infrarsi.subjects import LIFECYCLE_STREAM
 
 SCENARIO = "dense7b_h100x64"
@@ -103,6 +106,18 @@ def result_of(finished: ev.StudyFinished | None, ledger: dict[str, Any] | None =
     retries = ledger["infrastructure_retries"] if ledger else 0
     return {"best_candidate_key": finished.best_candidate_key, "best_speedup": finished.best_speedup,
             "trials": finished.trials, "search_trials": finished.trials - retries}  # fmt: skip
+
+
+def run_and_print(measurement: Coroutine[Any, Any, dict[str, Any]], *, as_json: bool) -> dict[str, Any]:
+    """Run a bench's measurement (logs on stderr: stdout is the result) and print it, as JSON or one line a key."""
+    setup_logging("bench", level="error")
+    result = asyncio.run(measurement)
+    if as_json:
+        print(json.dumps(result, indent=2))
+    else:
+        for key, value in result.items():
+            print(f"{key:<28} {value}")
+    return result
 
 
 def _dump(path: Path) -> dict[str, list[tuple]]:

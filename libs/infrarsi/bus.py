@@ -33,6 +33,7 @@ from infrarsi import events as ev
 from infrarsi import subjects as _subjects  # event_batches' parameter shadows the module
 from infrarsi.embedded import running_server_url
 from infrarsi.logs import get_logger
+from infrarsi.settings import Settings
 
 log = get_logger(__name__)
 
@@ -104,8 +105,11 @@ STREAMS: tuple[StreamSpec, ...] = (
 
 
 def replicas_from_env() -> int:
-    """1 for the embedded server; ``INFRARSI_REPLICAS=3`` on a 3-node cluster (deploy/nats/cluster)."""
-    return int(os.environ.get("INFRARSI_REPLICAS", "1"))
+    """1 for the embedded server; ``INFRARSI_REPLICAS=3`` on a 3-node cluster (deploy/nats/cluster).
+
+    The default of ``Bus.connect`` for a caller that passes no ``replicas``: never 1 by mistake, which would
+    shrink a clustered stream on ``ensure``."""
+    return Settings.from_env().replicas
 
 
 @dataclass(frozen=True)
@@ -135,7 +139,7 @@ class Bus:
         self.replicas = replicas
         self.lost: str | None = None
         """Why the connection was given up (see ``connect(data_dir=…)``); ``None`` while it is not."""
-        self._follower: asyncio.Task | None = None
+        self._follower: asyncio.Task[None] | None = None
 
     # ---------------------------------------------------------------- connection
 
@@ -189,10 +193,10 @@ class Bus:
                 nc.connect(
                     server_urls(url),
                     name=f"infrarsi-{service}",
-                    connect_timeout=connect_timeout_s,
+                    connect_timeout=connect_timeout_s,  # type: ignore[arg-type]  # nats-py annotates int; it takes seconds as float
                     allow_reconnect=True,
                     max_reconnect_attempts=-1,
-                    reconnect_time_wait=0.5,
+                    reconnect_time_wait=0.5,  # type: ignore[arg-type]  # as connect_timeout
                     reconnected_cb=on_reconnect,
                     error_cb=on_error,
                     **(creds.connect_options() if creds is not None else {}),
@@ -403,7 +407,7 @@ class Bus:
         try:
             # The consumer knows how many messages match its filter right now: read exactly those,
             # so a filtered read never waits for messages that belong to other subjects.
-            remaining = (await sub.consumer_info()).num_pending
+            remaining = (await sub.consumer_info()).num_pending or 0
             while remaining > 0:
                 try:
                     msgs = await sub.fetch(min(batch, remaining), timeout=5.0)

@@ -13,7 +13,6 @@ import argparse
 import asyncio
 import importlib
 import inspect
-import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -22,6 +21,7 @@ from pathlib import Path
 from types import ModuleType
 
 from infrarsi.errors import EXIT_INTERRUPTED, EXIT_USAGE
+from infrarsi.settings import Settings, SettingsError
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ def load_verb(verb: Verb) -> ModuleType:
         raise
 
 
-def _add_global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
+def _add_global_options(parser: argparse.ArgumentParser, settings: Settings, *, suppress: bool) -> None:
     """The options every verb shares; on a verb's parser they default to SUPPRESS so that
     ``infrarsi --nats-url X status`` and ``infrarsi status --nats-url X`` both work."""
 
@@ -105,7 +105,7 @@ def _add_global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> N
     parser.add_argument(
         "--data-dir",
         type=Path,
-        default=default(Path(os.environ.get("INFRARSI_DATA_DIR", ".infrarsi"))),
+        default=default(settings.data_dir),
         metavar="DIR",
         help="state directory: embedded server, logs, databases (default: $INFRARSI_DATA_DIR or .infrarsi)",
     )
@@ -118,18 +118,22 @@ def _add_global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> N
     )
 
 
-def build_parser(load: str | None = None) -> tuple[argparse.ArgumentParser, ModuleType | None]:
-    """The full parser; the verb named ``load`` gets its own arguments (its module is imported)."""
+def build_parser(
+    load: str | None = None, settings: Settings | None = None
+) -> tuple[argparse.ArgumentParser, ModuleType | None]:
+    """The full parser; the verb named ``load`` gets its own arguments (its module is imported).
+    ``settings`` give the global options' defaults (``INFRARSI_DATA_DIR``)."""
+    settings = settings or Settings()
     parser = argparse.ArgumentParser(
         prog="infrarsi",
         description="Verified optimisation of PyTorch training jobs, event-sourced on NATS JetStream.",
     )
-    _add_global_options(parser, suppress=False)
+    _add_global_options(parser, settings, suppress=False)
     verbs = parser.add_subparsers(dest="verb", metavar="COMMAND", title="commands")
     loaded = None
     for verb in VERBS:
         sub = verbs.add_parser(verb.name, help=verb.help, description=verb.help, conflict_handler="resolve")
-        _add_global_options(sub, suppress=True)
+        _add_global_options(sub, settings, suppress=True)
         if verb.name == load:
             loaded = load_verb(verb)
             getattr(loaded, verb.add_arguments)(sub)
@@ -139,14 +143,14 @@ def build_parser(load: str | None = None) -> tuple[argparse.ArgumentParser, Modu
 def _verb_in(argv: Sequence[str]) -> str | None:
     """The verb named on the command line, found without importing any command module."""
     pre = argparse.ArgumentParser(add_help=False)
-    _add_global_options(pre, suppress=True)
+    _add_global_options(pre, Settings(), suppress=True)
     pre.add_argument("verb", nargs="?")
     known, _rest = pre.parse_known_args(argv)
     verb = getattr(known, "verb", None)
     return verb if verb in VERBS_BY_NAME else None
 
 
-def _setup_observability(verbosity: int) -> None:
+def _setup_observability(verbosity: int, settings: Settings) -> None:
     from infrarsi import tracing
     from infrarsi.logs import setup_logging
 
@@ -155,9 +159,9 @@ def _setup_observability(verbosity: int) -> None:
     elif verbosity == 1:
         level = "info"
     else:
-        level = os.environ.get("INFRARSI_LOG_LEVEL", "warning")
+        level = settings.log_level or "warning"
     setup_logging("cli", level=level)
-    tracing.setup_tracing("infrarsi-cli")
+    tracing.setup_tracing("infrarsi-cli", trace_file=settings.trace_file)
 
 
 def _user_error_lines(exc: BaseException, args: argparse.Namespace) -> list[str] | None:
@@ -183,10 +187,10 @@ def _user_error_message(exc: BaseException, args: argparse.Namespace) -> str | N
         return str(exc)
     nats_errors = sys.modules.get("nats.errors")
     if nats_errors is not None and isinstance(exc, nats_errors.Error):
-        from infrarsi.commands import data_dir_of
+        from infrarsi.commands import data_dir_of, nats_url_of
         from infrarsi.embedded import resolve_nats_url
 
-        url = resolve_nats_url(getattr(args, "nats_url", None), data_dir_of(args)) or "(no server)"
+        url = resolve_nats_url(nats_url_of(args), data_dir_of(args)) or "(no server)"
         if isinstance(exc, nats_errors.NoServersError | nats_errors.ConnectionClosedError):
             return f"cannot reach NATS at {url}: {exc}"
         return f"NATS at {url}: {exc or type(exc).__name__}"
@@ -203,9 +207,14 @@ def _user_error_message(exc: BaseException, args: argparse.Namespace) -> str | N
 def main(argv: Sequence[str] | None = None) -> int:
     """Console script ``infrarsi`` (the generated script exits with the returned code)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        settings = Settings.from_env()
+    except SettingsError as exc:
+        print("\n".join(exc.lines()), file=sys.stderr)
+        return exc.exit_code
     verb_name = _verb_in(argv)
     try:
-        parser, module = build_parser(load=verb_name)
+        parser, module = build_parser(load=verb_name, settings=settings)
     except VerbUnavailable:
         print(f"error: '{verb_name}' is not available in this build", file=sys.stderr)
         return EXIT_USAGE
@@ -214,7 +223,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     args.data_dir = Path(args.data_dir)
-    _setup_observability(args.verbose)
+    args.nats_url = args.nats_url or settings.nats_url
+    args.settings = settings
+    _setup_observability(args.verbose, settings)
     verb = VERBS_BY_NAME[args.verb]
     run = getattr(module, verb.run)
 

@@ -240,8 +240,8 @@ def find_stragglers(per_rank_step_s: Sequence[float], *, rel_tol: float = 0.05) 
 INTERFERENCE_RATIO = 1.5
 """A baseline run whose median step is this far (×, either way) from the median of all runs was slowed (or
 sped up) by something outside the job — another job on the host, a throttled node — not by the job's own
-noise: calibrating on it would inflate the noise and with it every repeat count (one run 3× slower than
-its two peers once made the run-to-run CV 105%, the minimum detectable speed-up ×4)."""
+noise: calibrating on it would inflate the noise and with it every repeat count (the case that set this:
+docs/stages.md, "interfered runs")."""
 
 
 def interfered_runs(medians: Sequence[float], ratio: float = INTERFERENCE_RATIO) -> list[int]:

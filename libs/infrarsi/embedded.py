@@ -49,7 +49,7 @@ def nats_server_binary() -> Path:
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        return int(sock.getsockname()[1])
 
 
 def previous_port(data_dir: Path) -> int | None:
@@ -78,7 +78,7 @@ class EmbeddedServer:
     data_dir: Path
     port: int
     monitor_port: int
-    process: subprocess.Popen | None = None
+    process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
@@ -208,6 +208,7 @@ def running_server_url(data_dir: Path | str = DEFAULT_DATA_DIR) -> str | None:
     return str(state["url"])
 
 
-def resolve_nats_url(cli_url: str | None, data_dir: Path | str = DEFAULT_DATA_DIR) -> str | None:
-    """``--nats-url`` wins, then ``INFRARSI_NATS_URL``, then a live embedded server under ``data_dir``."""
-    return cli_url or os.environ.get("INFRARSI_NATS_URL") or running_server_url(data_dir)
+def resolve_nats_url(nats_url: str | None, data_dir: Path | str = DEFAULT_DATA_DIR) -> str | None:
+    """``nats_url`` (``--nats-url``, else ``INFRARSI_NATS_URL`` through ``Settings``) wins, then a live embedded
+    server under ``data_dir``."""
+    return nats_url or running_server_url(data_dir)

@@ -12,7 +12,6 @@ This module owns the types and their encoding only; it must not do I/O.
 from __future__ import annotations
 
 import hashlib
-import os
 import secrets
 import time
 from collections.abc import Iterable, Iterator
@@ -697,7 +696,7 @@ Payload = (
     | AgentAnswered
 )
 
-PAYLOAD_TYPES: tuple[type, ...] = Payload.__args__  # type: ignore[attr-defined]
+PAYLOAD_TYPES: tuple[type, ...] = Payload.__args__
 EVENT_TYPES: tuple[str, ...] = tuple(t.__name__ for t in PAYLOAD_TYPES)
 
 
@@ -747,13 +746,14 @@ def make_event(
     cluster_id: str | None = None,
     event_id: str | None = None,
 ) -> Event:
-    """Wrap a payload in an envelope; ``event_id`` defaults to a fresh ULID."""
+    """Wrap a payload in an envelope; ``event_id`` defaults to a fresh ULID, ``cluster_id`` to ``local``
+    (a process passes its ``Settings.cluster``)."""
     return Event(
         event_id=event_id or new_id(),
         type=type(payload).__name__,
         study_id=study_id,
         trial_id=trial_id,
-        cluster_id=cluster_id or os.environ.get("INFRARSI_CLUSTER", "local"),
+        cluster_id=cluster_id or "local",
         source=source,
         ts=datetime.now(UTC),
         payload=payload,

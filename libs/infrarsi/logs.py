@@ -7,8 +7,9 @@ current OpenTelemetry span is added to every line by a processor.
 from __future__ import annotations
 
 import logging
-import os
 import sys
+from collections.abc import MutableMapping
+from typing import Any
 
 import structlog
 
@@ -17,7 +18,7 @@ from infrarsi.tracing import current_trace_id
 _configured = False
 
 
-def _add_trace_id(_logger: object, _method: str, event_dict: dict) -> dict:
+def _add_trace_id(_logger: object, _method: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     trace_id = current_trace_id()
     if trace_id:
         event_dict.setdefault("trace_id", trace_id)
@@ -25,12 +26,12 @@ def _add_trace_id(_logger: object, _method: str, event_dict: dict) -> dict:
 
 
 def setup_logging(service_name: str, level: str | None = None) -> None:
-    """Configure structlog once per process; ``INFRARSI_LOG_LEVEL`` sets the level (default info)."""
+    """Configure structlog once per process at ``level`` (``Settings.log_level``; default info)."""
     global _configured
     if _configured:
         return
     _configured = True
-    level_name = (level or os.environ.get("INFRARSI_LOG_LEVEL", "info")).upper()
+    level_name = (level or "info").upper()
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -48,4 +49,5 @@ def setup_logging(service_name: str, level: str | None = None) -> None:
 
 
 def get_logger(name: str | None = None) -> structlog.stdlib.BoundLogger:
-    return structlog.get_logger(name)
+    logger: structlog.stdlib.BoundLogger = structlog.get_logger(name)
+    return logger

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import psutil
 
-LAUNCH_TAG_VAR = "INFRARSI_LAUNCH_TAG"
+LAUNCH_TAG_VAR = "INFRARSI_LAUNCH_TAG"  # JobEnv.launch_tag (infrarsi.settings); procs stays free of imports
 """Set in every trial's environment: ``<launcher state root>|<trial id>``."""
 
 

@@ -40,12 +40,15 @@ from pathlib import Path
 from typing import ClassVar, Protocol
 
 import structlog
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
 
 from infrarsi import events as ev
 from infrarsi import tracing
 from infrarsi.bus import Bus, BusError, Delivery
 from infrarsi.embedded import resolve_nats_url
 from infrarsi.logs import get_logger, setup_logging
+from infrarsi.settings import Settings, SettingsError, env_var
 from infrarsi.subjects import LIFECYCLE_STREAM, PING_SUBJECT, heartbeat_subject, stream_for_type
 
 log = get_logger(__name__)
@@ -159,6 +162,11 @@ class Service(ABC):
         """Extra fields for ``infrarsi status``."""
         return {}
 
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Service:
+        """The service as ``service.main`` builds it; a service with settings of its own overrides this."""
+        return cls()
+
     async def give_up(self, event: ev.Event, out: Outbox, reason: str) -> None:
         """Called once when ``handle`` failed ``MAX_DELIVER`` times on a valid event: publish what ends it
         as a failure (the launcher: a ``TrialFinished`` with status ``crash``). Default: log it (counted as
@@ -232,8 +240,8 @@ class _ConsumerHealth:
     errors: int = 0
     rebinds: int = 0
     last_error: str = ""
-    task: asyncio.Task | None = None
-    sub: object | None = None
+    task: asyncio.Task[None] | None = None
+    sub: JetStreamContext.PullSubscription | None = None
     """The pull subscription the loop holds now (unsubscribed on stop: a drain waits on a bound one)."""
 
     def stalled(self, now: float) -> bool:
@@ -262,7 +270,7 @@ class Runner:
         self.stats = _Stats()
         self.consumers: dict[str, _ConsumerHealth] = {}
         self._slots = asyncio.Semaphore(service.concurrency)
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
 
     async def run(self) -> None:
         service = self.service
@@ -294,11 +302,12 @@ class Runner:
         heartbeat.cancel()
         await ping.unsubscribe()
         for health in self.consumers.values():
-            with contextlib.suppress(Exception):
-                await health.sub.unsubscribe()  # type: ignore[union-attr]
+            if health.sub is not None:
+                with contextlib.suppress(Exception):
+                    await health.sub.unsubscribe()
         await service.stop()
 
-    async def _bind(self, durable: str, types: list[str]):
+    async def _bind(self, durable: str, types: list[str]) -> JetStreamContext.PullSubscription:
         return await self.bus.durable_consumer(
             durable,
             types,
@@ -306,7 +315,9 @@ class Runner:
             ack_wait_s=self.service.ack_wait_s,
         )
 
-    async def _consume(self, durable: str, types: list[str], sub, health: _ConsumerHealth) -> None:
+    async def _consume(
+        self, durable: str, types: list[str], sub: JetStreamContext.PullSubscription | None, health: _ConsumerHealth
+    ) -> None:
         """Fetch and dispatch until stopping; no error ends the loop (it backs off, re-binds and goes on)."""
         empty = 0
         while not self.stopping.is_set():
@@ -333,7 +344,9 @@ class Runner:
                 sub = None  # bind again: the consumer or its leader may be gone
                 await asyncio.sleep(min(0.5 * 2 ** min(health.errors, 4), CONSUME_BACKOFF_MAX_S))
 
-    async def _rebound(self, durable: str, types: list[str], sub, health: _ConsumerHealth):
+    async def _rebound(
+        self, durable: str, types: list[str], sub: JetStreamContext.PullSubscription | None, health: _ConsumerHealth
+    ) -> JetStreamContext.PullSubscription:
         """``sub`` if it still delivers what its consumer holds; else a fresh binding (re-creating the consumer)."""
         if sub is not None:
             info = await sub.consumer_info()
@@ -449,7 +462,7 @@ class Runner:
             **self.service.status(),
         }
 
-    async def _on_ping(self, msg) -> None:
+    async def _on_ping(self, msg: Msg) -> None:
         if msg.reply:
             await self.bus.nc.publish(msg.reply, json.dumps(self.status()).encode())
 
@@ -460,7 +473,7 @@ class Runner:
             await asyncio.sleep(HEARTBEAT_S)
 
 
-PARENT_PID_ENV = "INFRARSI_PARENT_PID"
+PARENT_PID_ENV = env_var("parent_pid")
 """Set by a stack (``infrarsi up``, or a command's own stack) on the services it starts: the process whose
 death must stop them. A service started by hand, systemd or compose has none and runs until signalled."""
 PARENT_POLL_S = 1.0
@@ -487,19 +500,22 @@ async def _stop_when_lost(bus: Bus, stopping: asyncio.Event) -> None:
     stopping.set()
 
 
-async def serve(service: Service, nats_url: str, data_dir: Path | None = None) -> None:
+async def serve(
+    service: Service, nats_url: str, data_dir: Path | None = None, settings: Settings | None = None
+) -> None:
     """Run ``service`` until SIGTERM/SIGINT (or, started by a stack, until that stack's process is gone).
 
     With ``data_dir`` it follows the embedded server there (``Bus.connect``); when the bus gives up on it,
     the service stops and exits non-zero, for its supervisor (``infrarsi up``, systemd) to restart it.
     """
-    bus = await Bus.connect(nats_url, service=service.name, data_dir=data_dir)
+    settings = settings or Settings.from_env()
+    bus = await Bus.connect(nats_url, service=service.name, data_dir=data_dir, replicas=settings.replicas)
     runner = Runner(service, bus)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, runner.stopping.set)
-    parent = os.environ.get(PARENT_PID_ENV, "")
-    watch = asyncio.create_task(_stop_when_orphaned(int(parent), runner.stopping)) if parent.isdigit() else None
+    parent = settings.parent_pid
+    watch = asyncio.create_task(_stop_when_orphaned(parent, runner.stopping)) if parent is not None else None
     lost = asyncio.create_task(_stop_when_lost(bus, runner.stopping))
     try:
         await runner.run()
@@ -516,22 +532,27 @@ async def serve(service: Service, nats_url: str, data_dir: Path | None = None) -
 
 def main(service_factory: type[Service]) -> None:
     """Entry point of ``python -m infrarsi_services.<name>`` (and so of ``infrarsi serve <name>``)."""
+    try:
+        settings = Settings.from_env()
+    except SettingsError as exc:  # a broken deployment: fail in the first second, like a broken install
+        print("\n".join(exc.lines()), file=sys.stderr)
+        raise SystemExit(1) from None
     parser = argparse.ArgumentParser(prog=f"infrarsi-{service_factory.name}")
     parser.add_argument("--nats-url", default=None, help="NATS server (default: $INFRARSI_NATS_URL or embedded)")
-    parser.add_argument("--data-dir", default=os.environ.get("INFRARSI_DATA_DIR", ".infrarsi"))
+    parser.add_argument("--data-dir", type=Path, default=settings.data_dir)
     args = parser.parse_args()
-    setup_logging(service_factory.name)
-    tracing.setup_tracing(f"infrarsi-{service_factory.name}")
-    url = resolve_nats_url(args.nats_url, args.data_dir)
+    settings = settings.model_copy(update={"data_dir": args.data_dir, "nats_url": args.nats_url or settings.nats_url})
+    setup_logging(service_factory.name, settings.log_level)
+    tracing.setup_tracing(f"infrarsi-{service_factory.name}", trace_file=settings.trace_file)
+    url = resolve_nats_url(settings.nats_url, settings.data_dir)
     if url is None:
         print(
             "error: no NATS server: pass --nats-url, set INFRARSI_NATS_URL, or start one with `infrarsi up`",
             file=sys.stderr,
         )
         raise SystemExit(2)
-    os.environ.setdefault("INFRARSI_DATA_DIR", args.data_dir)
     try:
-        asyncio.run(serve(service_factory(), url, Path(args.data_dir)))
+        asyncio.run(serve(service_factory.from_settings(settings), url, settings.data_dir, settings))
     except Exception as exc:  # noqa: BLE001 — top of the process: report and exit non-zero
         log.exception("service crashed", error=repr(exc))
         raise SystemExit(1) from None

@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 import nats
 import nats.errors
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 
 from infrarsi import credentials, subjects
 from infrarsi.bus import Bus, BusError
@@ -70,7 +71,7 @@ async def ping_services(nc: NATS, timeout_s: float = PING_WINDOW_S) -> list[dict
     replies: list[dict[str, Any]] = []
     inbox = nc.new_inbox()
 
-    async def on_reply(msg) -> None:
+    async def on_reply(msg: Msg) -> None:
         with contextlib.suppress(ValueError):
             replies.append(json.loads(msg.data))
 
@@ -120,7 +121,7 @@ class ServiceProcess:
     """One service process of the stack."""
 
     name: str
-    process: subprocess.Popen
+    process: subprocess.Popen[bytes]
     log_path: Path
     started_at: float = field(default_factory=time.time)
 

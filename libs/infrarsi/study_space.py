@@ -59,9 +59,10 @@ from infrarsi.modeling.space import (
     Patch,
     SearchSpace,
 )
+from infrarsi.settings import env_var
 from infrarsi.study_shape import study_meta
 
-SIM_SCENARIO_ENV = "INFRARSI_SIM_SCENARIO"
+SIM_SCENARIO_ENV = env_var("sim_scenario")
 """Workload env var naming the simulator scenario, until ``BackendSpec`` has a ``scenario`` field."""
 
 _MEMORY_DIRECTION: dict[str, MemoryDirection] = {

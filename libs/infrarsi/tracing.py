@@ -17,6 +17,7 @@ import os
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -47,6 +48,8 @@ class JsonlSpanExporter(SpanExporter):
         lines = []
         for span in spans:
             ctx = span.get_span_context()
+            if ctx is None:  # only a span that was never started has none
+                continue
             parent = span.parent
             lines.append(
                 json.dumps(
@@ -70,8 +73,9 @@ class JsonlSpanExporter(SpanExporter):
         return None
 
 
-def setup_tracing(service_name: str) -> None:
-    """Install the process-wide tracer provider once; later calls are no-ops."""
+def setup_tracing(service_name: str, trace_file: Path | str | None = None) -> None:
+    """Install the process-wide tracer provider once; later calls are no-ops. ``trace_file``
+    (``INFRARSI_TRACE_FILE``): write spans there as JSON lines when no OTLP endpoint is configured."""
     global _configured
     with _lock:
         if _configured:
@@ -84,8 +88,8 @@ def setup_tracing(service_name: str) -> None:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
             provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-        elif trace_file := os.environ.get("INFRARSI_TRACE_FILE"):
-            provider.add_span_processor(SimpleSpanProcessor(JsonlSpanExporter(trace_file)))
+        elif trace_file is not None:
+            provider.add_span_processor(SimpleSpanProcessor(JsonlSpanExporter(str(trace_file))))
         elif os.environ.get("OTEL_TRACES_EXPORTER", "").lower() == "console":
             provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
         trace.set_tracer_provider(provider)

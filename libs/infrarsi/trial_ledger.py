@@ -35,6 +35,7 @@ class TrialOutcome:
     status: str
     """A ``modeling.search.Status``: ok | oom | crash | timeout | scope_violation | invariant_violation."""
     step_time_s: float | None
+    """Measured; for a timeout the censoring bound (the step time is at least this), ``None`` if no step showed."""
     peak_bytes: float | None
     """Max over ranks; for an OOM the censoring bound (the peak seen before the kill)."""
     accelerator_s: float
@@ -101,7 +102,8 @@ class TrialLedger:
             peak = f.censored_peak_bytes if f.status == "oom" else None
             if f.status == "oom" and not peak:
                 peak = f.peak_memory_bytes or None
-            t.outcome = TrialOutcome(trial_id, candidate, kind, _FAILED_STATUS[f.status], None,
+            at_least = timeout_step_bound(f) if f.status == "timeout" else None
+            t.outcome = TrialOutcome(trial_id, candidate, kind, _FAILED_STATUS[f.status], at_least,
                                      float(peak) if peak else None, f.accelerator_s, f.reason, f.infrastructure)
         elif m is None:
             return None
@@ -121,3 +123,12 @@ class TrialLedger:
                                      float(peak) if peak else None, f.accelerator_s,
                                      f"failed invariants: {failed}" if failed else "")
         return t.outcome
+
+
+def timeout_step_bound(f: ev.TrialFinished) -> float | None:
+    """A timed-out trial's step time is at least this: the launcher's clock from the first step it saw to the
+    kill, over the steps begun in that span (the last one unfinished). ``None`` when no step was seen."""
+    seen = f.step_seen_s
+    if not seen or f.wall_s <= seen[0]:
+        return None
+    return (f.wall_s - seen[0]) / len(seen)

@@ -54,6 +54,8 @@ from infrarsi.contract import (
 from infrarsi.launch import LaunchValueError
 from infrarsi.logs import get_logger
 from infrarsi.service import Outbox, Service
+from infrarsi.settings import PREFIX as SETTINGS_PREFIX
+from infrarsi.settings import JobEnv, Settings, env_var
 from infrarsi.subjects import PROBE, TELEMETRY_STREAM, step_msg_id, telemetry_subject
 from infrarsi_services.launcher.output import GrowingFile, OutputSteps, OutputTail
 
@@ -113,18 +115,31 @@ class ProbeTail:
 class LauncherService(Service):
     name = "launcher"
     consumes = (ev.StudyCreated, ev.TrialProposed, ev.AgentAnswered)
-    ack_wait_s = float(os.environ.get("INFRARSI_LAUNCHER_ACK_WAIT_S", "30"))
-    """A TrialProposed left unacked by a dead launcher is redelivered after this long."""
+    ack_wait_s = Settings().launcher_ack_wait_s
+    """A TrialProposed left unacked by a dead launcher is redelivered after this long (``INFRARSI_LAUNCHER_ACK_WAIT_S``)."""
 
-    def __init__(self, data_dir: Path | str | None = None, *, slots: int | None = None, nats_url: str | None = None) -> None:
-        self.data_dir = Path(data_dir or os.environ.get("INFRARSI_DATA_DIR", ".infrarsi")).absolute()
+    def __init__(
+        self,
+        data_dir: Path | str | None = None,
+        *,
+        slots: int | None = None,
+        nats_url: str | None = None,
+        settings: Settings | None = None,
+    ) -> None:
+        self.settings = settings or Settings.from_env()
+        self.data_dir = Path(data_dir or self.settings.data_dir).absolute()
         self.state_root = self.data_dir / "launcher" / "trials"
-        self.concurrency = slots or int(os.environ.get("INFRARSI_LAUNCHER_SLOTS", "1"))
+        self.concurrency = slots or self.settings.launcher_slots
+        self.ack_wait_s = self.settings.launcher_ack_wait_s
         self._nats_url = nats_url
         self.studies: dict[str, Study] = {}
         self.backends: dict[str, Backend] = {}
         self.running: dict[str, tuple[Backend, JobHandle]] = {}
         self.reaped = 0
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> LauncherService:
+        return cls(settings=settings)
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -440,35 +455,31 @@ class LauncherService(Service):
         return paths
 
     def _job_env(self, event: ev.Event, study: Study, probe_dir: Path, workload_env: dict[str, str]) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("INFRARSI_")}
-        keep = ("INFRARSI_LOG_LEVEL",)
-        env.update({k: os.environ[k] for k in keep if k in os.environ})
+        env = {k: v for k, v in os.environ.items() if not k.startswith(SETTINGS_PREFIX)}
+        if self.settings.log_level is not None:
+            env[env_var("log_level")] = self.settings.log_level
         env.update(workload_env)
-        env.update(
-            {
-                "INFRARSI_PROBE_DIR": str(probe_dir),
-                "INFRARSI_STUDY": event.study_id,
-                "INFRARSI_TRIAL": event.trial_id or "",
-                "INFRARSI_CLUSTER": study.cluster.cluster_id,
-                "INFRARSI_NATS_URL": self.nats_url(),
-                "PYTHONUNBUFFERED": "1",
-            }
+        job = JobEnv(
+            study=event.study_id,
+            trial=event.trial_id,
+            probe_dir=probe_dir,
+            nats_url=self.nats_url(),
+            cluster=study.cluster.cluster_id,
+            traceparent=tracing.traceparent(),
+            peak_flops=float(study.cluster.peak_flops) if study.cluster.peak_flops else None,
         )
-        if (traceparent := tracing.traceparent()) is not None:
-            env["INFRARSI_TRACEPARENT"] = traceparent
+        env.update(job.to_env())
+        env["PYTHONUNBUFFERED"] = "1"
         # The job reports as the probe, with the probe's rights only: a path to its seed, never the seed.
-        data_dir = os.environ.get("INFRARSI_DATA_DIR")
-        if data_dir and (probe := credentials.stored(PROBE, data_dir)) is not None:
+        if (probe := credentials.stored(PROBE, self.data_dir)) is not None:
             env[credentials.NKEY_FILE_ENV] = str(probe.seed_file)
-        if study.cluster.peak_flops:
-            env["INFRARSI_PEAK_FLOPS"] = repr(float(study.cluster.peak_flops))
         return env
 
     def nats_url(self) -> str:
         if self._nats_url:
             return self._nats_url
         url = self.bus.nc.connected_url
-        return url.geturl() if url is not None else os.environ.get("INFRARSI_NATS_URL", "")
+        return url.geturl() if url is not None else self.settings.nats_url or ""
 
     def _account(
         self, job: JobResult, spec: JobSpec, tail: ProbeTail, candidate: ev.Candidate, study: Study

@@ -2,17 +2,8 @@
 contract files once (``load_study``, injectable).
 
 ``ModelerState.apply(event)`` returns the ``Emission`` s to publish, so ``services/modeler/service.py`` is a
-thin wrapper (same shape as the proposer's)::
-
-    consumes = (StudyCreated, DoctorCompleted, TrialProposed, TrialFinished, TrialMeasured)
-
-    async def start(self):
-        async for event in self.replay():
-            self.state.apply(event)
-
-    async def handle(self, event, out):
-        for e in self.state.apply(event):
-            await out.emit(e.payload, study_id=e.study_id, trial_id=e.trial_id, key=e.key)
+``ReactiveService`` naming ``consumes`` and ``make_state`` (the base replays on start and publishes what
+``apply`` returns, as for the proposer).
 
 Priors: the built-in knowledge base and patch metadata, overridden by the experience bank's priors that
 ``init`` resolved and recorded in ``StudyCreated.bank`` (``StudySpace.with_bank``) — never read from the bank

@@ -2,18 +2,9 @@
 contract files once (``load_study``, injectable).
 
 ``ProposerState.apply(event)`` takes every event the proposer consumes and returns the ``Emission`` s to
-publish, so ``services/proposer/service.py`` stays a thin wrapper::
-
-    consumes = (StudyCreated, DoctorCompleted, RunRequested, TrialProposed, TrialFinished, TrialMeasured,
-                VerifyCompleted)
-
-    async def start(self):                       # rebuild the read model
-        async for event in self.replay():
-            self.state.apply(event)              # outputs discarded: they were published in a past life
-
-    async def handle(self, event, out):
-        for e in self.state.apply(event):
-            await out.emit(e.payload, study_id=e.study_id, trial_id=e.trial_id, key=e.key)
+publish, so ``services/proposer/service.py`` is only a ``ReactiveService`` naming ``consumes`` and
+``make_state``: the base replays the stream into a fresh state on start (outputs discarded: they were published
+in a past life) and publishes what ``apply`` returns for each live event.
 
 Determinism makes that safe: the same events in the same order give the same state and the same emissions
 with the same keys and trial ids (the ``Searcher`` is a pure function of its seed — the study id — and its

@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import os
 import time
 from pathlib import Path
 from typing import ClassVar
@@ -38,6 +37,7 @@ from infrarsi import eventlog
 from infrarsi import events as ev
 from infrarsi.logs import get_logger
 from infrarsi.service import Outbox, Service
+from infrarsi.settings import Settings
 from infrarsi_services.reporter.bank import BankDistiller
 
 log = get_logger(__name__)
@@ -58,7 +58,7 @@ class ReporterService(Service):
     consumes: ClassVar[tuple[type, ...]] = ev.PAYLOAD_TYPES
 
     def __init__(self, data_dir: Path | str | None = None) -> None:
-        self.data_dir = Path(data_dir or os.environ.get("INFRARSI_DATA_DIR", ".infrarsi"))
+        self.data_dir = Path(data_dir or Settings.from_env().data_dir)
         self.db_path = eventlog.analyst_db_path(self.data_dir)
         self.snapshot_path = eventlog.snapshot_path(self.data_dir)
         self.db: eventlog.AnalystDB | None = None
@@ -104,6 +104,10 @@ class ReporterService(Service):
             db, self.db = self.db, None
             await asyncio.get_running_loop().run_in_executor(self._writer, db.close)
         self._writer.shutdown(wait=True)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ReporterService:
+        return cls(settings.data_dir)
 
     def status(self) -> dict[str, object]:
         positions = self.db.positions() if self.db is not None else {}

@@ -1,7 +1,6 @@
-"""One contract test suite for every launcher backend (STYLE.md rule 5).
-
-Each case gives a backend and a job layout; the jobs are a tiny Python script (no torch in the ranks)
-so the suite runs in seconds. A new backend adds itself to ``CASES``.
+"""The local backend's own behaviour, beyond the contract every backend meets (test_backend_contract.py):
+rank layouts (python, torchrun 1×2 and 2×1), the emulated device capacity, device-OOM messages, reaping what a
+previous life left. The jobs are a tiny Python script (no torch in the ranks), so the suite runs in seconds.
 """
 
 from __future__ import annotations
@@ -16,7 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 from infrarsi import procs
-from infrarsi.backends import Backend, JobHandle, JobResult, JobSpec, LocalBackend
+from infrarsi.backends import Backend, JobSpec, LocalBackend
+from test_backend_contract import run_to_end  # the contract suite's helper (what every backend is held to)
 
 JOB = textwrap.dedent(
     """
@@ -78,14 +78,6 @@ def spec_for(case: Case, tmp_path: Path, mode: str, name: str = "job1", capacity
         nproc_per_node=case.nproc_per_node,
         memory_capacity_bytes=capacity,
     )
-
-
-def run_to_end(backend: Backend, handle: JobHandle, timeout_s: float = 90.0) -> JobResult:
-    deadline = time.monotonic() + timeout_s
-    while not backend.poll(handle):
-        assert time.monotonic() < deadline, "job did not finish"
-        time.sleep(0.05)
-    return backend.collect(handle)
 
 
 def assert_nothing_left(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from infrarsi.commands.study_log import read_study
 from infrarsi.contract import contract_from_dict
 from infrarsi.embedded import EmbeddedServer
 from infrarsi.study_space import load_study_space
+from infrarsi.subjects import telemetry_subject
 from infrarsi_services.modeler.logic import ModelerState
 from infrarsi_services.proposer.logic import ProposerState, RunRequested
 from support.owned import owned_event
@@ -34,13 +35,9 @@ RESTRICT = {"dp": [16, 32, 64], "micro_batch": [1, 2, 4]}
 
 
 async def read_steps(bus: Bus, study: str, trial_id: str) -> list[ev.TrialStep]:
-    steps = []
-    async for batch in bus.iter_stream(TELEMETRY_STREAM, subjects=f"irsi.telemetry.{study}.{trial_id}"):
-        for msg in batch:
-            event = ev.decode(msg.data)
-            assert event.source == "sim"  # labelled as simulated
-            steps.append(event.payload)
-    return steps
+    events = [e async for e in bus.events(TELEMETRY_STREAM, telemetry_subject(study, trial_id))]
+    assert all(e.source == "sim" for e in events)  # labelled as simulated
+    return [e.payload for e in events if isinstance(e.payload, ev.TrialStep)]
 
 
 @pytest.fixture

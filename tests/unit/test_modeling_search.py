@@ -3,6 +3,7 @@
 import math
 
 import numpy as np
+import pytest
 from infrarsi.modeling.acquisition import InvariantModel, acquisition, expected_improvement
 from infrarsi.modeling.priors import KnowledgeBase, default_knowledge_base
 from infrarsi.modeling.search import Observation, SearchConfig, Searcher
@@ -178,3 +179,61 @@ def test_no_stall_after_the_first_success_when_every_candidate_is_above_the_oom_
     assert len(nxt) == 1 and "cut-off" in nxt[0].reason
     # the best the acquisition offers once the cut-off is lifted (it still prices the risk)
     assert nxt[0].candidate.key not in {o.candidate.key for o in s.observations}
+
+
+TRAP_SPACE = SearchSpace(knobs=(IntChoice("micro_batch", (1, 2, 4, 8)), BoolKnob("bf16"),
+                                Categorical("recompute", ("none", "full"), default="none")))
+STEPS, TIMEOUT_S = 20, 60.0
+
+
+def _trap_study(bf16_factor: float, trials: int = 10) -> tuple[list[Observation], float]:
+    """A study whose built-in prior says bf16 is ~26% faster; in truth it is ``bf16_factor`` × slower. A trial
+    runs STEPS steps or until TIMEOUT_S, when its step time is only known to be at least elapsed / steps begun."""
+    s = Searcher(TRAP_SPACE, CAP, seed=0, kb=default_knowledge_base(), config=SearchConfig(prior_nu=4.0))
+    rng = np.random.default_rng(0)
+    log = []
+    doctor = TRAP_SPACE.default_candidate()  # the doctor measures the golden baseline before the search
+    for i in range(trials + 1):
+        c = doctor if i == 0 else s.suggest(1)[0].candidate
+        t = 1.0 / (1 - 0.5 / (c["micro_batch"] + 1)) * (1.3 if c["recompute"] == "full" else 1.0)
+        t *= (bf16_factor if c["bf16"] else 1.0) * math.exp(0.02 * rng.standard_normal())
+        if STEPS * t > TIMEOUT_S:
+            begun = math.floor(TIMEOUT_S / t) + 1
+            o = Observation(c, "timeout", TIMEOUT_S / begun, None, TIMEOUT_S)
+        else:
+            o = Observation(c, "ok", t, 10 * GIB, STEPS * t)
+        s.observe(o)
+        log.append(o)
+    return log, sum(o.cost_seconds or 0.0 for o in log)
+
+
+def test_a_timeout_is_a_right_censored_step_time_not_dropped():
+    # issue 13: Searcher.observe dropped timeouts ("no time or memory information")
+    s = Searcher(TRAP_SPACE, CAP, seed=0, kb=default_knowledge_base())
+    base = TRAP_SPACE.default_candidate()
+    s.observe(Observation(base, "ok", 2.0, 10 * GIB, 40.0))
+    slow = base.replace(bf16=True, micro_batch=8)
+    before = s.predict([slow])[0].log_time
+    s.observe(Observation(slow, "timeout", 12.0, None, TIMEOUT_S))  # at least 12 s per step
+    after = s.predict([slow])[0].log_time
+    assert s.time_model.n_censored == 1
+    assert after - before > math.log(1.5), (math.exp(before), math.exp(after))
+    assert s.predict([base.replace(bf16=True)])[0].log_time > before  # the slowness is shared with bf16
+
+
+@pytest.mark.xfail(strict=True, reason="issue 13 target not met: one censored trial against a tight knowledge-base "
+                   "prior (bf16 -0.3 ± 0.2) moves the intercept and the noise estimate, not the bf16 effect; "
+                   "a second bf16 candidate is still proposed (see docs/modeling.md)")
+def test_a_knob_value_10x_slower_than_its_prior_is_dropped_after_its_first_timeout():
+    # issue 13: a timed-out trial is a right-censored step time, not "no information"; after the first bf16
+    # timeout no bf16 candidate is proposed while a faster one remains untried
+    log, cost = _trap_study(10.0)
+    assert not log[0].candidate["bf16"] and log[0].status == "ok"  # the doctor's baseline
+    first = next(i for i, o in enumerate(log) if o.status == "timeout")
+    assert log[first].candidate["bf16"]
+    for i in range(first + 1, len(log)):
+        plain_tried = {o.candidate.key for o in log[:i] if not o.candidate["bf16"]}
+        assert not log[i].candidate["bf16"] or len(plain_tried) == 8, [str(o.candidate) for o in log]
+    assert sum(not o.candidate["bf16"] for o in log[first + 1:]) >= 6
+    _, cost_without_trap = _trap_study(1.0)
+    assert cost <= 1.5 * cost_without_trap, (cost, cost_without_trap)

@@ -189,6 +189,21 @@ def test_outcomes_become_observations_only_inside_the_space(tmp_path: Path) -> N
     assert observation(study, ledger.outcome("b")) is None
 
 
+def test_a_timeout_outcome_carries_its_step_time_lower_bound(tmp_path: Path) -> None:
+    # steps seen at 10, 40, 70 s; killed at 600 s: the 3 steps begun after the first took 590 s at least
+    ledger = TrialLedger()
+    c = ev.Candidate(knobs={"model.attention": "sdpa"})
+    ledger.proposed("t", ev.TrialProposed(candidate=c, candidate_key=c.key(), kind="search", origin="ei"))
+    outcome = ledger.finished("t", ev.TrialFinished(status="timeout", wall_s=600.0, accelerator_s=600.0,
+                                                    step_seen_s=[10.0, 40.0, 70.0]))
+    assert outcome is not None and outcome.status == "timeout"
+    assert outcome.step_time_s == pytest.approx(590.0 / 3)
+    obs = observation(synthetic_space(tmp_path), outcome)
+    assert obs is not None and obs.status == "timeout" and obs.step_time_s == pytest.approx(590.0 / 3)
+    silent = ledger.finished("u", ev.TrialFinished(status="timeout", wall_s=600.0, accelerator_s=600.0))
+    assert silent is not None and silent.step_time_s is None  # no step seen: nothing to bound
+
+
 def test_noise_floor_follows_the_doctor() -> None:
     assert noise_floor(None) == 0.03
     doctor = ev.DoctorCompleted(repeats=3, baseline_trial_ids=[], step_time_s=1.0, run_to_run_cv=0.02,

@@ -17,8 +17,9 @@ A backend whose jobs outlive the launcher (``survives_launcher``: a scheduler ru
 is not reaped for running jobs: a restarted launcher calls ``attach(spec)`` for a trial it had submitted and
 follows the same job to its end.
 
-``submit``/``poll`` must not block for long (the launcher calls them from its event loop); ``cancel`` and
-``collect`` may (the launcher runs them in a thread). Several jobs may run at once.
+The launcher calls ``submit``, ``poll``, ``cancel`` and ``collect`` from worker threads (``asyncio.to_thread``),
+so they may block (an ``sbatch``, an API call); calls for different jobs may run at the same time in different
+threads, so state shared between jobs needs a lock. Several jobs may run at once.
 Slurm (sbatch/squeue/scancel) and Kubernetes (Job manifests) fit the same five calls.
 """
 

@@ -42,15 +42,16 @@ from infrarsi import events as ev
 from infrarsi.backends.base import Backend, JobHandle, JobResult, JobSpec
 from infrarsi.credentials import NKEY_FILE_ENV
 from infrarsi.modeling.space import Candidate
+from infrarsi.settings import JobEnv, env_var
 from infrarsi.study_space import SIM_SCENARIO_ENV
 from infrarsi.subjects import step_msg_id, telemetry_subject
 
 SIM_LABEL = "SIMULATOR"
 SOURCE = "sim"
 PATCH_MARKER_DIR = "sim/patches"
-STEP_S_ENV = "INFRARSI_SIM_STEP_S"
+STEP_S_ENV = env_var("sim_step_s")
 """Wall seconds the scenario's default candidate's step is scaled to (default 0.01)."""
-SEED_ENV = "INFRARSI_SIM_SEED"
+SEED_ENV = env_var("sim_seed")
 DEFAULT_STEP_S = 0.01
 MAX_STARTUP_S = 0.2
 WARMUP_FACTORS = (3.0, 1.5)
@@ -266,18 +267,18 @@ class SimBackend(Backend):
 
     def _play(self, spec: JobSpec, job: _SimJob) -> None:
         trial = job.trial
-        env = spec.env
-        study = env.get("INFRARSI_STUDY", "local")
-        trial_id = env.get("INFRARSI_TRIAL") or spec.name
-        probe_dir = Path(env.get("INFRARSI_PROBE_DIR") or spec.state_dir / "probe")
+        env = JobEnv.from_env(spec.env)
+        study = env.study
+        trial_id = env.trial or spec.name
+        probe_dir = env.probe_dir or spec.state_dir / "probe"
         probe_dir.mkdir(parents=True, exist_ok=True)
         publisher = None
-        if self.publish and env.get("INFRARSI_NATS_URL") and env.get("INFRARSI_TRIAL"):
+        if self.publish and env.nats_url and env.trial:
             from infrarsi.probe.sinks import NatsPublisher
 
-            publisher = NatsPublisher(env["INFRARSI_NATS_URL"], nkey_file=env.get(NKEY_FILE_ENV))
+            publisher = NatsPublisher(env.nats_url, nkey_file=spec.env.get(NKEY_FILE_ENV))
         files = [open(probe_dir / f"probe-rank{r}.jsonl", "ab", buffering=0) for r in range(spec.ranks)]
-        headers_extra = {"traceparent": env["INFRARSI_TRACEPARENT"]} if env.get("INFRARSI_TRACEPARENT") else {}
+        headers_extra = {"traceparent": env.traceparent} if env.traceparent else {}
         try:
             if job.stop.wait(trial.startup_s):
                 return
@@ -296,7 +297,7 @@ class SimBackend(Backend):
                         eval_tokens=int(trial.tokens_per_step) // 8 if s.eval_loss is not None else None,
                         wall_time=time.time(),
                     )
-                    event = ev.make_event(record, study_id=study, trial_id=trial_id, source=SOURCE,
+                    event = ev.make_event(record, study_id=study, trial_id=trial_id, source=SOURCE, cluster_id=env.cluster,
                                           event_id=ev.derived_id(trial_id, str(rank), "step", str(s.step)))
                     data = ev.encode(event)
                     fh.write(data + b"\n")
@@ -420,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     argv_out = ["--scenario", args.scenario, "--launch", args.launch] + (
         ["--steps", str(args.steps)] if args.steps else [])
     workdir = Path.cwd()
-    spec = JobSpec(name=os.environ.get("INFRARSI_TRIAL", "local"), argv=argv_out, workdir=workdir,
+    spec = JobSpec(name=JobEnv.from_env().trial or "local", argv=argv_out, workdir=workdir,
                    env=dict(os.environ), state_dir=workdir / ".infrarsi" / "sim")
     backend = SimBackend()
     handle = backend.submit(spec)

@@ -28,15 +28,26 @@ Modules are imported only when their verb runs, so keep heavy imports (torch, du
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 from infrarsi.errors import UserError
+from infrarsi.settings import Settings
 
-__all__ = ["UserError", "data_dir_of"]
+__all__ = ["UserError", "data_dir_of", "nats_url_of", "settings_of"]
+
+
+def settings_of(args: argparse.Namespace) -> Settings:
+    """The process settings ``cli.main`` put on ``args``; for a ``Namespace`` built without them (a test, the
+    demo calling a verb) the environment's."""
+    settings = getattr(args, "settings", None)
+    return settings if isinstance(settings, Settings) else Settings.from_env()
 
 
 def data_dir_of(args: argparse.Namespace) -> Path:
-    """``--data-dir`` (every verb has it through the global options), for a ``Namespace`` built without it
-    (a test, another command) ``$INFRARSI_DATA_DIR`` or ``.infrarsi``."""
-    return Path(getattr(args, "data_dir", None) or os.environ.get("INFRARSI_DATA_DIR", ".infrarsi"))
+    """``--data-dir`` (every verb has it through the global options), else ``INFRARSI_DATA_DIR`` or ``.infrarsi``."""
+    return Path(getattr(args, "data_dir", None) or settings_of(args).data_dir)
+
+
+def nats_url_of(args: argparse.Namespace) -> str | None:
+    """``--nats-url``, else ``INFRARSI_NATS_URL`` (``None``: look for a running ``infrarsi up``)."""
+    return getattr(args, "nats_url", None) or settings_of(args).nats_url

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ import msgspec
 from infrarsi.bank.federation import HUB_DOMAIN, ensure_bank_federation
 from infrarsi.bank.store import export_bank, load_events, parse_import_file, replay_bank
 from infrarsi.bus import Bus
+from infrarsi.commands import settings_of
 from infrarsi.commands.study_log import cli_bus
 from infrarsi.errors import EXIT_FAILED, UserError
 
@@ -107,7 +107,7 @@ async def _run(args: argparse.Namespace) -> int:
             print(f"exported {n} entries to {args.file}", file=sys.stderr)
             return 0
         case "import":
-            events = parse_import_file(args.file, cluster_id=os.environ.get("INFRARSI_CLUSTER", "local"))
+            events = parse_import_file(args.file, cluster_id=settings_of(args).cluster)
             async with cli_bus(args, SOURCE, ensure=True) as bus:
                 acks = [await bus.publish(e) for e in events]
             dup = sum(1 for a in acks if a.duplicate)

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from infrarsi import events as ev
-from infrarsi.commands import data_dir_of
+from infrarsi.commands import data_dir_of, nats_url_of
 from infrarsi.commands import doctor as doctor_cmd
 from infrarsi.commands import report as report_cmd
 from infrarsi.commands import run as run_cmd
@@ -146,7 +146,7 @@ async def run(args: argparse.Namespace) -> int:
         contract = with_backend(args.contract, args.backend, data_dir)
     started = time.monotonic()
     print(f"InfraRSI demo on {contract} (data under {data_dir})", flush=True)
-    url, stack = await asyncio.to_thread(ensure_stack, getattr(args, "nats_url", None), data_dir)
+    url, stack = await asyncio.to_thread(ensure_stack, nats_url_of(args), data_dir)
     print(f"bus: {url} ({'embedded stack started' if stack else 'existing server'})", flush=True)
     try:
         _stage("init: lock the contract", started)

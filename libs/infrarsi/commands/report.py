@@ -18,6 +18,7 @@ from pathlib import Path
 import duckdb
 
 from infrarsi import events as ev
+from infrarsi.commands import settings_of
 from infrarsi.commands.study_log import cli_bus
 from infrarsi.errors import UserError
 from infrarsi.report import build_report, render_all
@@ -68,7 +69,7 @@ async def run(args: argparse.Namespace) -> int:
         files, winners = _render(args.study, db_path, out_dir, formats)
         await bus.publish(ev.make_event(
             ev.ReportPublished(out_dir=str(out_dir.resolve()), files=[str(f.resolve()) for f in files], winners=winners),
-            study_id=args.study, source=SOURCE,
+            study_id=args.study, source=SOURCE, cluster_id=settings_of(args).cluster,
         ))
     return 0
 

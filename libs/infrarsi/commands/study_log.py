@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 
 from infrarsi import events as ev
 from infrarsi.bus import Bus
-from infrarsi.commands import data_dir_of
+from infrarsi.commands import data_dir_of, nats_url_of
 from infrarsi.contract import Contract, ContractError, locked_contract
 from infrarsi.errors import EXIT_TIMEOUT, UserError
 from infrarsi.subjects import LIFECYCLE_STREAM, TELEMETRY_STREAM, lifecycle_subject, telemetry_subject
@@ -32,7 +32,7 @@ async def cli_bus(args: argparse.Namespace, source: str, *, ensure: bool = True)
     ``ensure=False`` for read-only verbs: they must not create or resize streams."""
     from infrarsi.stack import connect_for_cli
 
-    bus = await connect_for_cli(getattr(args, "nats_url", None), data_dir_of(args), service=source, ensure=ensure)
+    bus = await connect_for_cli(nats_url_of(args), data_dir_of(args), service=source, ensure=ensure)
     try:
         yield bus
     finally:
@@ -126,7 +126,7 @@ async def recording_bus(args: argparse.Namespace, source: str) -> AsyncIterator[
     from infrarsi.embedded import EmbeddedServer, resolve_nats_url
 
     data_dir = data_dir_of(args)
-    url = resolve_nats_url(getattr(args, "nats_url", None), data_dir)
+    url = resolve_nats_url(nats_url_of(args), data_dir)
     server = None
     if url is None:
         print(f"note: no NATS server running; starting a temporary one over {data_dir}", file=sys.stderr)

@@ -29,7 +29,7 @@ import msgspec
 
 from infrarsi import events as ev
 from infrarsi import userfiles
-from infrarsi.commands import UserError, data_dir_of
+from infrarsi.commands import UserError, data_dir_of, nats_url_of
 from infrarsi.contract import Contract, load_contract
 from infrarsi.doctor import measure_cpu_peak, native_matmul_dtypes
 from infrarsi.errors import EXIT_OK, EXIT_REFUSED, EXIT_TIMEOUT
@@ -89,7 +89,7 @@ async def run(args: argparse.Namespace) -> int:
     from infrarsi.stack import ensure_stack
 
     url, stack = await asyncio.to_thread(
-        ensure_stack, getattr(args, "nats_url", None), data_dir, services=("launcher", "telemetry")
+        ensure_stack, nats_url_of(args), data_dir, services=("launcher", "telemetry")
     )
     try:
         bus = await Bus.connect(url, service=SOURCE, data_dir=data_dir)

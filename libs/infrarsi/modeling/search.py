@@ -44,6 +44,7 @@ class Observation:
     candidate: Candidate
     status: Status
     step_time_s: float | None = None
+    """Measured step time; for a timeout the censoring bound (the step time is at least this)."""
     peak_bytes: float | None = None
     """Observed peak; for an OOM the censoring bound (last peak seen before the kill)."""
     cost_seconds: float | None = None
@@ -87,9 +88,7 @@ class SearchConfig:
     oom_risk_power: float = 2.0
     """Acquisition weight of fitting: EI × P(no OOM)^power. One factor is the chance the trial yields its
     improvement at all; the second prices the OOM itself — a failed trial the user pays for, the waste tuners
-    are known for. Power 1 (risk-neutral EI) ran 5.5% of dense7b_h100x64's trials into OOM, late in the search,
-    on candidates at P(OOM) 0.10–0.32 whose EI was no larger than that of safer ones; power 2 ran 4.0% at the
-    same best-over-oracle (docs/modeling.md)."""
+    are known for. Why 2 and not 1 (risk-neutral EI), with the measurements: docs/modeling.md."""
     invariant_exclude: float = 0.05
     """Candidates with P(invariants hold) below this are never proposed (a patch known to break the run)."""
     pairing_trigger: float = 0.5
@@ -102,6 +101,10 @@ class SearchConfig:
     cost_power: float = 1.0
     stop_ei_fraction: float = 0.05
     """Stop when max expected improvement (log units) < this × the noise std."""
+    prior_nu: float | None = None
+    """Student-t degrees of freedom of the time model's effect priors (``TimeModel.prior_nu``): a knowledge-base
+    prior the measurements contradict loses its weight. ``None`` (the default until the search benchmarks are
+    re-measured with it): Gaussian priors."""
 
 
 @dataclass
@@ -188,7 +191,8 @@ class Searcher:
         self.kb = kb or default_knowledge_base()
         self.pool = pool or CandidatePool.build(space, meta, seed, self.config.max_pool, self.config.sample_pool)
         self._dom = DominationIndex(space, self.pool.candidates)
-        self.time_model = TimeModel(space, self.kb, encoder=self.pool.encoder, noise_floor=noise_floor)
+        self.time_model = TimeModel(space, self.kb, encoder=self.pool.encoder, noise_floor=noise_floor,
+                                    prior_nu=self.config.prior_nu)
         self.memory_model = MemoryModel(space, capacity_bytes, meta=meta, kb=self.kb)
         self.invariants = InvariantModel({p.id: p.invariant_prior for p in space.patches})
         self.cost_model = CostModel()
@@ -229,8 +233,11 @@ class Searcher:
                 self.memory_model.observe(c, bound, oom=True)
                 self._ooms.append(c)
                 self._domination().add_oom(c)
+            case "timeout" if obs.step_time_s is not None and obs.step_time_s > 0:
+                # stopped before its steps were measured: its step time is at least this (right-censored)
+                self.time_model.observe_censored_encoded(self.pool.x_time[self.pool.index[c.key]], obs.step_time_s)
             case _:
-                pass  # crash/timeout/scope: no time or memory information; dedup only
+                pass  # crash/scope, or a timeout with no step seen: no time or memory information; dedup only
         self._dirty = True
 
     def enqueue(self, candidates: Iterable[Candidate], origin: Origin, reason: str) -> None:

@@ -38,15 +38,22 @@ class TimeModel:
     """y = log step time = φ(c)·w + ε,  w ~ N(m0, diag(s0²)),  ε ~ N(0, σ²) (Student-t weights when robust)."""
 
     def __init__(self, space: SearchSpace, kb: KnowledgeBase | None = None, encoder: FeatureEncoder | None = None,
-                 noise_floor: float = 0.03, robust: bool = True, student_nu: float = 4.0) -> None:
+                 noise_floor: float = 0.03, robust: bool = True, student_nu: float = 4.0,
+                 prior_nu: float | None = None) -> None:
         self.space = space
         self.encoder = encoder or FeatureEncoder(space)
         self.kb = kb or default_knowledge_base()
         self.prior_mean, self.prior_std = self.kb.time_priors(self.encoder)
         self._scale_interactions()
+        self._prior_is_knowledge = np.array([spec.kind not in ("intercept", "interaction")
+                                             for spec in self.encoder.specs])
         self.noise_floor = noise_floor
         self.robust = robust
         self.nu = student_nu
+        self.prior_nu = prior_nu
+        """Student-t degrees of freedom of each effect's prior (``None``: Gaussian). A prior the measurements
+        contradict by k prior stds keeps weight (ν+1)/(ν+k²) of its precision, so a wrong knowledge-base entry
+        stops holding the data back after a few trials."""
         p = self.encoder.dim
         self._rows: list[np.ndarray] = []
         self._ys: list[float] = []
@@ -54,8 +61,12 @@ class TimeModel:
         self._y = np.zeros(0)
         self.log_noise = math.log(noise_floor)
         self.mean = self.prior_mean.copy()
+        self._eff_prior_std = self.prior_std.copy()
+        """The prior stds the current posterior used: ``prior_std`` widened where the data contradict it."""
         self._prec_chol = np.diag(1.0 / self.prior_std)  # lower Cholesky factor of the posterior precision
         self._weights = np.zeros(0)
+        self._cens_rows: list[np.ndarray] = []
+        self._cens_bounds: list[float] = []
 
     def _scale_interactions(self) -> None:
         """An interaction column is a product of two factors; divide its prior std by both factors' ranges so
@@ -82,6 +93,16 @@ class TimeModel:
         self._rows.append(np.asarray(x, dtype=float))
         self._ys.append(math.log(step_time_s))
 
+    def observe_censored_encoded(self, x: np.ndarray, at_least_s: float) -> None:
+        """A trial stopped before its step time was measured (a timeout, a trial stopped as too slow): its step
+        time is at least ``at_least_s`` — a right-censored observation, as an OOM is for memory."""
+        self._cens_rows.append(np.asarray(x, dtype=float))
+        self._cens_bounds.append(math.log(at_least_s))
+
+    @property
+    def n_censored(self) -> int:
+        return len(self._cens_bounds)
+
     def _materialise(self) -> None:
         if self._y.size != len(self._ys):
             self._x = np.vstack([self._x, *self._rows[self._y.size:]]) if self._rows else self._x
@@ -98,7 +119,7 @@ class TimeModel:
     # ---- fit
     def _posterior(self, xtx: np.ndarray, xty: np.ndarray, noise_var: float) -> tuple[np.ndarray, np.ndarray]:
         """Posterior mean and lower Cholesky factor of the precision A = S0^-1 + XᵀWX/σ²."""
-        prior_prec = 1.0 / self.prior_std**2
+        prior_prec = 1.0 / self._eff_prior_std**2
         a = xtx / noise_var
         a[np.diag_indices_from(a)] += prior_prec
         b = xty / noise_var + prior_prec * self.prior_mean
@@ -109,7 +130,7 @@ class TimeModel:
     def _neg_log_evidence(self, log_s: float, xtx: np.ndarray, xty: np.ndarray, yty: float, n_eff: float,
                           logdet_w: float) -> float:
         noise_var = math.exp(2 * log_s)
-        prior_prec = 1.0 / self.prior_std**2
+        prior_prec = 1.0 / self._eff_prior_std**2
         a = xtx / noise_var
         a[np.diag_indices_from(a)] += prior_prec
         try:
@@ -122,35 +143,69 @@ class TimeModel:
         xtr = (xty - xtx @ m0) / noise_var
         v = solve_triangular(la, xtr, lower=True)
         quad = rtr / noise_var - v @ v
-        logdet = 2 * np.log(np.diag(la)).sum() + np.log(self.prior_std**2).sum() + n_eff * 2 * log_s - logdet_w
+        logdet = 2 * np.log(np.diag(la)).sum() + np.log(self._eff_prior_std**2).sum() + n_eff * 2 * log_s - logdet_w
         nll = 0.5 * (quad + logdet)
         # log-normal prior on σ centred on the noise floor: noise is rarely far below what the doctor measured
         nll += 0.5 * ((log_s - math.log(self.noise_floor)) / 0.5) ** 2
         return float(nll)
 
-    def fit(self, irls_iterations: int = 3) -> None:
+    def fit(self, irls_iterations: int = 3, censored_iterations: int = 4) -> None:
+        """Posterior given every observation. Censored ones (step time ≥ bound) enter as their conditional
+        mean E[y | y > bound] under the current fit, refitted a few times (Buckley–James style imputation):
+        a bound above what the model expects pulls the candidate's features up; one below it says little."""
         self._materialise()
-        if self.n == 0:
+        if self.n == 0 and not self._cens_bounds:
             self.mean = self.prior_mean.copy()
             return
-        x, y = self._x, self._y
-        w = np.ones(self.n)
-        for _ in range(irls_iterations if self.robust else 1):
+        if not self._cens_bounds:
+            self._fit_rows(self._x, self._y, irls_iterations)
+            return
+        from scipy.special import log_ndtr
+
+        xc = np.array(self._cens_rows)  # (m, p)
+        bounds = np.array(self._cens_bounds)  # (m,)
+        yc = bounds.copy()
+        for _ in range(censored_iterations):
+            self._fit_rows(np.vstack([self._x, xc]), np.concatenate([self._y, yc]), irls_iterations)
+            m, sd_latent = self.predict_encoded(xc)
+            assert sd_latent is not None
+            sd = np.sqrt(sd_latent**2 + self.noise_std**2)
+            z = (bounds - m) / sd
+            yc = np.maximum(bounds, m + sd * np.exp(-0.5 * z**2 - 0.5 * math.log(2 * math.pi) - log_ndtr(-z)))
+
+    def _fit_rows(self, x: np.ndarray, y: np.ndarray, irls_iterations: int) -> None:
+        n = x.shape[0]
+        w = np.ones(n)
+        self._eff_prior_std = self.prior_std.copy()
+        iterations = irls_iterations if self.robust else 1
+        if self.prior_nu is not None:
+            iterations = max(iterations, 8)
+        for _ in range(iterations):
             xw = x * w[:, None]
             xtx, xty, yty = xw.T @ x, xw.T @ y, float((w * y) @ y)
             res = minimize_scalar(self._neg_log_evidence, bounds=(math.log(0.002), math.log(2.0)), method="bounded",
-                                  args=(xtx, xty, yty, float(self.n), float(np.log(w).sum())),
+                                  args=(xtx, xty, yty, float(n), float(np.log(w).sum())),
                                   options={"xatol": 0.02})
             self.log_noise = float(res.x)
             noise_var = self.noise_std**2
             self.mean, la = self._posterior(xtx, xty, noise_var)
             self._weights = w  # the weights this posterior was computed with
-            if not self.robust:
+            moved = False
+            if self.prior_nu is not None:
+                # Student-t prior as a scale mixture: an effect k prior stds from its prior mean keeps (ν+1)/(ν+k²)
+                # of its prior precision (the intercept and interactions are left as they are)
+                k2 = ((self.mean - self.prior_mean) / self.prior_std) ** 2
+                weight = (self.prior_nu + 1) / (self.prior_nu + k2)
+                eff = np.where(self._prior_is_knowledge, self.prior_std / np.sqrt(np.minimum(weight, 1.0)),
+                               self.prior_std)
+                moved = not np.allclose(eff, self._eff_prior_std, rtol=1e-2)
+                self._eff_prior_std = eff
+            if not self.robust and not moved:
                 break
             # Student-t weights: an outlier (straggler) gets weight (ν+1)/(ν+r²); its information is kept
             r2 = ((y - x @ self.mean) ** 2) / noise_var
-            w_new = (self.nu + 1) / (self.nu + r2)
-            if np.allclose(w_new, w, atol=1e-3):
+            w_new = (self.nu + 1) / (self.nu + r2) if self.robust else w
+            if np.allclose(w_new, w, atol=1e-3) and not moved:
                 break
             w = w_new
         self._prec_chol = la
@@ -160,7 +215,7 @@ class TimeModel:
         self._materialise()
         noise_var = self.noise_std**2
         w = self._weights if self._weights.size == self.n else np.ones(self.n)
-        s0_inv = np.diag(1.0 / self.prior_std**2)
+        s0_inv = np.diag(1.0 / self._eff_prior_std**2)
         a = s0_inv + (self._x.T * w) @ self._x / noise_var
         cov = np.linalg.inv(a)
         mean = cov @ (s0_inv @ self.prior_mean + (self._x.T * w) @ self._y / noise_var)
@@ -172,7 +227,7 @@ class TimeModel:
         mu = x @ self.mean
         if not with_std:
             return mu, None
-        if self.n == 0:
+        if self.n == 0 and not self._cens_bounds:
             var = (x**2) @ (self.prior_std**2)
         else:
             v = solve_triangular(self._prec_chol, x.T, lower=True)  # (p, N): Σ = A⁻¹ -> xᵀΣx = |La⁻¹x|²
@@ -193,7 +248,7 @@ class TimeModel:
         return np.sqrt(np.maximum(np.einsum("ij,ij->j", v, v), 1e-12))
 
     def covariance(self) -> np.ndarray:
-        if self.n == 0:
+        if self.n == 0 and not self._cens_bounds:
             return np.diag(self.prior_std**2)
         inv_l = solve_triangular(self._prec_chol, np.eye(self.encoder.dim), lower=True)
         return inv_l.T @ inv_l

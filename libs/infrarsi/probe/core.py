@@ -50,6 +50,7 @@ import torch
 from infrarsi import events
 from infrarsi.credentials import NKEY_FILE_ENV
 from infrarsi.probe.sinks import JsonlSink, NatsPublisher
+from infrarsi.settings import JobEnv
 from infrarsi.subjects import step_msg_id, telemetry_subject
 
 log = logging.getLogger("infrarsi.probe")
@@ -217,6 +218,8 @@ class Probe:
         self.reduce_across_ranks = reduce_across_ranks
         self.path = out_dir / f"probe-rank{rank}.jsonl"
         self.subject = telemetry_subject(study_id, trial_id)
+        self.cluster_id = "local"
+        """The cluster on this probe's events (``INFRARSI_CLUSTER`` of the job, through ``from_env``)."""
         self.flops_per_step: float | None = None
         """This rank's FLOPs per optimiser step, from ``count_flops``."""
         self.optimizer_steps = 0
@@ -255,35 +258,34 @@ class Probe:
         An explicit ``out_dir`` wins over ``INFRARSI_PROBE_DIR``.
         Rank and world size come from ``torch.distributed`` when initialised, else ``RANK``/``WORLD_SIZE``.
         """
-        env = os.environ
+        job = JobEnv.from_env()
         dist = torch.distributed
         if rank is None:
-            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else int(env.get("RANK", "0"))
+            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else int(os.environ.get("RANK", "0"))
         if world_size is None:
             initialised = dist.is_available() and dist.is_initialized()
-            world_size = dist.get_world_size() if initialised else int(env.get("WORLD_SIZE", "1"))
-        if peak_flops is None and env.get("INFRARSI_PEAK_FLOPS"):
-            peak_flops = float(env["INFRARSI_PEAK_FLOPS"])
-        trial = env.get("INFRARSI_TRIAL")
-        nats_url = env.get("INFRARSI_NATS_URL") if trial else None
-        return cls(
-            out_dir=Path(out_dir or env.get("INFRARSI_PROBE_DIR") or Path.cwd() / ".infrarsi" / "probe"),
-            study_id=env.get("INFRARSI_STUDY", "local"),
-            trial_id=trial or "local",
+            world_size = dist.get_world_size() if initialised else int(os.environ.get("WORLD_SIZE", "1"))
+        probe = cls(
+            out_dir=Path(out_dir or job.probe_dir or Path.cwd() / ".infrarsi" / "probe"),
+            study_id=job.study,
+            trial_id=job.trial or "local",
             rank=rank,
             world_size=world_size,
             device=device or "cpu",
-            peak_flops=peak_flops,
-            nats_url=nats_url,
-            nkey_file=env.get(NKEY_FILE_ENV),
-            traceparent=env.get("INFRARSI_TRACEPARENT"),
+            peak_flops=peak_flops if peak_flops is not None else job.peak_flops,
+            nats_url=job.nats_url if job.trial else None,
+            nkey_file=os.environ.get(NKEY_FILE_ENV),
+            traceparent=job.traceparent,
         )
+        probe.cluster_id = job.cluster
+        return probe
 
     @classmethod
     def launched(cls, **kwargs: Any) -> Probe | None:
         """``from_env`` when the job runs under InfraRSI (``INFRARSI_TRIAL`` or ``INFRARSI_PROBE_DIR`` set),
         else ``None``: an integration left in a job run by hand writes nothing and hooks nothing."""
-        if not (os.environ.get("INFRARSI_TRIAL") or os.environ.get("INFRARSI_PROBE_DIR") or kwargs.get("out_dir")):
+        job = JobEnv.from_env()
+        if not (job.trial or job.probe_dir or kwargs.get("out_dir")):
             return None
         return cls.from_env(**kwargs)
 
@@ -490,6 +492,7 @@ class Probe:
             study_id=self.study_id,
             trial_id=self.trial_id,
             source="probe",
+            cluster_id=self.cluster_id,
             event_id=events.derived_id(self.trial_id, str(self.rank), "step", str(record.step)),
         )
         data = events.encode(event)

@@ -12,7 +12,6 @@ from infrarsi import events as ev
 from infrarsi.bus import Bus
 from infrarsi.commands import doctor as doctor_cmd
 from infrarsi.commands.study_log import read_study
-from infrarsi.embedded import EmbeddedServer
 from support.synthetic_study import synthetic_study, write_workload
 
 pytestmark = pytest.mark.integration
@@ -44,9 +43,7 @@ async def fake_launcher(bus: Bus, study: str, stop: asyncio.Event) -> None:
         await asyncio.sleep(0.2)
 
 
-async def test_doctor_command_proposes_waits_and_publishes(tmp_path, capsys):
-    srv = EmbeddedServer.start(tmp_path / "nats")
-    bus = await Bus.connect(srv.url, service="test")
+async def test_doctor_command_proposes_waits_and_publishes(tmp_path, capsys, nats_server: str, bus: Bus):
     stop = asyncio.Event()
     try:
         study = ev.new_id()
@@ -54,7 +51,7 @@ async def test_doctor_command_proposes_waits_and_publishes(tmp_path, capsys):
         await bus.publish(created)
         launcher = asyncio.create_task(fake_launcher(bus, study, stop))
         args = argparse.Namespace(study=study, repeats=4, steps=None, target_speedup=1.05, no_peak=True, timeout=30.0,
-                                  json=False, nats_url=srv.url, data_dir=tmp_path / "data")
+                                  json=False, nats_url=nats_server, data_dir=tmp_path / "data")
         assert await doctor_cmd.run(args) == 0
         stop.set()
         await launcher
@@ -79,5 +76,3 @@ async def test_doctor_command_proposes_waits_and_publishes(tmp_path, capsys):
         await launcher
     finally:
         stop.set()
-        await bus.close()
-        srv.stop()

@@ -12,7 +12,6 @@ from infrarsi import events as ev
 from infrarsi.bus import Bus
 from infrarsi.commands import verify as verify_cmd
 from infrarsi.commands.study_log import read_study
-from infrarsi.embedded import EmbeddedServer
 from infrarsi_services.verifier.logic import VerifierLogic
 from support.synthetic_study import _measured, synthetic_study, write_workload
 
@@ -35,9 +34,7 @@ async def stand_ins(bus: Bus, study: str, stop: asyncio.Event, fast_key: str) ->
         await asyncio.sleep(0.1)
 
 
-async def test_verify_command_end_to_end(tmp_path, capsys):
-    srv = EmbeddedServer.start(tmp_path / "nats")
-    bus = await Bus.connect(srv.url, service="test")
+async def test_verify_command_end_to_end(tmp_path, capsys, nats_server: str, bus: Bus):
     stop = asyncio.Event()
     try:
         study = ev.new_id()
@@ -47,7 +44,7 @@ async def test_verify_command_end_to_end(tmp_path, capsys):
         fastest = ev.Candidate(knobs={"micro_batch_size": 8}, patches=["fused-qkv"])
         task = asyncio.create_task(stand_ins(bus, study, stop, fastest.key()))
         args = argparse.Namespace(study=study, top=2, repeats=2, timeout=60.0, no_wait=False, json=False,
-                                  nats_url=srv.url, data_dir=tmp_path / "data")
+                                  nats_url=nats_server, data_dir=tmp_path / "data")
         assert await verify_cmd.run(args) == 0
         stop.set()
         await task
@@ -67,5 +64,3 @@ async def test_verify_command_end_to_end(tmp_path, capsys):
         assert "PROMOTABLE" in out.out and "1 of 2 candidates promotable" in out.err
     finally:
         stop.set()
-        await bus.close()
-        srv.stop()

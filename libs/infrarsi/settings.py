@@ -1,0 +1,121 @@
+"""Every ``INFRARSI_*`` environment variable, read and validated in one place.
+
+Owns ``Settings``: what an InfraRSI process (the CLI, a service) takes from its environment, built once by
+``cli.main`` / ``service.main`` with ``Settings.from_env()`` and passed down (library code takes the values it
+needs as arguments and never reads the environment itself); and ``JobEnv``: what the launcher hands a training
+job, which the probe and the simulator read inside the job. A bad value is a ``SettingsError`` naming the
+variable, raised before the process does anything. Must not do anything but parse.
+
+Process settings (``Settings``):
+
+==============================  ================================  ==========================================
+variable                        field                             meaning
+==============================  ================================  ==========================================
+``INFRARSI_NATS_URL``           ``nats_url``                      the bus, when ``--nats-url`` is not given
+``INFRARSI_DATA_DIR``           ``data_dir``                      state directory (default ``.infrarsi``)
+``INFRARSI_CLUSTER``            ``cluster``                       this cluster's id on events (default local)
+``INFRARSI_REPLICAS``           ``replicas``                      stream replicas (1 embedded, 3 clustered)
+``INFRARSI_LOG_LEVEL``          ``log_level``                     debug, info, warning or error
+``INFRARSI_TRACE_FILE``         ``trace_file``                    write spans as JSON lines here
+``INFRARSI_LAUNCHER_SLOTS``     ``launcher_slots``                trials the launcher runs at once
+``INFRARSI_LAUNCHER_ACK_WAIT_S`` ``launcher_ack_wait_s``          the launcher consumer's ack wait (s)
+``INFRARSI_PARENT_PID``         ``parent_pid``                    the stack whose death stops a service
+==============================  ================================  ==========================================
+
+A job's environment (``JobEnv``, set by the launcher, read by the probe and the simulator in the job):
+``INFRARSI_STUDY``, ``INFRARSI_TRIAL``, ``INFRARSI_PROBE_DIR``, ``INFRARSI_NATS_URL``, ``INFRARSI_CLUSTER``,
+``INFRARSI_TRACEPARENT``, ``INFRARSI_PEAK_FLOPS``, and the simulator's ``INFRARSI_SIM_SCENARIO``,
+``INFRARSI_SIM_STEP_S`` and ``INFRARSI_SIM_SEED``; ``INFRARSI_LAUNCH_TAG`` marks a job's processes so the
+launcher can find them (``infrarsi.procs``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Self
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from infrarsi.errors import UserError
+
+PREFIX = "INFRARSI_"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+class SettingsError(UserError):
+    """An ``INFRARSI_*`` variable has a value the process cannot use."""
+
+
+class _FromEnv(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Self:
+        """The fields from ``INFRARSI_<FIELD>`` variables (unset or empty: the default)."""
+        env = os.environ if environ is None else environ
+        values = {name: env[var] for name in cls.model_fields if (var := env_var(name)) in env and env[var] != ""}
+        try:
+            return cls.model_validate(values)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            var = env_var(str(first["loc"][0]))
+            raise SettingsError(f"{var}={values.get(str(first['loc'][0]))!r}: {first['msg']}") from None
+
+
+def env_var(field: str) -> str:
+    """``launcher_slots`` → ``INFRARSI_LAUNCHER_SLOTS``."""
+    return PREFIX + field.upper()
+
+
+class Settings(_FromEnv):
+    """What an InfraRSI process takes from its environment (the table in the module docstring)."""
+
+    nats_url: str | None = None
+    """The bus; ``--nats-url`` wins over it, a running ``infrarsi up`` under ``data_dir`` comes after it."""
+    data_dir: Path = Path(".infrarsi")
+    """Embedded server, logs, databases; ``--data-dir`` wins over it."""
+    cluster: str = Field(default="local", pattern=r"^[A-Za-z0-9_-]+$")
+    """This cluster's id on the events it publishes (a NATS subject token)."""
+    replicas: int = Field(default=1, ge=1)
+    """Replicas of the streams a process creates: 1 on the embedded server, 3 on a 3-node cluster."""
+    log_level: str | None = None
+    """Log level, any case: DEBUG, INFO, WARNING, ERROR (services default to info, the CLI to warning)."""
+    trace_file: Path | None = None
+    """Write every span as one JSON line here (when no OTLP endpoint is configured)."""
+    launcher_slots: int = Field(default=1, ge=1)
+    """Trials the launcher runs at once."""
+    launcher_ack_wait_s: float = Field(default=30.0, gt=0)
+    """How long the launcher's consumer waits for an ack before redelivering (its handlers heartbeat)."""
+    parent_pid: int | None = Field(default=None, ge=1)
+    """Set by a stack on the services it starts: the process whose death must stop them."""
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, value: str | None) -> str | None:
+        if value is not None and value.upper() not in LOG_LEVELS:
+            raise ValueError(f"unknown log level {value.upper()!r}; one of {', '.join(LOG_LEVELS)}")
+        return value
+
+
+class JobEnv(_FromEnv):
+    """What the launcher hands a training job; read inside the job by the probe and the simulator."""
+
+    study: str = "local"
+    trial: str | None = None
+    probe_dir: Path | None = None
+    nats_url: str | None = None
+    """Publish steps here (only together with ``trial``)."""
+    cluster: str = "local"
+    traceparent: str | None = None
+    peak_flops: float | None = Field(default=None, gt=0)
+    """Per-device FLOP/s, for MFU."""
+    launch_tag: str | None = None
+    sim_scenario: str | None = None
+    sim_step_s: float | None = Field(default=None, ge=0)
+    sim_seed: int | None = None
+
+    def to_env(self) -> dict[str, str]:
+        """The variables to put in the job's environment (unset fields are left out)."""
+        return {env_var(name): str(value) for name, value in self.model_dump().items() if value is not None}
