@@ -25,6 +25,18 @@ def _add_trace_id(_logger: object, _method: str, event_dict: MutableMapping[str,
     return event_dict
 
 
+class _CurrentStderr:
+    """``sys.stderr`` as it is at each write, not as it was when logging was set up: a process that swaps its
+    stderr (a CLI verb invoked in-process under a capture, then closed) must not leave loggers writing to a
+    closed file."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def setup_logging(service_name: str, level: str | None = None) -> None:
     """Configure structlog once per process at ``level`` (``Settings.log_level``; default info)."""
     global _configured
@@ -42,7 +54,7 @@ def setup_logging(service_name: str, level: str | None = None) -> None:
             structlog.processors.JSONRenderer(),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level_name]),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),  # type: ignore[arg-type]  # a TextIO duck
         cache_logger_on_first_use=True,
     )
     structlog.contextvars.bind_contextvars(service=service_name)

@@ -35,6 +35,10 @@ async def test_every_event_type_round_trips(bus: Bus, payload_samples: dict[str,
             if not deliveries:
                 break
             for delivery in deliveries:
+                if delivery.msg.subject.startswith("irsi.") and study not in delivery.msg.subject:
+                    # The session's server also holds other tests' events (some deliberately forged).
+                    await delivery.msg.ack_sync()
+                    continue
                 assert delivery.error is None, delivery.error
                 assert delivery.event is not None
                 await delivery.msg.ack_sync()
