@@ -207,7 +207,10 @@ class Bus:
         except (TimeoutError, OSError, nats.errors.Error) as exc:
             with contextlib.suppress(Exception):
                 await nc.close()
-            cause = initial_errors[-1] if initial_errors else exc
+            # Against a cluster each URL is tried in turn: one refuses the credentials, the next drops
+            # the socket mid-handshake. The refusal is the error the user can act on, so it wins.
+            refusals = [e for e in initial_errors if "authorization" in str(e).lower()]
+            cause = refusals[-1] if refusals else initial_errors[-1] if initial_errors else exc
             hint = ""
             if "authorization" in str(cause).lower():
                 hint = (
