@@ -3,7 +3,6 @@
 import math
 
 import numpy as np
-import pytest
 from infrarsi.modeling.acquisition import InvariantModel, acquisition, expected_improvement
 from infrarsi.modeling.priors import KnowledgeBase, default_knowledge_base
 from infrarsi.modeling.search import Observation, SearchConfig, Searcher
