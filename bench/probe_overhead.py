@@ -41,6 +41,7 @@ import argparse
 import contextlib
 import json
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -368,11 +369,13 @@ def measure_integration(name: str, rounds: int, steps: int) -> dict[str, object]
         ratios = [w / o for w, o in pairs[clock]]
         paired = statistics.median(ratios)
         q = statistics.quantiles(ratios, n=4)
+        rng = random.Random(0)  # the median's 95% interval: 2,000 bootstrap resamples of the pairs
+        medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(2000))
         result[clock] = {
             "median_step_s_with_probe": statistics.median(w for w, _ in pairs[clock]),
             "median_step_s_without_probe": statistics.median(o for _, o in pairs[clock]),
             "median_paired_ratio": paired, "overhead_pct": (paired - 1) * 100,
-            "paired_ratio_quartiles": [q[0], q[2]],
+            "paired_ratio_quartiles": [q[0], q[2]], "median_ci95": [medians[49], medians[1949]],
         }  # fmt: skip
     own_median = statistics.median(own_s)
     result["probe_cpu_s_per_step"] = own_median
@@ -382,7 +385,8 @@ def measure_integration(name: str, rounds: int, steps: int) -> dict[str, object]
           f"({result['probe_cpu_pct_of_step']:.2f}% of a plain step)", flush=True)
     print(f"{name}: {result['pairs']} step pairs in {rounds} runs; CPU time with {cpu['median_step_s_with_probe'] * 1e3:.1f} ms, "
           f"without {cpu['median_step_s_without_probe'] * 1e3:.1f} ms, median paired ratio {cpu['median_paired_ratio']:.4f} "
-          f"({cpu['overhead_pct']:+.2f}%; quartiles {cpu['paired_ratio_quartiles'][0]:.3f}–{cpu['paired_ratio_quartiles'][1]:.3f}); "
+          f"({cpu['overhead_pct']:+.2f}%; 95% CI {cpu['median_ci95'][0]:.4f}–{cpu['median_ci95'][1]:.4f}; quartiles "
+          f"{cpu['paired_ratio_quartiles'][0]:.3f}–{cpu['paired_ratio_quartiles'][1]:.3f}); "
           f"wall with {wall['median_step_s_with_probe'] * 1e3:.1f} ms, without {wall['median_step_s_without_probe'] * 1e3:.1f} ms, "
           f"median paired ratio {wall['median_paired_ratio']:.4f} ({wall['overhead_pct']:+.2f}%)", flush=True)  # fmt: skip
     return result
