@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "libs"))
 
 import numpy as np  # noqa: E402
 from infrarsi.agent.answers import prior_from_answer, prior_overrides  # noqa: E402
-from infrarsi.agent.prior_check import contradicted  # noqa: E402
+from infrarsi.agent.prior_check import judge  # noqa: E402
 from infrarsi.bank.adapt import with_priors  # noqa: E402
 from infrarsi.modeling.priors import default_knowledge_base  # noqa: E402
 from infrarsi.modeling.search import CandidatePool, Observation, Searcher  # noqa: E402
@@ -88,12 +88,16 @@ def pool_for(name: str, space: SearchSpace) -> CandidatePool:
     return _POOLS[key]
 
 
-def recovery_guess(fresh: Searcher) -> list:
-    """The initial design a search without the model's priors would have tried (its best guess, then seeds)."""
+def kb_design(fresh: Searcher) -> list:
+    """The initial design a search without the model's priors would try (its best guess, then seeds)."""
     return [s.candidate for s in fresh.suggest(1 + fresh.config.n_seeds)]
 
 
 def run(args: tuple[str, str, int, int, dict[str, float], bool]) -> dict:
+    """One search, with the proposer's rule for model priors (services/proposer/agent.py): on probation, every
+    other trial is the next of the knowledge base's own initial design; the Bayes-factor check then drops the
+    priors (the search goes on without them, the rest of that design queued first) or trusts them (no more
+    hedging). ``check`` False: the ablation that keeps the model's priors whatever the measurements say."""
     name, arm, seed, max_trials, effects, check = args
     sc = get_scenario(name)
     _, t_oracle = oracle(name)
@@ -111,14 +115,21 @@ def run(args: tuple[str, str, int, int, dict[str, float], bool]) -> dict:
         return s
 
     searcher = searcher_for(space, kb, [])
+    hedge = kb_design(searcher_for(sc.space, base_kb, [])) if check and arm != "no_agent" else []
     rng = np.random.default_rng([seed, 7])
-    best, reached, dropped_at = math.inf, None, None
+    best, reached, verdict, decided_at, hedge_turn = math.inf, None, "open", None, False
     observations: list[Observation] = []
     for trial in range(1, max_trials + 1):
-        suggestion = searcher.suggest(1)
-        if not suggestion:
-            break
-        c = suggestion[0].candidate
+        c = None
+        if hedge and verdict == "open":
+            hedge_turn = not hedge_turn
+            tried = {o.candidate.key for o in observations}
+            c = next((h for h in hedge if h.key not in tried), None) if not hedge_turn else None
+        if c is None:
+            suggestion = searcher.suggest(1)
+            if not suggestion:
+                break
+            c = suggestion[0].candidate
         out = sc.evaluate(c, rng)
         observations.append(Observation(c, out.status, out.step_time_s, out.peak_bytes, out.cost_seconds))
         searcher.observe(observations[-1])
@@ -127,16 +138,16 @@ def run(args: tuple[str, str, int, int, dict[str, float], bool]) -> dict:
         if best <= t_oracle / FRACTION:
             reached = trial
             break
-        if check and arm != "no_agent" and dropped_at is None:
+        if hedge and verdict == "open":
             measured = [(o.candidate, o.step_time_s) for o in observations if o.status == "ok" and o.step_time_s]
             searcher.refit()
-            drop, _bf = contradicted(with_model, without_model, measured, searcher.time_model.noise_std)
-            if drop:  # the measurements overrule the model: the rest of the search without its priors, starting
-                dropped_at = trial  # with the knowledge base's own initial design (what the model's priors displaced)
+            verdict, _bf = judge(with_model, without_model, measured, searcher.time_model.noise_std)
+            if verdict != "open":
+                decided_at = trial
+            if verdict == "dropped":  # the rest of the search without the model's priors, its design first
                 searcher = searcher_for(sc.space, base_kb, observations)
-                searcher.enqueue(recovery_guess(searcher_for(sc.space, base_kb, [])), "prior",
-                                 "the knowledge base's initial design, once the model's priors were dropped")
-    return {"scenario": name, "arm": arm, "seed": seed, "dropped_at": dropped_at,
+                searcher.enqueue(hedge, "prior", "the knowledge base's initial design, once the model's priors were dropped")
+    return {"scenario": name, "arm": arm, "seed": seed, "verdict": verdict, "decided_at": decided_at,
             "trials_to_95": reached if reached is not None else max_trials + 1, "reached": reached is not None}
 
 
@@ -163,7 +174,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             trials = [r["trials_to_95"] for r in runs if r["scenario"] == name and r["arm"] == arm]
             per[arm] = {"trials_to_95_median": statistics.median(trials), "trials_to_95_mean": statistics.fmean(trials),
                         "trials_to_95": trials, "reached": sum(t <= args.max_trials for t in trials), "seeds": len(trials),
-                        "priors_dropped_at": [r["dropped_at"] for r in runs if r["scenario"] == name and r["arm"] == arm]}
+                        "priors_verdict": [f"{r['verdict']}@{r['decided_at']}" if r["decided_at"] else r["verdict"]
+                                           for r in runs if r["scenario"] == name and r["arm"] == arm]}
         per["targets"] = {
             "good_lt_no_agent": per["good"]["trials_to_95_median"] < per["no_agent"]["trials_to_95_median"],
             "inverted_le_no_agent_plus_3": per["inverted"]["trials_to_95_median"]

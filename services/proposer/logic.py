@@ -99,9 +99,12 @@ class _Study:
     """The agent role, when the contract gives it tokens and the service has a model to ask (agent.py)."""
     base_space: StudySpace | None = None
     """The study before the agent's patches and priors (``space`` is ``agent.space(base_space)``)."""
-    recovery: list[Candidate] = field(default_factory=list)
-    """Queued (origin ``prior``) when a rebuilt searcher starts: the knowledge base's best guess once the
-    model's priors were dropped."""
+    hedge: list[Candidate] | None = None
+    """Once the model's priors are on probation: the knowledge base's own initial design (its best guess, then
+    seeds: what a search without the model's priors would try first). While on probation every other searcher
+    proposal is its next untried one; if the priors are dropped, the rest is queued first."""
+    hedge_turn: bool = False
+    """Whether the next searcher proposal is the hedge's."""
 
     @property
     def trials_used(self) -> int:
@@ -176,15 +179,13 @@ class ProposerState(Fold):
         return self._fill(study)
 
     def _check_agent_priors(self, study: _Study) -> None:
-        """Drop the model's priors once the measurements overrule them (agent.py); the searcher is rebuilt and
-        starts with the knowledge base's own initial design (its best guess, then space-filling seeds)."""
+        """Judge the model's priors on the measurements so far (agent.py): dropped ones leave the study (the
+        searcher is rebuilt over every outcome without them and tries the rest of the hedge first)."""
         if study.agent is None or study.base_space is None or study.searcher is None:
             return
         study.searcher.refit()
         if study.agent.check_priors(study.base_space, study.outcomes, study.searcher.time_model.noise_std):
             study.space = study.agent.space(study.base_space)
-            fresh = build_searcher(study.space, study.study_id, doctor=study.doctor, config=self.config)
-            study.recovery = [s.candidate for s in fresh.suggest(1 + fresh.config.n_seeds)]
             study.searcher = None
 
     def _on_run(self, study: _Study, request: RunRequested) -> list[Emission]:
@@ -252,9 +253,25 @@ class ProposerState(Fold):
             assert study.space is not None
             study.searcher = build_searcher(study.space, study.study_id, doctor=study.doctor,
                                             outcomes=study.outcomes, bank=study.created.bank, config=self.config)
-            study.searcher.enqueue(study.recovery, "prior",
-                                   "the knowledge base's initial design, once the measurements overruled the model's priors")
+            if study.agent is not None and study.agent.distrusted_at is not None and study.hedge:
+                study.searcher.enqueue(study.hedge, "prior", "the knowledge base's initial design, once the "
+                                       "measurements overruled the model's priors")
         return study.searcher
+
+    def _hedge_candidate(self, study: _Study) -> Candidate | None:
+        """On the hedge's turn while the model's priors are on probation: the next untried candidate of the
+        knowledge base's own initial design (``_Study.hedge``)."""
+        if study.agent is None or study.base_space is None or not study.agent.on_probation:
+            return None
+        if study.hedge is None:
+            fresh = build_searcher(study.agent.probation_space(study.base_space), study.study_id,
+                                   doctor=study.doctor, config=self.config)
+            study.hedge = [s.candidate for s in fresh.suggest(1 + fresh.config.n_seeds)]
+        study.hedge_turn = not study.hedge_turn
+        if study.hedge_turn:
+            return None  # the model-informed searcher's turn
+        return next((c for c in study.hedge if study.space is not None
+                     and study.space.event_key(c) not in study.proposed_keys), None)
 
     def _fill(self, study: _Study) -> list[Emission]:
         """Propose until ``parallel`` trials are in flight, or end the search when it must end."""
@@ -299,8 +316,14 @@ class ProposerState(Fold):
                 if stop:
                     study.stop_reason = f"no more expected gain: {why}"
                     continue
+            hedge = self._hedge_candidate(study)
+            if hedge is not None and not study.space.contract_problems(hedge):
+                out += self._propose(study, searcher, hedge, "prior", "the knowledge base's own initial design, "
+                                     "without the model's priors (they are on probation)")
+                continue
             pending = [p.candidate for p in in_flight] + study.rejected
-            suggestions = searcher.suggest(n, pending=pending)
+            on_probation = study.agent is not None and study.agent.on_probation
+            suggestions = searcher.suggest(1 if on_probation else n, pending=pending)  # one at a time: alternating
             if not suggestions:
                 study.stop_reason = "search space exhausted"
                 continue

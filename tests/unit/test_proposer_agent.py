@@ -161,7 +161,9 @@ def test_measurements_overrule_a_confidently_wrong_model(tmp_path: Path) -> None
     log = run_events([fold], ScriptedModel(loader(created.payload), answers=[good_answer(candidates=[], priors=wrong)]),
                      [created, envelope(RunRequested(parallel=1))])
     agent = fold.studies[created.study_id].agent
-    assert agent.distrusted_at is not None and agent.distrusted_at <= 8, agent.log_bayes_factor
+    assert agent.distrusted_at is not None and agent.distrusted_at <= 4, agent.log_bayes_factor
+    hedged = [e.payload for e in of_type(log, ev.TrialProposed) if "knowledge base's" in e.payload.reason]
+    assert hedged and all(p.origin == "prior" for p in hedged)  # its own design: hedging, then first after the drop
     study = fold.studies[created.study_id].space
     assert "compile" not in study.agent_features and study.kb.time.get("compile") != (0.6, 0.1)
     best = of_type(log, ev.VerifyRequested)[0].payload.candidates[0]
@@ -173,8 +175,11 @@ def test_a_right_model_keeps_its_priors(tmp_path: Path) -> None:
              ev.AgentPrior(feature="attention=sdpa", mean=-0.2, std=0.05, weight=0.5, reason="right")]
     created = agent_study(tmp_path, trials=10, share=0.0)
     fold = state()
-    run_events([fold], ScriptedModel(loader(created.payload), answers=[good_answer(candidates=[], priors=right)]),
+    log = run_events([fold], ScriptedModel(loader(created.payload), answers=[good_answer(candidates=[], priors=right)]),
                [created, envelope(RunRequested(parallel=1))])
     agent = fold.studies[created.study_id].agent
+    reasons = [e.payload.reason for e in of_type(log, ev.TrialProposed)]
+    assert agent.trusted_at is not None, (agent.log_bayes_factor, reasons)  # confirmed: the hedge ended
+    assert not [r for r in reasons[agent.trusted_at + 1:] if "on probation" in r], reasons
     assert agent.distrusted_at is None and agent.log_bayes_factor < 0
     assert fold.studies[created.study_id].space.kb.time["compile"] == (-0.3, 0.05)
