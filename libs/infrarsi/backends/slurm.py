@@ -24,7 +24,6 @@ emulated-capacity kill or a CUDA OOM in the output → ``oom``; ``TIMEOUT`` → 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import subprocess
@@ -144,12 +143,17 @@ class SlurmBackend(Backend):
     name = "slurm"
     survives_launcher = True
 
-    def __init__(self, owner: str, options: BackendSpec | None = None, *, python: str | None = None) -> None:
+    def __init__(
+        self, owner: str, options: BackendSpec | None = None, *, python: str | None = None,
+        sacct_completion: bool | None = None,
+    ) -> None:
         self.owner = owner
         self.options = options or BackendSpec(kind="slurm")
         self.python = python or sys.executable
         """The interpreter the nodes run (it must exist at the same path there: a shared filesystem)."""
-        self._completion: bool | None = None
+        self._completion = sacct_completion
+        """Read the job-completion log instead of the accounting database (``Settings.slurm_sacct_completion``);
+        ``None`` until ``scontrol`` was asked."""
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -323,15 +327,9 @@ class SlurmBackend(Backend):
     def _use_completion(self) -> bool:
         """Read the job-completion log (``sacct --completion``) when there is no accounting database."""
         if self._completion is None:
-            forced = os.environ.get("INFRARSI_SLURM_SACCT_COMPLETION")
-            if forced is not None:
-                self._completion = forced == "1"
-            else:
-                conf = subprocess.run(
-                    ["scontrol", "show", "config"], capture_output=True, text=True, timeout=30
-                )
-                match = re.search(r"^AccountingStorageType\s*=\s*(\S+)", conf.stdout, re.MULTILINE)
-                self._completion = match is not None and match.group(1).endswith("/none")
+            conf = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30)
+            match = re.search(r"^AccountingStorageType\s*=\s*(\S+)", conf.stdout, re.MULTILINE)
+            self._completion = match is not None and match.group(1).endswith("/none")
         return self._completion
 
 
