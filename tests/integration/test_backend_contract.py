@@ -27,8 +27,9 @@ from typing import Literal
 import pytest
 import yaml
 from infrarsi import procs
-from infrarsi.backends import Backend, JobHandle, JobResult, JobSpec, LocalBackend
+from infrarsi.backends import Backend, JobHandle, JobSpec, LocalBackend
 from infrarsi.backends.sim import SimBackend
+from support.backend_jobs import run_to_end
 
 Behaviour = Literal["ok", "fail", "long"]
 
@@ -158,14 +159,6 @@ def backend(under_test: BackendUnderTest, tmp_path: Path):
     assert b.reap() == 0, "a fresh owner has nothing to reap"
     yield b
     b.close()
-
-
-def run_to_end(backend: Backend, handle: JobHandle, timeout_s: float = 90.0) -> JobResult:
-    deadline = time.monotonic() + timeout_s
-    while not backend.poll(handle):
-        assert time.monotonic() < deadline, "job did not finish"
-        time.sleep(0.02)
-    return backend.collect(handle)
 
 
 def wait_running(backend: Backend, handle: JobHandle, seconds: float = 0.5) -> None:

@@ -13,9 +13,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from infrarsi.backends import JobHandle, JobResult, JobSpec, make_backend
+from infrarsi.backends import JobSpec, make_backend
 from infrarsi.backends.kubernetes import KubernetesBackend
 from infrarsi.contract import BackendSpec
+from support.backend_jobs import run_to_end
 from support.kube_api import Cluster, PodEnd, Story, kube_api
 
 pytest.importorskip("kubernetes", reason="the kubernetes extra is not installed")
@@ -40,14 +41,6 @@ def backend_for(kubeconfig: Path, state: Path, manifest: str = "pytorchjob", **o
 def job(tmp: Path, name: str, *, nnodes: int = 1) -> JobSpec:
     return JobSpec(name=name, argv=[sys.executable, "train.py"], workdir=tmp / "wt" / name, env={"A": "1"},
                    state_dir=tmp / "state" / name, launcher="torchrun", nnodes=nnodes)  # fmt: skip
-
-
-def run_to_end(backend: KubernetesBackend, handle: JobHandle, timeout_s: float = 60) -> JobResult:
-    deadline = time.monotonic() + timeout_s
-    while not backend.poll(handle):
-        assert time.monotonic() < deadline, "the job did not end"
-        time.sleep(0.02)
-    return backend.collect(handle)
 
 
 @pytest.mark.parametrize("manifest", ["pytorchjob", "job"])
