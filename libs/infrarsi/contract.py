@@ -184,8 +184,10 @@ class MeasurementSpec(_Model):
     invariants that cannot be checked that way are named unchecked, never passed."""
     step_regex: str | None = None
     """``coarse`` only: a Python regular expression searched in each line of the job's output (lines end at
-    ``\\n`` or ``\\r``, so progress bars count). A group named ``step`` gives the step number (the
-    highest seen is the steps completed); without one each matching line is one step. ``null``: steps are
+    ``\\n`` or ``\\r``, so progress bars count). A group named ``step`` is the count of steps done (the
+    highest seen is the steps completed), ``index`` the zero-based index of the step just done, ``number``
+    the step's number counted from 0 or 1 (the first seen says which); with none of them each matching line
+    is one step (the rules: ``infrarsi_services.launcher.output``). ``null``: steps are
     not counted (the step time is then the wall time over the horizon, and the step count unchecked)."""
 
     @field_validator("step_regex")
