@@ -15,14 +15,14 @@ knowledge-base overrides whose std is widened by ``agent.prior_weight`` (measure
 candidates (and each new patch on the baseline, if no candidate tries it) join the agent's queue.
 
 **Measurements overrule it.** The model's priors (its own, and its patches' expected effects) start on
-probation: while they are, every other searcher proposal is the next of the knowledge base's own initial design
-(its best guess, then seeds, built over ``probation_space`` — what a search without the model would try first;
-origin ``prior``) — a hedge, and the contrast the check needs, since the model's own picks all look alike to
-it. After each finished trial the role compares how well the measured step times are explained with and
-without the model's priors (``infrarsi.agent.prior_check.judge``): once the data prefer the study without them
-(log Bayes factor > ``DROP_LOG_BF``) its priors are dropped for good — its patches stay, with flat priors — and
-the search goes on over every outcome without them, the rest of that design first; once the data prefer them
-(< −``DROP_LOG_BF``) they are trusted and the hedge ends.
+probation: while they are, every other searcher proposal comes from a hedge — a searcher over the same outcomes
+without them (``probation_space``), the knowledge base's own best guess first. The hedge bounds what wrong
+priors cost, and it gives the check contrast: the model's own picks all look alike to it. After each finished
+trial the role compares how well the measured step times are explained with and without the model's priors
+(``infrarsi.agent.prior_check.judge``): once the data prefer the study without them (log Bayes factor >
+``DROP_LOG_BF``) its priors are dropped for good — its patches stay, with flat priors — and the search goes on
+over every outcome without them; once the data prefer them (< −``DROP_LOG_BF``) they are trusted and the hedge
+ends.
 
 **The mix rule.** At most ``floor(agent.share × trials)`` of the study's search trials (at least one when
 ``share`` > 0) come from the queue, origin ``llm``; when a slot frees and the queue holds a candidate not yet

@@ -99,10 +99,13 @@ class _Study:
     """The agent role, when the contract gives it tokens and the service has a model to ask (agent.py)."""
     base_space: StudySpace | None = None
     """The study before the agent's patches and priors (``space`` is ``agent.space(base_space)``)."""
-    hedge: list[Candidate] | None = None
-    """Once the model's priors are on probation: the knowledge base's own initial design (its best guess, then
-    seeds: what a search without the model's priors would try first). While on probation every other searcher
-    proposal is its next untried one; if the priors are dropped, the rest is queued first."""
+    hedge: Searcher | None = None
+    """While the model's priors are on probation: a searcher over the same outcomes without them
+    (``AgentRole.probation_space``), the knowledge base's own best guess queued first; every other searcher
+    proposal is its."""
+    hedge_guess: list[Candidate] = field(default_factory=list)
+    """The knowledge base's own best guess (what a search without the model would try first): the hedge's first
+    proposal, and the first of the rebuilt search if the model's priors are dropped before it ran."""
     hedge_turn: bool = False
     """Whether the next searcher proposal is the hedge's."""
 
@@ -180,13 +183,15 @@ class ProposerState(Fold):
 
     def _check_agent_priors(self, study: _Study) -> None:
         """Judge the model's priors on the measurements so far (agent.py): dropped ones leave the study (the
-        searcher is rebuilt over every outcome without them and tries the rest of the hedge first)."""
+        searcher is rebuilt over every outcome without them); a verdict either way ends the hedge."""
         if study.agent is None or study.base_space is None or study.searcher is None:
             return
         study.searcher.refit()
         if study.agent.check_priors(study.base_space, study.outcomes, study.searcher.time_model.noise_std):
             study.space = study.agent.space(study.base_space)
             study.searcher = None
+        if not study.agent.on_probation:
+            study.hedge = None
 
     def _on_run(self, study: _Study, request: RunRequested) -> list[Emission]:
         study.requests += 1
@@ -216,6 +221,8 @@ class ProposerState(Fold):
             obs = observation(study.space, outcome)
             if obs is not None:
                 study.searcher.observe(obs)
+                if study.hedge is not None:
+                    study.hedge.observe(obs)
         self._check_agent_priors(study)
         return self._fill(study)
 
@@ -253,25 +260,30 @@ class ProposerState(Fold):
             assert study.space is not None
             study.searcher = build_searcher(study.space, study.study_id, doctor=study.doctor,
                                             outcomes=study.outcomes, bank=study.created.bank, config=self.config)
-            if study.agent is not None and study.agent.distrusted_at is not None and study.hedge:
-                study.searcher.enqueue(study.hedge, "prior", "the knowledge base's initial design, once the "
+            if study.agent is not None and study.agent.distrusted_at is not None:
+                study.searcher.enqueue(study.hedge_guess, "prior", "the knowledge base's best guess, once the "
                                        "measurements overruled the model's priors")
+            study.hedge = None
         return study.searcher
 
-    def _hedge_candidate(self, study: _Study) -> Candidate | None:
-        """On the hedge's turn while the model's priors are on probation: the next untried candidate of the
-        knowledge base's own initial design (``_Study.hedge``)."""
+    def _searcher_for_turn(self, study: _Study) -> tuple[Searcher, str]:
+        """The searcher whose turn it is — the hedge's every other proposal while the model's priors are on
+        probation — and how its proposals' reasons say so."""
+        searcher = self._searcher(study)
         if study.agent is None or study.base_space is None or not study.agent.on_probation:
-            return None
+            return searcher, ""
         if study.hedge is None:
-            fresh = build_searcher(study.agent.probation_space(study.base_space), study.study_id,
-                                   doctor=study.doctor, config=self.config)
-            study.hedge = [s.candidate for s in fresh.suggest(1 + fresh.config.n_seeds)]
+            probation = study.agent.probation_space(study.base_space)
+            if not study.hedge_guess:
+                fresh = build_searcher(probation, study.study_id, doctor=study.doctor, config=self.config)
+                study.hedge_guess = [s.candidate for s in fresh.suggest(1)]
+            study.hedge = build_searcher(probation, study.study_id, doctor=study.doctor, outcomes=study.outcomes,
+                                         config=self.config)
+            study.hedge.enqueue(study.hedge_guess, "prior", "the knowledge base's best guess")
         study.hedge_turn = not study.hedge_turn
         if study.hedge_turn:
-            return None  # the model-informed searcher's turn
-        return next((c for c in study.hedge if study.space is not None
-                     and study.space.event_key(c) not in study.proposed_keys), None)
+            return searcher, ""
+        return study.hedge, "without the model's priors (they are on probation): "
 
     def _fill(self, study: _Study) -> list[Emission]:
         """Propose until ``parallel`` trials are in flight, or end the search when it must end."""
@@ -316,14 +328,9 @@ class ProposerState(Fold):
                 if stop:
                     study.stop_reason = f"no more expected gain: {why}"
                     continue
-            hedge = self._hedge_candidate(study)
-            if hedge is not None and not study.space.contract_problems(hedge):
-                out += self._propose(study, searcher, hedge, "prior", "the knowledge base's own initial design, "
-                                     "without the model's priors (they are on probation)")
-                continue
             pending = [p.candidate for p in in_flight] + study.rejected
-            on_probation = study.agent is not None and study.agent.on_probation
-            suggestions = searcher.suggest(1 if on_probation else n, pending=pending)  # one at a time: alternating
+            turn, why = self._searcher_for_turn(study)
+            suggestions = turn.suggest(n if study.hedge is None else 1, pending=pending)  # the hedge alternates
             if not suggestions:
                 study.stop_reason = "search space exhausted"
                 continue
@@ -331,7 +338,7 @@ class ProposerState(Fold):
                 if study.space.contract_problems(s.candidate) or study.space.event_key(s.candidate) in study.proposed_keys:
                     study.rejected.append(s.candidate)
                     continue
-                out += self._propose(study, searcher, s.candidate, s.origin, s.reason)
+                out += self._propose(study, searcher, s.candidate, s.origin, why + s.reason)
 
     def _propose(self, study: _Study, searcher: Searcher, candidate: Candidate, origin: ev.Origin,
                  reason: str) -> list[Emission]:
