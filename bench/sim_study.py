@@ -25,7 +25,9 @@ from infrarsi import events as ev
 from infrarsi.backends.sim import write_sim_workload
 from infrarsi.bus import Bus
 from infrarsi.commands.init import prepare_study, publish_study
+from infrarsi.credentials import ADMIN
 from infrarsi.logs import setup_logging
+from infrarsi.stack import Stack
 from infrarsi.subjects import LIFECYCLE_STREAM
 
 SCENARIO = "dense7b_h100x64"
@@ -92,20 +94,49 @@ def study_ledger(events: list[ev.Event]) -> dict[str, Any]:
         "duplicate_event_ids": sum(n - 1 for n in ids.values() if n > 1),
         "trials_finished_twice": sum(1 for n in finished.values() if n > 1),
         "trials_launched_twice": sum(1 for n in launched.values() if n > 1),
-        "infrastructure_retries": sum(1 for e in events if e.type == "TrialProposed"
-                                      and e.payload.reason.startswith("re-run of trial")),  # fmt: skip
+        "infrastructure_retries": sum(1 for e in events if isinstance(e.payload, ev.TrialProposed)
+                                      and _is_rerun(e.payload)),  # fmt: skip
         "finished_statuses": dict(statuses),
     }
 
 
-def result_of(finished: ev.StudyFinished | None, ledger: dict[str, Any] | None = None) -> dict[str, Any] | None:
+async def reference_result(data_dir: Path, contract: Path, study_id: str, *, trials: int, timeout_s: float,
+                           env: dict[str, str] | None = None) -> dict[str, Any] | None:  # fmt: skip
+    """The result of the study on a clean single-node stack (no faults), one trial at a time: the reference a
+    faulted run of the same study must reproduce."""
+    stack = await asyncio.to_thread(Stack.start, data_dir, env=env)
+    try:
+        bus = await Bus.connect(stack.url, service=ADMIN, data_dir=data_dir)
+        await create_study(bus, contract, data_dir, study_id)
+        finished = await run_study(bus, study_id, trials=trials, parallel=1, timeout_s=timeout_s)
+        events = await lifecycle(bus, study_id)
+        await bus.close()
+    finally:
+        await asyncio.to_thread(stack.stop)
+    return result_of(finished, study_ledger(events), events)
+
+
+def result_of(finished: ev.StudyFinished | None, ledger: dict[str, Any] | None = None,
+              events: list[ev.Event] | None = None) -> dict[str, Any] | None:
     """The study's result; ``search_trials`` leaves out the re-runs of infrastructure failures and of timing
-    verdicts taken under host interference (they depend on the host's load, not on the study)."""
+    verdicts taken under host interference (they depend on the host's load, not on the study). Given its
+    ``events``, also the study's course: the search trials' candidates in order (re-runs left out) and the
+    candidates sent to verification."""
     if finished is None:
         return None
     retries = ledger["infrastructure_retries"] if ledger else 0
-    return {"best_candidate_key": finished.best_candidate_key, "best_speedup": finished.best_speedup,
-            "trials": finished.trials, "search_trials": finished.trials - retries}  # fmt: skip
+    result = {"best_candidate_key": finished.best_candidate_key, "best_speedup": finished.best_speedup,
+              "trials": finished.trials, "search_trials": finished.trials - retries}  # fmt: skip
+    if events is not None:
+        result["search_path"] = [e.payload.candidate_key for e in events if isinstance(e.payload, ev.TrialProposed)
+                                 and e.payload.kind == "search" and not _is_rerun(e.payload)]  # fmt: skip
+        result["verify_requested"] = [c.key() for e in events if isinstance(e.payload, ev.VerifyRequested)
+                                      for c in e.payload.candidates]  # fmt: skip
+    return result
+
+
+def _is_rerun(proposal: ev.TrialProposed) -> bool:
+    return proposal.reason.startswith("re-run of trial")
 
 
 def run_and_print(measurement: Coroutine[Any, Any, dict[str, Any]], *, as_json: bool) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from infrarsi import credentials
 
 DEFAULT_DATA_DIR = Path(".infrarsi")
 SERVER_STATE_FILE = "nats-server.json"
+SERVER_CONFIG_FILE = "nats-server.conf"
 
 
 class EmbeddedServerError(RuntimeError):
@@ -55,7 +56,7 @@ def free_port() -> int:
 def previous_port(data_dir: Path) -> int | None:
     """The client port of the last server started over ``data_dir`` (its config stays behind), if free now."""
     try:
-        config = (data_dir / "nats-server.conf").read_text()
+        config = (data_dir / SERVER_CONFIG_FILE).read_text()
     except OSError:
         return None
     match = re.search(r"^listen: 127\.0\.0\.1:(\d+)$", config, re.MULTILINE)
@@ -112,7 +113,7 @@ class EmbeddedServer:
         auth = ""
         if authorize or credentials.has_credentials(data_dir):
             auth = credentials.authorization_block(credentials.ensure(data_dir))
-        config_path = data_dir / "nats-server.conf"
+        config_path = data_dir / SERVER_CONFIG_FILE
         config_path.write_text(
             "\n".join(
                 [

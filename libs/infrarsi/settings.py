@@ -20,6 +20,7 @@ variable                        field                             meaning
 ``INFRARSI_LAUNCHER_SLOTS``     ``launcher_slots``                trials the launcher runs at once
 ``INFRARSI_LAUNCHER_ACK_WAIT_S`` ``launcher_ack_wait_s``          the launcher consumer's ack wait (s)
 ``INFRARSI_PARENT_PID``         ``parent_pid``                    the stack whose death stops a service
+``INFRARSI_ACK_JOURNAL``        ``ack_journal``                   a directory: log every JetStream ack there
 ==============================  ================================  ==========================================
 
 A job's environment (``JobEnv``, set by the launcher, read by the probe and the simulator in the job):
@@ -90,6 +91,9 @@ class Settings(_FromEnv):
     """How long the launcher's consumer waits for an ack before redelivering (its handlers heartbeat)."""
     parent_pid: int | None = Field(default=None, ge=1)
     """Set by a stack on the services it starts: the process whose death must stop them."""
+    ack_journal: Path | None = None
+    """A directory where the process appends every JetStream ack it receives (``infrarsi.bus.AckJournal``): fault
+    benchmarks count them against what the streams hold afterwards (bench/chaos_cluster.py)."""
 
     @field_validator("log_level")
     @classmethod

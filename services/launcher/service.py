@@ -555,11 +555,8 @@ class LauncherService(Service):
                 record = ev.decode_or_none(line, (ev.TrialStep,))  # None: a torn last line of a killed job
                 if record is None:
                     continue
-                await self.bus.js.publish(
-                    subject,
-                    line,
-                    headers={"Nats-Msg-Id": step_msg_id(trial_id, rank, record.payload.step)},
-                    stream=TELEMETRY_STREAM,
+                await self.bus.publish_raw(
+                    subject, line, msg_id=step_msg_id(trial_id, rank, record.payload.step), stream=TELEMETRY_STREAM
                 )
 
 
