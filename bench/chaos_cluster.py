@@ -6,8 +6,9 @@ Needs root (network namespaces). Three nats-servers of deploy/nats/secure/cluste
 ``sync_interval: always``, TLS on routes and to clients, nkey authorization; bench/nats_cluster.py) run in
 the namespaces ``irsi-c1..3`` on 10.214.0.0/24 (bridge ``irsicbr0``), created and removed by the run. The six
 services run in the root namespace against all three nodes (``INFRARSI_NATS_URL`` as a comma list,
-``INFRARSI_REPLICAS=3``) and drive a simulator study (bench/sim_study.py, one trial at a time so that its
-course does not depend on timing). Faults, triggered by the study's progress rather than the clock:
+``INFRARSI_REPLICAS=3``) and drive a simulator study (bench/sim_study.py). Its course must not depend on the
+host: one trial at a time, a re-run replays the draw of the trial it re-runs, and the timing check is loosened
+to ``TIMING_TOLERANCE``. Faults, triggered by the study's progress rather than the clock:
 
 1. after a quarter of the trials finished, the lifecycle stream's leader is SIGKILLed, left down ``--down-s``
    and restarted over its store;
@@ -48,6 +49,9 @@ from nats_cluster import NODES, NatsCluster  # noqa: E402
 STUDY_ID = "01chaos3node00000000000000"
 PREFIX, BRIDGE, SUBNET = "irsi-c", "irsicbr0", "10.214.0.0/24"
 """Reserved for this benchmark on the shared host: created at the start of a run, removed at its end."""
+TIMING_TOLERANCE = 0.5
+"""The study's timing check, loosened: it tells a hack from host noise elsewhere (tests/unit/test_timing_invariant.py);
+here a verdict flipped by this shared host's load would only add that noise to the comparison of the two runs."""
 COMPARED = ("best_candidate_key", "search_trials", "search_path", "verify_requested")
 
 
@@ -195,10 +199,12 @@ async def measure(args: argparse.Namespace) -> dict:
         raise SystemExit(f"chaos_cluster: {reason}")
     with tempfile.TemporaryDirectory(prefix="irsi-chaos3-") as tmp:
         root = Path(tmp)
-        contract = sim_study.write_contract(root / "cluster", trials=args.trials, parallel=1)
+        contract = sim_study.write_contract(root / "cluster", trials=args.trials, parallel=1,
+                                            timing_tolerance=TIMING_TOLERANCE)  # fmt: skip
         result = await cluster_run(root / "cluster", args, contract)
         # The same workload written again (its own repo: the study id's golden tag is taken in the first).
-        twin = sim_study.write_contract(root / "single", trials=args.trials, parallel=1)
+        twin = sim_study.write_contract(root / "single", trials=args.trials, parallel=1,
+                                        timing_tolerance=TIMING_TOLERANCE)  # fmt: skip
         env = {"INFRARSI_SIM_STEP_S": str(args.step_s)}
         result["single_node_result"] = await sim_study.reference_result(root / "single" / "data", twin, STUDY_ID,
                                                                         trials=args.trials, timeout_s=args.timeout,

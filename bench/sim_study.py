@@ -35,10 +35,13 @@ KNOBS = ["tp", "pp", "dp", "micro_batch", "recompute", "flash_attention"]
 RESTRICT = {"dp": [16, 32, 64], "micro_batch": [1, 2, 4]}
 
 
-def write_contract(root: Path, *, trials: int, parallel: int) -> Path:
-    """A sim workload repo under ``root`` and its contract file (search budget ``trials``, ``parallel`` slots)."""
+def write_contract(root: Path, *, trials: int, parallel: int, timing_tolerance: float | None = None) -> Path:
+    """A sim workload repo under ``root`` and its contract file (search budget ``trials``, ``parallel`` slots;
+    the contract's ``invariants.timing_tolerance`` when given)."""
     contract = write_sim_workload(root / "workload", SCENARIO, knobs=KNOBS, restrict=RESTRICT, steps=12,
                                   trials=trials, parallel=parallel, accelerator_hours=1000.0)  # fmt: skip
+    if timing_tolerance is not None:
+        contract["invariants"]["timing_tolerance"] = timing_tolerance
     path = root / "contract.yaml"
     path.write_text(yaml.safe_dump(contract, sort_keys=False))
     return path
@@ -136,7 +139,7 @@ def result_of(finished: ev.StudyFinished | None, ledger: dict[str, Any] | None =
 
 
 def _is_rerun(proposal: ev.TrialProposed) -> bool:
-    return proposal.reason.startswith("re-run of trial")
+    return proposal.retry_of is not None
 
 
 def run_and_print(measurement: Coroutine[Any, Any, dict[str, Any]], *, as_json: bool) -> dict[str, Any]:

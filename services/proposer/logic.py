@@ -240,7 +240,8 @@ class ProposerState(Fold):
                 or study.phase != "searching"):  # fmt: skip
             return None
         trial_id = ev.derived_id(outcome.trial_id, "retry")
-        payload = msgspec.structs.replace(failed, reason=f"re-run of trial {outcome.trial_id} ({outcome.detail[:200]})")
+        payload = msgspec.structs.replace(failed, reason=f"re-run of trial {outcome.trial_id} ({outcome.detail[:200]})",
+                                          retry_of=outcome.trial_id)  # fmt: skip
         study.proposals.append(Proposal(trial_id, proposal.candidate, proposal.key, retry_of=outcome.trial_id))
         study.ledger.proposed(trial_id, payload)
         return Emission(payload, study.study_id, trial_id, f"retry:{outcome.trial_id}")

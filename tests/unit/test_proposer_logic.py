@@ -302,6 +302,7 @@ def test_an_infrastructure_failure_costs_but_does_not_use_up_the_candidate(tmp_p
     assert retried == set(first_runs)
     for e in retries:
         assert e.payload.candidate_key == by_trial[e.payload.reason.split()[3]].candidate_key
+        assert e.payload.retry_of == e.payload.reason.split()[3]  # what the simulator replays the draw of
     # Eight candidates were measured or failed on their own account; the cancelled runs cost accelerator time.
     assert len(proposed) - len(retries) == 8
     finished = of_type(log, ev.StudyFinished)[-1].payload
