@@ -135,6 +135,11 @@ def result_of(finished: ev.StudyFinished | None, ledger: dict[str, Any] | None =
                                  and e.payload.kind == "search" and not _is_rerun(e.payload)]  # fmt: skip
         result["verify_requested"] = [c.key() for e in events if isinstance(e.payload, ev.VerifyRequested)
                                       for c in e.payload.candidates]  # fmt: skip
+        reruns = {e.trial_id for e in events if isinstance(e.payload, ev.TrialProposed) and _is_rerun(e.payload)}
+        result["search_measured"] = [  # what the models learnt, trial by trial: where two courses part, and why
+            [e.payload.candidate_key, e.payload.status, e.payload.steps, round(e.payload.step_time_s or 0.0, 6),
+             e.payload.invariants_ok, e.trial_id in reruns]
+            for e in events if isinstance(e.payload, ev.TrialMeasured) and e.payload.kind == "search"]  # fmt: skip
     return result
 
 
