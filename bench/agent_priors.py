@@ -37,11 +37,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "libs"))
 
 import numpy as np  # noqa: E402
+from _common import pool_for  # noqa: E402
 from infrarsi.agent.answers import prior_from_answer, prior_overrides  # noqa: E402
 from infrarsi.agent.prior_check import contradicted  # noqa: E402
 from infrarsi.bank.adapt import with_priors  # noqa: E402
 from infrarsi.modeling.priors import default_knowledge_base  # noqa: E402
-from infrarsi.modeling.search import CandidatePool, Observation, Searcher  # noqa: E402
+from infrarsi.modeling.search import Observation, Searcher  # noqa: E402
 from infrarsi.modeling.space import FeatureEncoder, SearchSpace  # noqa: E402
 from infrarsi.modeling.time_model import TimeModel  # noqa: E402
 from infrarsi.sim.scenarios import enumerate_scenario, get_scenario, oracle  # noqa: E402
@@ -75,17 +76,6 @@ def arm_priors(arm: str, effects: dict[str, float]) -> list:
     sign = -1.0 if arm == "inverted" else 1.0
     return [prior_from_answer(feature, "time", sign * mean, STATED_STD, WEIGHT, "bench")
             for feature, mean in sorted(effects.items())]
-
-
-_POOLS: dict[tuple, CandidatePool] = {}
-
-
-def pool_for(name: str, space: SearchSpace) -> CandidatePool:
-    """One candidate pool per (scenario, patch priors) and process: a pool's encoder reads its space's patches."""
-    key = (name, tuple((p.id, p.time_prior, p.memory_prior) for p in space.patches))
-    if key not in _POOLS:
-        _POOLS[key] = CandidatePool.build(space, get_scenario(name).memory_meta())
-    return _POOLS[key]
 
 
 def recovery_guess(fresh: Searcher) -> list:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import os
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
@@ -206,7 +205,7 @@ class Bus:
         ``ack_journal``: a directory where every ack this connection receives is logged (``AckJournal``).
         """
         holder: dict[str, Bus] = {}
-        creds = credentials.for_principal(service, data_dir or os.environ.get("INFRARSI_DATA_DIR"))
+        creds = credentials.for_principal(service, data_dir or _explicit_data_dir())
 
         async def on_reconnect() -> None:
             # A server restarted from an empty store (or a fresh cluster member) has no streams:
@@ -531,6 +530,13 @@ class Bus:
         return out
 
 
+def _explicit_data_dir() -> Path | None:
+    """``$INFRARSI_DATA_DIR`` when it is set (``Settings.data_dir``), never its default: a process that was
+    told no data directory looks for no credentials in its working directory."""
+    settings = Settings.from_env()
+    return settings.data_dir if "data_dir" in settings.model_fields_set else None
+
+
 def decode_delivery(msg: Msg) -> Delivery:
     if len(msg.data) > MAX_EVENT_BYTES:
         return Delivery(msg=msg, event=None, error=f"oversized: {len(msg.data)} bytes, over the {MAX_EVENT_BYTES} an event may take")
@@ -540,25 +546,7 @@ def decode_delivery(msg: Msg) -> Delivery:
         return Delivery(msg=msg, event=None, error=f"{type(exc).__name__}: {exc}")
     except Exception as exc:  # noqa: BLE001 — whatever a message can make a decoder raise, it is a bad message
         return Delivery(msg=msg, event=None, error=f"undecodable ({type(exc).__name__}): {exc}")
-    problem = misrouted(event, msg.subject)
+    problem = subjects.publisher_problem(event, msg.subject, strict=False)
     if problem is not None:
         return Delivery(msg=msg, event=None, error=problem)
     return Delivery(msg=msg, event=event, error=None)
-
-
-_PRINCIPALS = frozenset(subjects.principals())
-
-
-def misrouted(event: ev.Event, subject: str) -> str | None:
-    """Why a well-formed event must not be handled, or ``None``: it sits on another type's or study's subject
-    (``irsi.…`` subjects), or names as its source a principal that does not publish its type (a service
-    claiming another's event: a forgery or a bug). Unknown sources (tests, tools) are left to the server's
-    permissions, which decide who may publish where."""
-    if subject.startswith(subjects.ROOT + ".") and not subjects.is_deadletter(subject):
-        expected = subjects.subject_for(event)
-        if subject != expected:
-            return f"misrouted: a {event.type} of study {event.study_id!r} belongs on {expected}, not {subject}"
-    if event.source in _PRINCIPALS and event.source not in subjects.route(event.type).publishers:
-        owners = ", ".join(subjects.route(event.type).publishers)
-        return f"wrong owner: {event.source} does not publish {event.type} (published by {owners})"
-    return None

@@ -123,6 +123,21 @@ async def connect_for_cli(
 # --------------------------------------------------------------------------------------------------
 
 
+def start_logged(command: list[str], log_path: Path, env: dict[str, str], cwd: Path | None = None) -> subprocess.Popen[bytes]:
+    """A service process: stdout and stderr appended to ``log_path``, no stdin, and its own session, so a
+    terminal's Ctrl-C reaches only us and a group kill reaches everything it started."""
+    with open(log_path, "ab") as log_file:
+        return subprocess.Popen(
+            command,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+        )
+
+
 @dataclass
 class ServiceProcess:
     """One service process of the stack."""
@@ -303,16 +318,7 @@ class Stack:
             "--data-dir",
             str(self.data_dir),
         ]
-        with open(log_path, "ab") as log_file:
-            process = subprocess.Popen(
-                command,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                start_new_session=True,  # its own process group: a terminal's Ctrl-C reaches only us
-            )
-        self.processes[name] = ServiceProcess(name, process, log_path)
+        self.processes[name] = ServiceProcess(name, start_logged(command, log_path, env), log_path)
         return self.processes[name]
 
     def restart(self, name: str) -> ServiceProcess:

@@ -15,11 +15,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from infrarsi.embedded import EmbeddedServer
 from infrarsi_services.launcher.service import LauncherService
 from infrarsi_services.telemetry.service import TelemetryService
-from test_launcher_helpers import Harness, git_worktrees, make_workload, serving
-from test_launcher_restart import start_launcher
+from test_launcher_helpers import git_worktrees, launcher_processes, make_workload, serving
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
 
@@ -133,41 +131,29 @@ async def test_job_cancelled_from_outside_is_cancelled(harness, tmp_path) -> Non
 
 
 async def test_killed_launcher_reattaches_to_its_slurm_job(tmp_path, slurm_cluster) -> None:
-    server = EmbeddedServer.start(tmp_path / "nats")
     data_dir = tmp_path / "data"
-    h = Harness(server.url, data_dir)
-    await h.open()
-    log = open(tmp_path / "launcher.log", "ab")
-    first = start_launcher(server.url, data_dir, log)
-    second = None
-    try:
-        study = await h.create_study(make_workload(tmp_path, timeout_s=120.0, backend=SLURM))
-        study_repo = data_dir / "studies" / study / "workload"
-        # 12 steps of ≥0.3 s: the job outlives the first launcher by several seconds
-        trial = await h.propose(study, knobs={"knobs.mode": "ok", "knobs.sleep": 0.3})
-        launched = await h.wait_for(trial, "TrialLaunched", timeout_s=60)
-        probe = data_dir / "launcher" / "trials" / trial / "probe" / "probe-rank0.jsonl"
-        deadline = time.monotonic() + 60
-        while not (probe.exists() and probe.read_bytes().count(b"\n") >= 2) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        first.send_signal(signal.SIGKILL)
-        first.wait()
-        assert squeue(launched.job_id) == "RUNNING"  # Slurm holds the job, not the launcher
-        second = start_launcher(server.url, data_dir, log)
-        finished = await h.wait_for(trial, "TrialFinished", timeout_s=120)
-        assert finished.status == "ok", finished  # followed to its end, not abandoned
-        assert finished.steps_completed == 12
-        assert squeue(launched.job_id) == "COMPLETED"
-        assert "re-attached to a running job" in (tmp_path / "launcher.log").read_text()
-        assert git_worktrees(study_repo) == []
-    finally:
-        for proc in (first, second):
-            if proc is not None and proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                proc.wait(30)
-        log.close()
-        await h.close()
-        server.stop()
+    async with serving(tmp_path) as h:
+        with launcher_processes(h, tmp_path / "launcher.log") as launchers:
+            first = launchers.start()
+            study = await h.create_study(make_workload(tmp_path, timeout_s=120.0, backend=SLURM))
+            study_repo = data_dir / "studies" / study / "workload"
+            # 12 steps of ≥0.3 s: the job outlives the first launcher by several seconds
+            trial = await h.propose(study, knobs={"knobs.mode": "ok", "knobs.sleep": 0.3})
+            launched = await h.wait_for(trial, "TrialLaunched", timeout_s=60)
+            probe = data_dir / "launcher" / "trials" / trial / "probe" / "probe-rank0.jsonl"
+            deadline = time.monotonic() + 60
+            while not (probe.exists() and probe.read_bytes().count(b"\n") >= 2) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            first.send_signal(signal.SIGKILL)
+            first.wait()
+            assert squeue(launched.job_id) == "RUNNING"  # Slurm holds the job, not the launcher
+            launchers.start()
+            finished = await h.wait_for(trial, "TrialFinished", timeout_s=120)
+            assert finished.status == "ok", finished  # followed to its end, not abandoned
+            assert finished.steps_completed == 12
+            assert squeue(launched.job_id) == "COMPLETED"
+            assert "re-attached to a running job" in (tmp_path / "launcher.log").read_text()
+            assert git_worktrees(study_repo) == []
 
 
 def test_demo_backend_slurm_runs_the_reference_contract_on_slurm(slurm_cluster, tmp_path, monkeypatch) -> None:

@@ -57,18 +57,28 @@ def cluster_subject(cluster_id: str) -> str:
     return bank_subject(cluster_id, ">")
 
 
+def _sourced_stream(name: str, description: str, sources: list[api.StreamSource], replicas: int) -> api.StreamConfig:
+    """A file-backed stream that only copies other streams' messages (limits retention, like the banks it sources)."""
+    return api.StreamConfig(
+        name=name,
+        description=description,
+        retention=api.RetentionPolicy.LIMITS,
+        storage=api.StorageType.FILE,
+        num_replicas=replicas,
+        sources=sources,
+    )
+
+
 def hub_stream_config(leaf_domains: Sequence[str], replicas: int = 1) -> api.StreamConfig:
     """The hub's aggregate: one source per cluster's ``IRSI_BANK``, reached through that cluster's domain."""
     if not leaf_domains:
         raise ValueError("the hub needs at least one leaf domain to source from")
-    return api.StreamConfig(
-        name=HUB_STREAM,
-        description="InfraRSI bank: every cluster's entries (sourced from each cluster's IRSI_BANK)",
-        retention=api.RetentionPolicy.LIMITS,
-        storage=api.StorageType.FILE,
-        num_replicas=replicas,
-        sources=[api.StreamSource(name=BANK_STREAM, external=api.ExternalStream(api=api_prefix(d)))
-                 for d in sorted(set(leaf_domains))],
+    return _sourced_stream(
+        HUB_STREAM,
+        "InfraRSI bank: every cluster's entries (sourced from each cluster's IRSI_BANK)",
+        [api.StreamSource(name=BANK_STREAM, external=api.ExternalStream(api=api_prefix(d)))
+         for d in sorted(set(leaf_domains))],
+        replicas,
     )
 
 
@@ -90,13 +100,8 @@ def shared_stream_config(hub_domain: str = HUB_DOMAIN, peer_clusters: Sequence[s
         else:  # several filters on one source: subject transforms that map each filter onto itself
             source.subject_transforms = [api.SubjectTransform(src=cluster_subject(p), dest=cluster_subject(p))
                                          for p in peers]
-    return api.StreamConfig(
-        name=SHARED_STREAM,
-        description="InfraRSI bank: other clusters' entries (sourced from the hub's IRSI_BANK_HUB)",
-        retention=api.RetentionPolicy.LIMITS,
-        storage=api.StorageType.FILE,
-        num_replicas=replicas,
-        sources=[source],
+    return _sourced_stream(
+        SHARED_STREAM, "InfraRSI bank: other clusters' entries (sourced from the hub's IRSI_BANK_HUB)", [source], replicas
     )
 
 

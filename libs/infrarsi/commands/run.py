@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass, field
 
 from infrarsi import events as ev
-from infrarsi.commands.study_log import cli_bus, follow_study, read_study, require_study, study_contract
+from infrarsi.commands.study_log import cli_bus, follow_study, open_study
 from infrarsi.errors import UserError
 from infrarsi.trial_ledger import TrialLedger
 
@@ -129,9 +129,7 @@ async def run(args: argparse.Namespace) -> int:
 
 
 async def _run(bus, args: argparse.Namespace) -> int:
-    events, next_seq = await read_study(bus, args.study)
-    created = require_study(events, args.study)
-    contract = study_contract(created)
+    events, next_seq, created, contract = await open_study(bus, args.study)
     budget = contract.budget.trials
     if args.trials is not None and not 1 <= args.trials <= budget:
         raise UserError(f"--trials must be in 1..{budget} (the contract's locked budget.trials)")

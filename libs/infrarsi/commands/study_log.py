@@ -119,6 +119,15 @@ def study_contract(created: ev.StudyCreated) -> Contract:
         raise UserError(f"the study's contract does not load: {exc}") from None
 
 
+async def open_study(bus: Bus, study_id: str) -> tuple[list[ev.Event], int, ev.StudyCreated, Contract]:
+    """What a verb that acts on a study starts from: its events so far, the next stream position to follow
+    from, its ``StudyCreated`` and its locked contract; an unknown study or a contract that no longer loads is
+    a ``UserError`` (``require_study``, ``study_contract``)."""
+    events, next_seq = await read_study(bus, study_id)
+    created = require_study(events, study_id)
+    return events, next_seq, created, study_contract(created)
+
+
 @contextlib.asynccontextmanager
 async def recording_bus(args: argparse.Namespace, source: str) -> AsyncIterator[Bus]:
     """A bus connection: to ``--nats-url``/``$INFRARSI_NATS_URL``/a running ``infrarsi up``, else to a

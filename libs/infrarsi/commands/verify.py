@@ -17,7 +17,7 @@ import msgspec
 
 from infrarsi import events as ev
 from infrarsi import verification as vf
-from infrarsi.commands.study_log import cli_bus, follow_study, read_study, require_study, study_contract
+from infrarsi.commands.study_log import cli_bus, follow_study, open_study
 from infrarsi.errors import EXIT_FAILED, UserError
 
 SOURCE = "cli.verify"
@@ -73,9 +73,7 @@ async def run(args: argparse.Namespace) -> int:
 
 async def _verify(bus, args: argparse.Namespace) -> int:
     study_id = args.study
-    events, next_seq = await read_study(bus, study_id)
-    created = require_study(events, study_id)
-    contract = study_contract(created)
+    events, next_seq, created, contract = await open_study(bus, study_id)
     top = args.top or contract.verify.top_k
     ranked = candidates_from_log(events, top)
     if not ranked:
