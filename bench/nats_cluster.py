@@ -18,13 +18,11 @@ import contextlib
 import shutil
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from infrarsi import credentials
-from infrarsi.embedded import nats_server_binary
+from infrarsi.embedded import answers_healthy, nats_server_binary
 from infrarsi.netns import Host, NetnsNetwork
 
 SECURE = Path(__file__).resolve().parents[1] / "deploy" / "nats" / "secure"
@@ -138,10 +136,8 @@ class NatsCluster:
         while time.monotonic() < deadline:
             if not node.alive():
                 raise RuntimeError(f"nats-server {name} exited; log {self.root / f'{name}.log'}:\n{self.log_tail(name)}")
-            with contextlib.suppress(OSError, urllib.error.URLError):
-                with urllib.request.urlopen(url, timeout=2.0) as response:
-                    if response.status == 200:
-                        return
+            if answers_healthy(url, timeout_s=2.0):
+                return
             time.sleep(0.2)
         raise RuntimeError(f"nats-server {name} not healthy after {timeout_s:.0f}s:\n{self.log_tail(name)}")
 

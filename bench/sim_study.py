@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import nats.errors
 import yaml
 from infrarsi import eventlog
 from infrarsi import events as ev
@@ -58,7 +59,10 @@ async def run_study(bus: Bus, study_id: str, *, trials: int, parallel: int, time
                                     source="cli.run", event_id=ev.derived_id(study_id, "bench-run")))  # fmt: skip
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        finished = [e.payload for e in await lifecycle(bus, study_id) if isinstance(e.payload, ev.StudyFinished)]
+        try:
+            finished = [e.payload for e in await lifecycle(bus, study_id) if isinstance(e.payload, ev.StudyFinished)]
+        except nats.errors.Error:  # a cluster's JetStream electing a leader ("temporarily unavailable"): ask again
+            finished = []
         if finished:
             return finished[-1]
         await asyncio.sleep(1.0)

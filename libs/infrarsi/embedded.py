@@ -195,10 +195,8 @@ class EmbeddedServer:
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
                 raise EmbeddedServerError(f"nats-server exited with code {self.process.returncode}")
-            with contextlib.suppress(OSError, urllib.error.URLError):
-                with urllib.request.urlopen(url, timeout=1.0) as response:
-                    if response.status == 200:
-                        return
+            if answers_healthy(url):
+                return
             time.sleep(0.05)
         raise EmbeddedServerError(f"nats-server not healthy after {timeout_s:.0f}s")
 
@@ -230,6 +228,14 @@ class EmbeddedServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def answers_healthy(healthz_url: str, timeout_s: float = 1.0) -> bool:
+    """Whether a nats-server's monitoring ``/healthz`` (any query) answers 200 right now."""
+    with contextlib.suppress(OSError, urllib.error.URLError):
+        with urllib.request.urlopen(healthz_url, timeout=timeout_s) as response:
+            return bool(response.status == 200)
+    return False
 
 
 def running_server_url(data_dir: Path | str = DEFAULT_DATA_DIR) -> str | None:
