@@ -321,7 +321,9 @@ class ProposerState(Fold):
         study.proposed_keys.add(key)
         out = []
         for r in range(study.space.contract.budget.repeats_per_trial):
-            index = len(study.proposals)
+            # Numbered among the search trials only: the n-th candidate has the same trial id whether or not the
+            # host forced re-runs before it (a re-run's id derives from the trial it repeats).
+            index = study.trials_used
             trial_id = ev.derived_id(study.study_id, "search", str(index))
             payload = ev.TrialProposed(candidate=event_candidate, candidate_key=key, kind="search",
                                        origin=origin, reason=reason, repeat=r, prediction=predicted)
