@@ -28,7 +28,7 @@ import base64
 import contextlib
 import json
 import secrets
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import nats.js.errors
@@ -59,11 +59,6 @@ def _sequences(reply: str) -> tuple[int, int]:
         return int(tokens[5]), int(tokens[6])
     # $JS.ACK.<domain>.<account>.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>[.<token>]
     return int(tokens[7]), int(tokens[8])
-
-
-def stream_messages(msgs: Sequence[Msg]) -> list[StreamMessage]:
-    """``(seq, subject, data)`` of JetStream messages delivered through nats-py."""
-    return [(_sequences(m.reply)[0], m.subject, m.data) for m in msgs]
 
 
 async def read_stream(

@@ -44,6 +44,9 @@ def make_backend(
     if cls is LocalBackend:
         return LocalBackend(owner, netns=options.netns if options else None)
     if kind == "slurm":
+        from infrarsi.backends.slurm import SlurmBackend
+
         completion = settings.slurm_sacct_completion if settings is not None else None
-        return cls(owner, options, sacct_completion=completion)  # type: ignore[call-arg]
+        return SlurmBackend(owner, options, sacct_completion=completion)
+    # The ABC declares no constructor (each backend takes what it needs); the others take their owner alone.
     return cls(owner)  # type: ignore[call-arg]

@@ -11,7 +11,6 @@ from typing import Any
 
 import duckdb
 import numpy as np
-from nats.aio.msg import Msg
 
 from infrarsi import events as ev
 from infrarsi.eventlog.decoding import (
@@ -29,7 +28,7 @@ from infrarsi.eventlog.schema import (
     SCHEMA,
     AnalystDBError,
 )
-from infrarsi.stream_reader import StreamMessage, stream_messages
+from infrarsi.stream_reader import StreamMessage
 
 # --------------------------------------------------------------------------------------------------
 # The database
@@ -184,11 +183,9 @@ class AnalystDB:
 
     # ---------------------------------------------------------------- writing
 
-    def apply_batch(self, stream: str, msgs: Sequence[StreamMessage] | Sequence[Msg]) -> int:
+    def apply_batch(self, stream: str, msgs: Sequence[StreamMessage]) -> int:
         """Decode and apply messages of ``stream`` (in order); returns how many were new. Idempotent."""
-        if msgs and isinstance(msgs[0], Msg):
-            msgs = stream_messages(msgs)  # type: ignore[arg-type]
-        return self.write_batch(decode_batch(stream, msgs, after_seq=self.position(stream)))  # type: ignore[arg-type]
+        return self.write_batch(decode_batch(stream, msgs, after_seq=self.position(stream)))
 
     def write_batch(self, batch: Batch) -> int:
         """Apply a decoded batch in one transaction with its position; returns the messages it advanced by."""
