@@ -3,7 +3,8 @@
 ``make_backend`` picks one by the contract's ``backend.kind``; the verifier and doctor reuse the same
 backends through this package. ``local`` runs real processes (on loopback, or one network namespace per
 node); ``sim`` plays trials out on the analytic cluster simulator (``infrarsi.sim``, labelled as such);
-``slurm`` submits batch jobs to a Slurm cluster (``docs/backends.md``).
+``slurm`` submits batch jobs to a Slurm cluster; ``kubernetes`` creates a PyTorchJob or an indexed Job per trial
+(untested against a live cluster; ``docs/backends.md``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ def backend_class(kind: str) -> type[Backend]:
             from infrarsi.backends.slurm import SlurmBackend
 
             return SlurmBackend
+        case "kubernetes":
+            from infrarsi.backends.kubernetes import KubernetesBackend  # the client is imported in open()
+
+            return KubernetesBackend
         case _:
             raise ValueError(f"backend {kind!r} is not available in this launcher")
 
@@ -48,5 +53,7 @@ def make_backend(
 
         completion = settings.slurm_sacct_completion if settings is not None else None
         return SlurmBackend(owner, options, sacct_completion=completion)
+    if kind == "kubernetes":
+        return cls(owner, options)  # type: ignore[call-arg]  # KubernetesBackend(owner, options): see below
     # The ABC declares no constructor (each backend takes what it needs); the others take their owner alone.
     return cls(owner)  # type: ignore[call-arg]

@@ -32,7 +32,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from infrarsi.backends.base import DEVICE_OOM, Backend, JobHandle, JobResult, JobSpec, SubmitError
+from infrarsi.backends.base import Backend, JobHandle, JobResult, JobSpec, SubmitError, device_oom_line
 from infrarsi.backends.local import TAIL_BYTES, tail_of
 from infrarsi.contract import BackendSpec
 
@@ -124,10 +124,7 @@ def slurm_end(
         )
     elif state == "OUT_OF_MEMORY":
         oom_detail = f"Slurm job {job_id} ended OUT_OF_MEMORY"
-    elif (match := DEVICE_OOM.search(output)) is not None:
-        line_start = output.rfind("\n", 0, match.start()) + 1
-        line_end = output.find("\n", match.end())
-        line = output[line_start : line_end if line_end != -1 else None].strip()[:300]
+    elif (line := device_oom_line(output)) is not None:
         oom_detail = f"out-of-memory reported by the job: {line}"
     cancelled = None
     if state == "TIMEOUT":
