@@ -54,6 +54,5 @@ def make_backend(
         completion = settings.slurm_sacct_completion if settings is not None else None
         return SlurmBackend(owner, options, sacct_completion=completion)
     if kind == "kubernetes":
-        return cls(owner, options)  # type: ignore[call-arg]  # KubernetesBackend(owner, options): see below
-    # The ABC declares no constructor (each backend takes what it needs); the others take their owner alone.
-    return cls(owner)  # type: ignore[call-arg]
+        return cls(owner, options)  # type: ignore[call-arg]  # KubernetesBackend(owner, options)
+    return cls(owner)  # type: ignore[call-arg]  # the ABC declares no constructor; the others take their owner
