@@ -168,3 +168,28 @@ def test_demo_backend_slurm_runs_the_reference_contract_on_slurm(slurm_cluster, 
     monkeypatch.setenv("SLURM_CONF", str(tmp_path / "no-such-slurm.conf"))
     with pytest.raises(UserError, match="make slurm-up"):
         with_backend(GPT.parent.parent / DEFAULT_CONTRACT, "slurm", tmp_path)
+
+
+async def test_a_node_lost_mid_job_is_an_infrastructure_failure(harness, tmp_path, slurm_cluster) -> None:
+    """An administrator sets the job's node DOWN (``scontrol update state=down``, as slurmctld does when a node
+    stops answering): Slurm ends the job ``NODE_FAIL``; the trial is ``cancelled``, marked ``infrastructure``
+    (it costs, says nothing of the candidate, and is run again)."""
+    study = await harness.create_study(make_workload(tmp_path, timeout_s=120.0, backend=SLURM))
+    trial = await harness.propose(study, knobs={"knobs.mode": "sleep"})
+    launched = await harness.wait_for(trial, "TrialLaunched", timeout_s=60)
+    deadline = time.monotonic() + 60
+    while squeue(launched.job_id) != "RUNNING" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    node = subprocess.run(["squeue", "-h", "-j", launched.job_id, "-o", "%N"], capture_output=True, text=True,
+                          check=True).stdout.strip()  # fmt: skip
+    assert node, "the job runs on a node"
+    subprocess.run(["scontrol", "update", f"nodename={node}", "state=down", "reason=infrarsi test: node lost"],
+                   check=True)  # fmt: skip
+    try:
+        finished = await harness.wait_for(trial, "TrialFinished", timeout_s=120)
+    finally:
+        subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=True)
+    assert squeue(launched.job_id) == "NODE_FAIL"
+    assert finished.status == "cancelled" and finished.infrastructure, finished
+    assert f"Slurm job {launched.job_id} ended NODE_FAIL" in finished.reason
+    assert finished.accelerator_s > 0, "the lost node's time is still spent"

@@ -157,15 +157,18 @@ class KubernetesBackend(Backend):
             from kubernetes import client, config
         except ImportError:
             raise SubmitError("backend kind kubernetes needs the kubernetes client: pip install 'infrarsi[kubernetes]'") from None
-        if self.options.kubeconfig:
-            self._client = config.new_client_from_config(config_file=self.options.kubeconfig)
-        else:
-            try:
-                configuration = client.Configuration()
-                config.load_incluster_config(client_configuration=configuration)
-                self._client = client.ApiClient(configuration)
-            except config.ConfigException:
-                self._client = config.new_client_from_config()
+        try:
+            if self.options.kubeconfig:
+                self._client = config.new_client_from_config(config_file=os.path.expanduser(self.options.kubeconfig))
+            else:
+                try:
+                    configuration = client.Configuration()
+                    config.load_incluster_config(client_configuration=configuration)
+                    self._client = client.ApiClient(configuration)
+                except config.ConfigException:  # not in a pod: the user's kubeconfig
+                    self._client = config.new_client_from_config()
+        except (config.ConfigException, OSError, ValueError) as exc:
+            raise SubmitError(f"backend kind kubernetes: no usable cluster configuration: {exc}") from None
 
     def close(self) -> None:
         for handle in list(self._live.values()):
