@@ -40,13 +40,13 @@ def _no_stack_left(tmp_path: Path) -> None:
     assert not mine, f"processes left behind: {[p.info['cmdline'] for p in mine]}"
 
 
-def _short_contract(tmp_path: Path) -> Path:
-    """dense-1node with a 10-step horizon, 4 trials, 2 doctor repeats and one verify round of one repeat."""
+def _short_contract(tmp_path: Path, steps: int = 10, trials: int = 4) -> Path:
+    """dense-1node with a short horizon, a few trials, 2 doctor repeats and one verify round of one repeat."""
     contract = yaml.safe_load(DENSE.read_text())
     contract["workload"]["repo"] = str(DENSE.parent.parent)
-    contract["workload"]["steps"] = 10
-    contract["workload"]["verify_steps"] = 10
-    contract["budget"]["trials"] = 4
+    contract["workload"]["steps"] = steps
+    contract["workload"]["verify_steps"] = steps
+    contract["budget"]["trials"] = trials
     contract["doctor"]["repeats"] = 2
     contract["verify"] = {"top_k": 1, "repeats": 1, "passes_required": 1}
     path = tmp_path / "dense-short.yaml"
@@ -79,8 +79,9 @@ def test_short_real_run_through_all_six_services(tmp_path: Path) -> None:
 @pytest.mark.timeout(3000)
 def test_demo_through_slurm(tmp_path: Path, slurm_cluster) -> None:
     """``infrarsi demo --backend slurm``: the same five stages, every trial (doctor's baseline runs, the
-    search, the verifier's rounds) a batch job on the tests' own Slurm cluster."""
-    rc, summary, output = _demo(tmp_path, _short_contract(tmp_path), 4, 2900, "--backend", "slurm")
+    search, the verifier's rounds) a batch job on the tests' own Slurm cluster. Shorter than the local short
+    run (3 steps, 2 trials): its jobs run in the namespaced nodes of a shared 2-core host."""
+    rc, summary, output = _demo(tmp_path, _short_contract(tmp_path, steps=3, trials=2), 2, 2900, "--backend", "slurm")
     _five_stages_ran(rc, summary, output)
     trials = sorted((tmp_path / "data" / "launcher" / "trials").iterdir())
     submitted = [json.loads((t / "slurm.json").read_text())["job_id"] for t in trials if (t / "slurm.json").exists()]
