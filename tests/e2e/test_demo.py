@@ -82,6 +82,7 @@ def test_demo_through_slurm(tmp_path: Path, slurm_cluster) -> None:
     search, the verifier's rounds) a batch job on the tests' own Slurm cluster. Shorter than the local short
     run (3 steps, 2 trials): its jobs run in the namespaced nodes of a shared 2-core host."""
     rc, summary, output = _demo(tmp_path, _short_contract(tmp_path, steps=3, trials=2), 2, 2900, "--backend", "slurm")
+    print(json.dumps(summary, indent=2))  # the run's figures (pytest -s)
     _five_stages_ran(rc, summary, output)
     trials = sorted((tmp_path / "data" / "launcher" / "trials").iterdir())
     submitted = [json.loads((t / "slurm.json").read_text())["job_id"] for t in trials if (t / "slurm.json").exists()]
