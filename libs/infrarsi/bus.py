@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import os
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
@@ -64,6 +65,42 @@ def server_urls(url: str) -> list[str]:
 
 class BusError(RuntimeError):
     """The bus could not be reached, or refused a publish."""
+
+
+ACK_JOURNAL_SUFFIX = ".acks"
+
+
+class AckJournal:
+    """Every JetStream ack one process received, one line each: ``<stream> <seq> <msg id>``.
+
+    A write the server acknowledged must be in the stream whatever happens to the servers afterwards; a fault
+    benchmark can only check that if it knows every ack, including those a killed service received. Lines are
+    appended unbuffered with ``O_APPEND`` (one ``write`` each: whole lines even from a process killed mid-run)
+    to ``<directory>/<service>-<pid>.acks``."""
+
+    def __init__(self, directory: Path, service: str) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"{service}-{os.getpid()}{ACK_JOURNAL_SUFFIX}"
+        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+
+    def record(self, ack: api.PubAck, msg_id: str) -> None:
+        if self._fd is not None:
+            os.write(self._fd, f"{ack.stream} {ack.seq} {msg_id}\n".encode())
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    @staticmethod
+    def read(directory: Path) -> list[tuple[str, int, str]]:
+        """Every ack journaled under ``directory``: (stream, sequence, msg id)."""
+        acks = []
+        for path in sorted(directory.glob(f"*{ACK_JOURNAL_SUFFIX}")):
+            for line in path.read_text().splitlines():
+                stream, seq, msg_id = line.split(" ", 2)
+                acks.append((stream, int(seq), msg_id))
+        return acks
 
 
 @dataclass(frozen=True)
@@ -139,6 +176,7 @@ class Bus:
         self.lost: str | None = None
         """Why the connection was given up (see ``connect(data_dir=…)``); ``None`` while it is not."""
         self._follower: asyncio.Task[None] | None = None
+        self.ack_journal: AckJournal | None = None
 
     # ---------------------------------------------------------------- connection
 
@@ -153,6 +191,7 @@ class Bus:
         replicas: int | None = None,
         data_dir: Path | str | None = None,
         lost_after_s: float = LOST_AFTER_S,
+        ack_journal: Path | None = None,
     ) -> Bus:
         """Connect (failing fast with ``BusError`` if the server cannot be reached) and ensure the streams.
 
@@ -163,6 +202,8 @@ class Bus:
         ``data_dir``: when ``url`` is the embedded server that ``infrarsi up`` runs there, follow it: if the
         connection is lost and the server comes back on another port, switch to it; if none is back after
         ``lost_after_s``, close the connection and set ``lost`` (the next call fails with a clear error).
+
+        ``ack_journal``: a directory where every ack this connection receives is logged (``AckJournal``).
         """
         holder: dict[str, Bus] = {}
         creds = credentials.for_principal(service, data_dir or _explicit_data_dir())
@@ -219,6 +260,8 @@ class Bus:
                 )
             raise BusError(f"cannot reach NATS at {url}: {cause or type(cause).__name__}{hint}") from None
         bus = cls(nc, service, replicas if replicas is not None else replicas_from_env())
+        if ack_journal is not None:
+            bus.ack_journal = AckJournal(Path(ack_journal), service)
         holder["bus"] = bus
         if data_dir is not None and running_server_url(data_dir) == url:
             bus._follower = asyncio.create_task(bus._follow_server(Path(data_dir), lost_after_s), name="follow-server")
@@ -252,12 +295,14 @@ class Bus:
         """Drain (finish in-flight deliveries and flush publishes), then close."""
         if self._follower is not None:
             self._follower.cancel()
-        if self.nc.is_closed:
-            return
         try:
-            await self.nc.drain()
+            if not self.nc.is_closed:
+                await self.nc.drain()
         except (nats.errors.ConnectionClosedError, nats.errors.FlushTimeoutError):
             await self.nc.close()
+        finally:
+            if self.ack_journal is not None:
+                self.ack_journal.close()
 
     async def ensure_streams(self) -> None:
         """Create each stream, or update it to the current definition; idempotent."""
@@ -282,7 +327,7 @@ class Bus:
     async def publish(self, event: ev.Event) -> api.PubAck:
         """Publish one event and wait for JetStream's ack. A duplicate id is acked with ``duplicate=True``."""
         try:
-            return await self.js.publish(
+            ack = await self.js.publish(
                 subjects.subject_for(event),
                 ev.encode(event),
                 headers=self._headers(event),
@@ -290,6 +335,12 @@ class Bus:
             )
         except (nats.errors.TimeoutError, nats.js.errors.NoStreamResponseError) as exc:
             raise BusError(f"publish of {event.type} {event.event_id} not acknowledged: {exc!r}") from exc
+        return self._acked(ack, event.event_id)
+
+    def _acked(self, ack: api.PubAck, msg_id: str | None) -> api.PubAck:
+        if self.ack_journal is not None and msg_id is not None:
+            self.ack_journal.record(ack, msg_id)
+        return ack
 
     async def publish_many(self, events: Sequence[ev.Event], timeout_s: float = 30.0) -> list[api.PubAck]:
         """Publish a batch asynchronously and check every ack; raises ``BusError`` if any failed."""
@@ -308,15 +359,20 @@ class Bus:
             results = await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), timeout_s)
         except TimeoutError:
             raise BusError(f"{len(futures)} async publishes not all acknowledged in {timeout_s}s") from None
+        for event, result in zip(events, results, strict=True):
+            if not isinstance(result, BaseException):
+                self._acked(result, event.event_id)
         failures = [r for r in results if isinstance(r, BaseException)]
         if failures:
             raise BusError(f"{len(failures)} of {len(events)} publishes failed; first: {failures[0]!r}")
         return list(results)  # type: ignore[arg-type]
 
-    async def publish_raw(self, subject: str, data: bytes, msg_id: str | None = None) -> api.PubAck:
-        """Publish bytes that are not an ``Event`` (dead letters; tests of malformed input)."""
+    async def publish_raw(
+        self, subject: str, data: bytes, msg_id: str | None = None, stream: str | None = None
+    ) -> api.PubAck:
+        """Publish bytes that are not an ``Event`` (dead letters, probe records; tests of malformed input)."""
         headers = {"Nats-Msg-Id": msg_id} if msg_id else None
-        return await self.js.publish(subject, data, headers=headers)
+        return self._acked(await self.js.publish(subject, data, headers=headers, stream=stream), msg_id)
 
     async def dead_letter(self, delivery: Delivery) -> None:
         """Park a message on ``irsi.deadletter.<service>`` with the error, its first bytes and its digest."""

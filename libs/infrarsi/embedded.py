@@ -27,6 +27,7 @@ from infrarsi import credentials
 
 DEFAULT_DATA_DIR = Path(".infrarsi")
 SERVER_STATE_FILE = "nats-server.json"
+SERVER_CONFIG_FILE = "nats-server.conf"
 
 
 START_ATTEMPTS = 4
@@ -70,7 +71,7 @@ def free_port() -> int:
 def previous_port(data_dir: Path) -> int | None:
     """The client port of the last server started over ``data_dir`` (its config stays behind), if free now."""
     try:
-        config = (data_dir / "nats-server.conf").read_text()
+        config = (data_dir / SERVER_CONFIG_FILE).read_text()
     except OSError:
         return None
     match = re.search(r"^listen: 127\.0\.0\.1:(\d+)$", config, re.MULTILINE)
@@ -143,7 +144,7 @@ class EmbeddedServer:
 
     def _launch(self, server_name: str, auth: str, extra_config: str, ready_timeout_s: float) -> None:
         """Write the config, start the process and wait until it is healthy; ``PortTaken`` when a port was."""
-        config_path = self.data_dir / "nats-server.conf"
+        config_path = self.data_dir / SERVER_CONFIG_FILE
         config_path.write_text(
             "\n".join(
                 [
@@ -194,10 +195,8 @@ class EmbeddedServer:
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
                 raise EmbeddedServerError(f"nats-server exited with code {self.process.returncode}")
-            with contextlib.suppress(OSError, urllib.error.URLError):
-                with urllib.request.urlopen(url, timeout=1.0) as response:
-                    if response.status == 200:
-                        return
+            if answers_healthy(url):
+                return
             time.sleep(0.05)
         raise EmbeddedServerError(f"nats-server not healthy after {timeout_s:.0f}s")
 
@@ -229,6 +228,14 @@ class EmbeddedServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def answers_healthy(healthz_url: str, timeout_s: float = 1.0) -> bool:
+    """Whether a nats-server's monitoring ``/healthz`` (any query) answers 200 right now."""
+    with contextlib.suppress(OSError, urllib.error.URLError):
+        with urllib.request.urlopen(healthz_url, timeout=timeout_s) as response:
+            return bool(response.status == 200)
+    return False
 
 
 def running_server_url(data_dir: Path | str = DEFAULT_DATA_DIR) -> str | None:

@@ -20,6 +20,7 @@ variable                        field                             meaning
 ``INFRARSI_LAUNCHER_SLOTS``     ``launcher_slots``                trials the launcher runs at once
 ``INFRARSI_LAUNCHER_ACK_WAIT_S`` ``launcher_ack_wait_s``          the launcher consumer's ack wait (s)
 ``INFRARSI_PARENT_PID``         ``parent_pid``                    the stack whose death stops a service
+``INFRARSI_ACK_JOURNAL``        ``ack_journal``                   a directory: log every JetStream ack there
 ``INFRARSI_SLURM_SACCT_COMPLETION`` ``slurm_sacct_completion``    Slurm: completion log (1) or accounting (0)
 ``INFRARSI_LLM_BASE_URL``       ``llm_base_url``                  the agent's endpoint (after the contract's)
 ``INFRARSI_LLM_MODEL``          ``llm_model``                     the agent's model (after the contract's)
@@ -29,7 +30,7 @@ variable                        field                             meaning
 
 A job's environment (``JobEnv``, set by the launcher, read by the probe and the simulator in the job):
 ``INFRARSI_STUDY``, ``INFRARSI_TRIAL``, ``INFRARSI_PROBE_DIR``, ``INFRARSI_NATS_URL``, ``INFRARSI_CLUSTER``,
-``INFRARSI_TRACEPARENT``, ``INFRARSI_PEAK_FLOPS``, and the simulator's ``INFRARSI_SIM_SCENARIO``,
+``INFRARSI_TRACEPARENT``, ``INFRARSI_PEAK_FLOPS``, ``INFRARSI_RETRY_OF``, and the simulator's ``INFRARSI_SIM_SCENARIO``,
 ``INFRARSI_SIM_STEP_S`` and ``INFRARSI_SIM_SEED``; ``INFRARSI_LAUNCH_TAG`` marks a job's processes so the
 launcher can find them (``infrarsi.procs``).
 """
@@ -95,6 +96,9 @@ class Settings(_FromEnv):
     """How long the launcher's consumer waits for an ack before redelivering (its handlers heartbeat)."""
     parent_pid: int | None = Field(default=None, ge=1)
     """Set by a stack on the services it starts: the process whose death must stop them."""
+    ack_journal: Path | None = None
+    """A directory where the process appends every JetStream ack it receives (``infrarsi.bus.AckJournal``): fault
+    benchmarks count them against what the streams hold afterwards (bench/chaos_cluster.py)."""
     slurm_sacct_completion: bool | None = None
     """The Slurm backend's job records: ``1`` reads the job-completion log (``sacct --completion``), ``0`` the
     accounting database; unset asks ``scontrol show config`` whether there is an accounting database."""
@@ -133,6 +137,8 @@ class JobEnv(_FromEnv):
     peak_flops: float | None = Field(default=None, gt=0)
     """Per-device FLOP/s, for MFU."""
     launch_tag: str | None = None
+    retry_of: str | None = None
+    """The trial this job runs again (``TrialProposed.retry_of``): the simulator replays that trial's draw."""
     sim_scenario: str | None = None
     sim_step_s: float | None = Field(default=None, ge=0)
     sim_seed: int | None = None

@@ -346,7 +346,7 @@ class LauncherService(Service):
             name=event.trial_id or "",
             argv=launch.argv,
             workdir=worktree,
-            env=self._job_env(event, study, probe_dir, launch.env),
+            env=self._job_env(event, study, probe_dir, launch.env, retry_of=proposed.retry_of),
             state_dir=tdir,
             launcher=contract.workload.launcher.kind,
             nnodes=contract.workload.launcher.nnodes,
@@ -455,7 +455,8 @@ class LauncherService(Service):
             paths.append(target)
         return paths
 
-    def _job_env(self, event: ev.Event, study: Study, probe_dir: Path, workload_env: dict[str, str]) -> dict[str, str]:
+    def _job_env(self, event: ev.Event, study: Study, probe_dir: Path, workload_env: dict[str, str], *,
+                 retry_of: str | None = None) -> dict[str, str]:  # fmt: skip
         env = {k: v for k, v in os.environ.items() if not k.startswith(SETTINGS_PREFIX)}
         if self.settings.log_level is not None:
             env[env_var("log_level")] = self.settings.log_level
@@ -468,6 +469,7 @@ class LauncherService(Service):
             cluster=study.cluster.cluster_id,
             traceparent=tracing.traceparent(),
             peak_flops=float(study.cluster.peak_flops) if study.cluster.peak_flops else None,
+            retry_of=retry_of,
         )
         env.update(job.to_env())
         env["PYTHONUNBUFFERED"] = "1"
@@ -556,11 +558,8 @@ class LauncherService(Service):
                 record = ev.decode_or_none(line, (ev.TrialStep,))  # None: a torn last line of a killed job
                 if record is None:
                     continue
-                await self.bus.js.publish(
-                    subject,
-                    line,
-                    headers={"Nats-Msg-Id": step_msg_id(trial_id, rank, record.payload.step)},
-                    stream=TELEMETRY_STREAM,
+                await self.bus.publish_raw(
+                    subject, line, msg_id=step_msg_id(trial_id, rank, record.payload.step), stream=TELEMETRY_STREAM
                 )
 
 
