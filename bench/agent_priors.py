@@ -12,7 +12,9 @@ Per simulator scenario, the InfraRSI Searcher searches side by side over the sam
 The priors enter exactly as the agent's do (``infrarsi.agent.answers.prior_from_answer`` — floored std, widened
 by ``agent.prior_weight`` — then ``StudySpace.with_agent``'s ``bank.adapt.with_priors``), stated std 0.1,
 weight 0.5. The fit is built from the simulator's physics (``sim.scenarios.enumerate_scenario``), apart from
-the search code it measures; the search sees only noisy trials.
+the search code it measures; the search sees only noisy trials. The model's priors are handled by the
+proposer's rule (``run``): on probation, hedged by a searcher without them, until the Bayes-factor check
+drops or trusts them.
 
 Metric: trials until the best valid trial so far is within 95% of the oracle's speed (noise-free time ≤ oracle
 / 0.95); a run that never gets there within ``--max-trials`` counts as max-trials + 1. Everything here is a
@@ -37,11 +39,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "libs"))
 
 import numpy as np  # noqa: E402
+from _common import pool_for  # noqa: E402
 from infrarsi.agent.answers import prior_from_answer, prior_overrides  # noqa: E402
-from infrarsi.agent.prior_check import contradicted  # noqa: E402
+from infrarsi.agent.prior_check import judge  # noqa: E402
 from infrarsi.bank.adapt import with_priors  # noqa: E402
 from infrarsi.modeling.priors import default_knowledge_base  # noqa: E402
-from infrarsi.modeling.search import CandidatePool, Observation, Searcher  # noqa: E402
+from infrarsi.modeling.search import Observation, Searcher  # noqa: E402
 from infrarsi.modeling.space import FeatureEncoder, SearchSpace  # noqa: E402
 from infrarsi.modeling.time_model import TimeModel  # noqa: E402
 from infrarsi.sim.scenarios import enumerate_scenario, get_scenario, oracle  # noqa: E402
@@ -77,23 +80,12 @@ def arm_priors(arm: str, effects: dict[str, float]) -> list:
             for feature, mean in sorted(effects.items())]
 
 
-_POOLS: dict[tuple, CandidatePool] = {}
-
-
-def pool_for(name: str, space: SearchSpace) -> CandidatePool:
-    """One candidate pool per (scenario, patch priors) and process: a pool's encoder reads its space's patches."""
-    key = (name, tuple((p.id, p.time_prior, p.memory_prior) for p in space.patches))
-    if key not in _POOLS:
-        _POOLS[key] = CandidatePool.build(space, get_scenario(name).memory_meta())
-    return _POOLS[key]
-
-
-def recovery_guess(fresh: Searcher) -> list:
-    """The initial design a search without the model's priors would have tried (its best guess, then seeds)."""
-    return [s.candidate for s in fresh.suggest(1 + fresh.config.n_seeds)]
-
-
 def run(args: tuple[str, str, int, int, dict[str, float], bool]) -> dict:
+    """One search, with the proposer's rule for model priors (services/proposer/agent.py): on probation, every
+    other trial comes from a hedge — a searcher without the model's priors over the same outcomes, the
+    knowledge base's best guess first; the Bayes-factor check then drops the priors (the search goes on as the
+    hedge) or trusts them (no more hedging). ``check`` False: the ablation that keeps the model's priors
+    whatever the measurements say."""
     name, arm, seed, max_trials, effects, check = args
     sc = get_scenario(name)
     _, t_oracle = oracle(name)
@@ -104,39 +96,44 @@ def run(args: tuple[str, str, int, int, dict[str, float], bool]) -> dict:
         space, kb = with_priors(sc.space, base_kb, time_priors, memory_priors)
     with_model, without_model = TimeModel(space, kb), TimeModel(sc.space, base_kb)
 
-    def searcher_for(space: SearchSpace, kb, observations: list[Observation]) -> Searcher:
-        s = Searcher(space, sc.capacity_bytes, meta=sc.memory_meta(), kb=kb, seed=seed, pool=pool_for(name, space))
-        for o in observations:
-            s.observe(o)
-        return s
+    def searcher_for(space: SearchSpace, kb) -> Searcher:
+        return Searcher(space, sc.capacity_bytes, meta=sc.memory_meta(), kb=kb, seed=seed, pool=pool_for(name, space))
 
-    searcher = searcher_for(space, kb, [])
+    searcher, hedge = searcher_for(space, kb), None
+    if check and arm != "no_agent":
+        hedge = searcher_for(sc.space, base_kb)
+        hedge.enqueue([searcher_for(sc.space, base_kb).suggest(1)[0].candidate], "prior", "the KB's best guess")
     rng = np.random.default_rng([seed, 7])
-    best, reached, dropped_at = math.inf, None, None
+    best, reached, verdict, decided_at, hedge_turn = math.inf, None, "open", None, False
     observations: list[Observation] = []
     for trial in range(1, max_trials + 1):
-        suggestion = searcher.suggest(1)
+        turn = searcher
+        if hedge is not None and verdict == "open":
+            hedge_turn = not hedge_turn
+            turn = searcher if hedge_turn else hedge
+        suggestion = turn.suggest(1)
         if not suggestion:
             break
         c = suggestion[0].candidate
         out = sc.evaluate(c, rng)
         observations.append(Observation(c, out.status, out.step_time_s, out.peak_bytes, out.cost_seconds))
-        searcher.observe(observations[-1])
+        for s in (searcher, hedge):
+            if s is not None:
+                s.observe(observations[-1])
         if out.status == "ok":
             best = min(best, sc.true_step_time(c))
         if best <= t_oracle / FRACTION:
             reached = trial
             break
-        if check and arm != "no_agent" and dropped_at is None:
+        if hedge is not None and verdict == "open":
             measured = [(o.candidate, o.step_time_s) for o in observations if o.status == "ok" and o.step_time_s]
             searcher.refit()
-            drop, _bf = contradicted(with_model, without_model, measured, searcher.time_model.noise_std)
-            if drop:  # the measurements overrule the model: the rest of the search without its priors, starting
-                dropped_at = trial  # with the knowledge base's own initial design (what the model's priors displaced)
-                searcher = searcher_for(sc.space, base_kb, observations)
-                searcher.enqueue(recovery_guess(searcher_for(sc.space, base_kb, [])), "prior",
-                                 "the knowledge base's initial design, once the model's priors were dropped")
-    return {"scenario": name, "arm": arm, "seed": seed, "dropped_at": dropped_at,
+            verdict, _bf = judge(with_model, without_model, measured, searcher.time_model.noise_std)
+            if verdict != "open":
+                decided_at = trial
+            if verdict == "dropped":  # the rest of the search without the model's priors
+                searcher = hedge
+    return {"scenario": name, "arm": arm, "seed": seed, "verdict": verdict, "decided_at": decided_at,
             "trials_to_95": reached if reached is not None else max_trials + 1, "reached": reached is not None}
 
 
@@ -163,7 +160,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             trials = [r["trials_to_95"] for r in runs if r["scenario"] == name and r["arm"] == arm]
             per[arm] = {"trials_to_95_median": statistics.median(trials), "trials_to_95_mean": statistics.fmean(trials),
                         "trials_to_95": trials, "reached": sum(t <= args.max_trials for t in trials), "seeds": len(trials),
-                        "priors_dropped_at": [r["dropped_at"] for r in runs if r["scenario"] == name and r["arm"] == arm]}
+                        "priors_verdict": [f"{r['verdict']}@{r['decided_at']}" if r["decided_at"] else r["verdict"]
+                                           for r in runs if r["scenario"] == name and r["arm"] == arm]}
         per["targets"] = {
             "good_lt_no_agent": per["good"]["trials_to_95_median"] < per["no_agent"]["trials_to_95_median"],
             "inverted_le_no_agent_plus_3": per["inverted"]["trials_to_95_median"]

@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import sim_study  # noqa: E402
 from infrarsi.bus import Bus  # noqa: E402
+from infrarsi.credentials import ADMIN  # noqa: E402
 from infrarsi.embedded import EmbeddedServer  # noqa: E402
 from infrarsi.eventlog import analyst_db_path  # noqa: E402
 from infrarsi.stack import SERVICES, Stack  # noqa: E402
@@ -77,7 +78,7 @@ async def measure(args: argparse.Namespace) -> dict:
         log: list[dict] = []
         started = time.monotonic()
         try:
-            bus = await Bus.connect(stack.url, service="bench", data_dir=data_dir)
+            bus = await Bus.connect(stack.url, service=ADMIN, data_dir=data_dir)
             await sim_study.create_study(bus, contract, data_dir, STUDY_ID)
             done = asyncio.Event()
             monkey = asyncio.create_task(chaos(stack, kill_schedule(args.kills, rng), args.nats_kills, rng, done, log))

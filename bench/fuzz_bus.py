@@ -41,7 +41,9 @@ from conftest import sample_struct  # noqa: E402
 from infrarsi import events as ev  # noqa: E402
 from infrarsi import subjects  # noqa: E402
 from infrarsi.bus import MAX_EVENT_BYTES, Bus  # noqa: E402
+from infrarsi.credentials import ADMIN  # noqa: E402
 from infrarsi.stack import SERVICES, Stack, ping_services  # noqa: E402
+from infrarsi.stream_reader import read_stream  # noqa: E402
 
 STUDY_ID = "01fuzz00000000000000000000"
 KINDS = ("malformed", "truncated", "oversized", "wrong_typed", "deep", "wrong_owner")
@@ -122,7 +124,7 @@ async def fuzz_then_study(root: Path, args: argparse.Namespace, contract: Path) 
     stack = await asyncio.to_thread(Stack.start, data_dir)
     try:
         pids = {n: p.pid for n, p in stack.processes.items()}
-        bus = await Bus.connect(stack.url, service="bench")
+        bus = await Bus.connect(stack.url, service=ADMIN, data_dir=data_dir)
         consumers = consumed_types()
         sent: list[tuple[str, int, str, tuple[str, ...]]] = []  # (kind, stream seq, stream, services)
         per_kind: Counter[str] = Counter()
@@ -144,9 +146,9 @@ async def fuzz_then_study(root: Path, args: argparse.Namespace, contract: Path) 
 
         async def letters() -> dict[tuple[str, str, int], str]:
             found = {}
-            async for batch in bus.iter_stream(subjects.LIFECYCLE_STREAM, subjects=f"{subjects.DEADLETTER_PREFIX}*"):
-                for msg in batch:
-                    letter = msgspec.json.decode(msg.data, type=ev.DeadLetter)
+            async for batch in read_stream(bus, subjects.LIFECYCLE_STREAM, subjects=f"{subjects.DEADLETTER_PREFIX}*"):
+                for _seq, _subject, data in batch:
+                    letter = msgspec.json.decode(data, type=ev.DeadLetter)
                     stream = (subjects.TELEMETRY_STREAM if letter.subject.startswith("irsi.telemetry.") else
                               subjects.BANK_STREAM if letter.subject.startswith("bank.") else subjects.LIFECYCLE_STREAM)
                     found[(letter.service, stream, letter.stream_seq)] = letter.error
@@ -191,20 +193,6 @@ async def fuzz_then_study(root: Path, args: argparse.Namespace, contract: Path) 
     }
 
 
-async def reference(root: Path, args: argparse.Namespace, contract: Path) -> dict[str, object] | None:
-    data_dir = root / "reference" / "data"
-    stack = await asyncio.to_thread(Stack.start, data_dir)
-    try:
-        bus = await Bus.connect(stack.url, service="bench")
-        await sim_study.create_study(bus, contract, data_dir, STUDY_ID)
-        finished = await sim_study.run_study(bus, STUDY_ID, trials=args.trials, parallel=1, timeout_s=args.timeout)
-        ledger = sim_study.study_ledger(await sim_study.lifecycle(bus, STUDY_ID))
-        await bus.close()
-    finally:
-        await asyncio.to_thread(stack.stop)
-    return sim_study.result_of(finished, ledger)
-
-
 async def measure(args: argparse.Namespace) -> dict[str, object]:
     with tempfile.TemporaryDirectory(prefix="irsi-fuzz-") as tmp:
         root = Path(tmp)
@@ -212,7 +200,8 @@ async def measure(args: argparse.Namespace) -> dict[str, object]:
         fuzzed = await fuzz_then_study(root, args, contract)
         # The same workload written again (its own repo: the study id's golden tag is taken in the first).
         twin = sim_study.write_contract(root / "reference", trials=args.trials, parallel=1)
-        fuzzed["reference_result"] = await reference(root, args, twin)
+        fuzzed["reference_result"] = await sim_study.reference_result(root / "reference" / "data", twin, STUDY_ID,
+                                                                      trials=args.trials, timeout_s=args.timeout)
     keys = ("best_candidate_key", "search_trials")
     fuzzed["study_unaffected"] = (fuzzed["result"] is not None and fuzzed["reference_result"] is not None
                                   and all(fuzzed["result"][k] == fuzzed["reference_result"][k] for k in keys))

@@ -18,11 +18,11 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 
 import numpy as np
+from _common import write_json
 from infrarsi.modeling.memory_model import MemoryModel
 from infrarsi.sim.scenarios import SCENARIOS, enumerate_scenario, get_scenario
 
@@ -75,9 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             agg[label] = {k: float(np.median([r[label][k] for r in runs])) for k in runs[0][label]}
             print(f"{name:20s} {label:9s} {agg[label]['median_abs_rel_error']:9.4f} {agg[label]['oom_accuracy']:8.4f}")
         result["spaces"][name] = agg
-    if args.json_out:
-        with open(args.json_out, "w") as f:
-            json.dump(result, f, indent=2)
+    write_json(args.json_out, result)
     return 0
 
 

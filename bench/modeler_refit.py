@@ -18,12 +18,12 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Sequence
 
 import numpy as np
+from _common import write_json
 from infrarsi.modeling.search import CandidatePool, Observation, Searcher
 from infrarsi.sim.scenarios import get_scenario
 
@@ -87,9 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             "trials": "70-130"}
     print(f"observe+suggest latency at 70-130 trials: p50 {result['latency_ms']['p50']:.1f} ms, "
           f"p95 {result['latency_ms']['p95']:.1f} ms (pool {len(pool.candidates)} candidates)")
-    if args.json_out:
-        with open(args.json_out, "w") as f:
-            json.dump(result, f, indent=2)
+    write_json(args.json_out, result)
     return 0
 
 

@@ -2,7 +2,7 @@
 reference GPT, and each framework integration on a small GPT-2 job.
 
     python bench/probe_overhead.py --json OUT.json [--steps 40] [--only core,torch,hf,lightning]
-                                   [--rounds 6] [--round-steps 10] [--launch-file ...] [--set KEY=VALUE ...]
+                                   [--rounds 4] [--round-steps 44] [--launch-file ...] [--set KEY=VALUE ...]
 
 ``core``: even steps of the reference dense GPT run inside ``probe.step()`` with phase timers (records
 written to a scratch JSONL file); odd steps run the same work timed by a bare ``perf_counter``.
@@ -10,11 +10,28 @@ Interleaving cancels drift (thermal, other processes).
 
 ``torch``, ``hf``, ``lightning``: a GPT-2 (2 layers, width 128, sequence 64, global batch 16 as 4 × 4
 accumulated) trained by a plain loop with ``track``, by ``transformers.Trainer`` with the callback, and by a
-Lightning ``Trainer`` with the callback. Each round trains the same job twice, with and without the
-integration (order alternating round by round); an outer clock that is not the probe's (a timing callback
-placed before the probe's, or ``perf_counter`` around the loop body) takes every step's full interval, so
-the probe's own work (hooks, records) is inside it. Per run the median of the steady steps; per round the
-ratio with/without; the result is the median paired ratio. The target is < 1% overhead.
+Lightning ``Trainer`` with the callback. Within one run the integration is on for every other optimiser step:
+the loop calls the ``track``-decorated step or the bare one, and the framework calls the probe's callback
+through a gate that forwards its step hooks only on integrated steps (the probe's hooks stay installed: on a
+plain step the forward hook finds no open step and returns, the optimiser hooks still count the update, so
+that small part is in both arms). An outer clock that is not the probe's
+(a timing callback placed before the probe's, or the loop's own marks) takes every step's full interval,
+so the probe's own work (hooks, records) is inside it. Each integrated step is paired with the mean of the
+plain steps either side of it (which cancels a linear drift); the result is the median paired ratio over
+every pair of every run, and successive runs swap which steps are integrated. Neighbouring steps share the host's state of the moment: whole runs
+with and without the integration, compared run against run, moved ±5% on this shared host, more than the
+1% target. The target is < 1% overhead.
+
+Beside the paired ratio, a direct figure with far less noise: the thread CPU time spent inside the
+integration's own code on each integrated step (the callback's hooks as the gate forwards them, or for
+``track`` the decorated call less the step function inside it, plus the probe's model and optimiser hooks
+while the step is integrated), as a share of a plain step's CPU time.
+
+Each step is timed twice: wall time (``perf_counter``) and the process's CPU time (``process_time``: user and
+system time of all its threads, the probe's record writing and any helper thread included). On a shared host
+the wall time also holds the time other processes took the core; the CPU time holds only this process's own
+work, so it is the figure that can resolve a 1% difference there (both are reported; run with
+``OMP_NUM_THREADS=1`` so the CPU time is one core's).
 """
 
 from __future__ import annotations
@@ -23,11 +40,13 @@ import argparse
 import contextlib
 import json
 import os
+import random
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -137,16 +156,70 @@ def _rows(n: int) -> list[dict[str, torch.Tensor]]:
     return [{"input_ids": row, "labels": row} for row in ids]
 
 
-def _run_torch(steps: int, with_probe: bool, out_dir: Path) -> list[float]:
-    from infrarsi.probe import Probe
-    from infrarsi.probe.integrations.torch import Tracked, track
+Mark = tuple[float, float]
+"""A step boundary: (wall clock, process CPU time), both in seconds."""
+
+WARMUP = 4
+"""Steps dropped at the start of a run: the first integrated step counts FLOPs, and the first steps warm up."""
+
+
+def _mark() -> Mark:
+    return time.perf_counter(), time.process_time()
+
+
+def _intervals(marks: list[Mark]) -> list[Mark]:
+    """Each step's (wall, CPU) duration between consecutive marks."""
+    return [(b[0] - a[0], b[1] - a[1]) for a, b in zip(marks, marks[1:], strict=False)]
+
+
+def _on(step: int, parity: int) -> bool:
+    """Whether optimiser step ``step`` (0-based) runs with the integration: every other step."""
+    return step % 2 == parity
+
+
+class OwnTime:
+    """The thread CPU time of the integration's own code on each integrated step: its calls (callback hooks,
+    the decorator around the step) and the probe's model and optimiser hooks while the step is integrated."""
+
+    def __init__(self) -> None:
+        self.steps: list[float] = []
+        self.active = False
+
+    def begin(self) -> None:
+        """An integrated step starts."""
+        self.steps.append(0.0)
+        self.active = True
+
+    def add(self, seconds: float) -> None:
+        if self.active:
+            self.steps[-1] += seconds
+
+    def timed(self, fn: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.add(time.thread_time() - t0)
+
+        return wrapper
+
+    def probe(self, out_dir: Path) -> Any:
+        """A probe whose model and optimiser hooks are timed (set before ``attach`` registers them)."""
+        probe = Probe(out_dir=out_dir)
+        for hook in ("_on_forward", "_before_optimizer_step", "_on_optimizer_step"):
+            setattr(probe, hook, self.timed(getattr(probe, hook)))
+        return probe
+
+
+def _run_torch(steps: int, parity: int, out_dir: Path, own: OwnTime) -> list[Mark]:
+    from infrarsi.probe.integrations.torch import track
 
     model = _gpt2()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     loader = torch.utils.data.DataLoader(_rows(steps * MICRO * ACCUM), batch_size=MICRO * ACCUM)
-    tracked = track(model, opt, probe=Probe(out_dir=out_dir)) if with_probe else Tracked(None)
+    tracked = track(model, opt, probe=own.probe(out_dir))
 
-    @tracked.step
     def train_step(batch: dict[str, torch.Tensor]) -> torch.Tensor:
         total = torch.zeros(())
         for micro in range(ACCUM):
@@ -158,51 +231,132 @@ def _run_torch(steps: int, with_probe: bool, out_dir: Path) -> list[float]:
         opt.zero_grad()
         return total
 
-    marks = [time.perf_counter()]
+    inner: list[float] = []
+
+    def timed_step(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        t0 = time.thread_time()
+        try:
+            return train_step(batch)
+        finally:
+            inner.append(time.thread_time() - t0)
+
+    tracked_step = tracked.step(timed_step)
+    marks = [_mark()]
     with tracked:
-        for batch in loader:
-            train_step(batch)
-            marks.append(time.perf_counter())
-    return [b - a for a, b in zip(marks, marks[1:], strict=False)]
+        for step, batch in enumerate(loader):
+            if _on(step, parity):
+                own.begin()
+                t0 = time.thread_time()
+                tracked_step(batch)
+                own.add(time.thread_time() - t0 - inner[-1])  # the decorator's work around the step
+            else:
+                own.active = False
+                train_step(batch)
+            marks.append(_mark())
+    return _intervals(marks)
 
 
-def _run_hf(steps: int, with_probe: bool, out_dir: Path) -> list[float]:
-    from infrarsi.probe import Probe
+def _run_hf(steps: int, parity: int, out_dir: Path, own: OwnTime) -> list[Mark]:
     from infrarsi.probe.integrations.hf import InfraRSICallback
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
-    marks: list[float] = []
+    marks: list[Mark] = []
 
     class StepClock(TrainerCallback):
         def on_step_begin(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003 — the Trainer's signature
-            marks.append(time.perf_counter())
+            marks.append(_mark())
 
         def on_train_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003
-            marks.append(time.perf_counter())
+            marks.append(_mark())
+
+    class EveryOtherStep(TrainerCallback):
+        """The probe's callback on every other optimiser step: the Trainer calls it only then (its thread
+        CPU time in those calls summed per step into ``own``)."""
+
+        def __init__(self, inner: InfraRSICallback) -> None:
+            self.inner, self.active = inner, False
+
+        def _forward(self, hook: str, *a, **kw) -> None:  # noqa: ANN002, ANN003
+            if self.active:
+                own.timed(getattr(self.inner, hook))(*a, **kw)
+
+        def on_train_begin(self, *a, **kw):  # noqa: ANN002, ANN003
+            self.inner.on_train_begin(*a, **kw)
+
+        def on_step_begin(self, args, state, control, **kw):  # noqa: ANN001, ANN003
+            self.active = _on(state.global_step, parity)
+            if self.active:
+                own.begin()
+            else:
+                own.active = False
+            self._forward("on_step_begin", args, state, control, **kw)
+
+        def on_pre_optimizer_step(self, *a, **kw):  # noqa: ANN002, ANN003
+            self._forward("on_pre_optimizer_step", *a, **kw)
+
+        def on_step_end(self, *a, **kw):  # noqa: ANN002, ANN003
+            self._forward("on_step_end", *a, **kw)
+
+        def on_log(self, *a, **kw):  # noqa: ANN002, ANN003
+            self._forward("on_log", *a, **kw)
+
+        def on_train_end(self, *a, **kw):  # noqa: ANN002, ANN003
+            self.inner.on_train_end(*a, **kw)
 
     args = TrainingArguments(
         output_dir=str(out_dir / "hf"), per_device_train_batch_size=MICRO, gradient_accumulation_steps=ACCUM,
         max_steps=steps, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True,
     )  # fmt: skip
-    callbacks = [StepClock(), *([InfraRSICallback(Probe(out_dir=out_dir))] if with_probe else [])]
+    callbacks = [StepClock(), EveryOtherStep(InfraRSICallback(own.probe(out_dir)))]
     Trainer(model=_gpt2(), args=args, train_dataset=_rows(steps * MICRO * ACCUM), callbacks=callbacks).train()
-    return [b - a for a, b in zip(marks, marks[1:], strict=False)]
+    return _intervals(marks)
 
 
-def _run_lightning(steps: int, with_probe: bool, out_dir: Path) -> list[float]:
+def _run_lightning(steps: int, parity: int, out_dir: Path, own: OwnTime) -> list[Mark]:
     import lightning.pytorch as pl
-    from infrarsi.probe import Probe
     from infrarsi.probe.integrations.lightning import InfraRSICallback
 
-    marks: list[float] = []
+    marks: list[Mark] = []
 
     class StepClock(pl.Callback):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):  # noqa: ANN001
             if batch_idx % ACCUM == 0:
-                marks.append(time.perf_counter())
+                marks.append(_mark())
 
         def on_train_end(self, trainer, pl_module):  # noqa: ANN001
-            marks.append(time.perf_counter())
+            marks.append(_mark())
+
+    class EveryOtherStep(pl.Callback):
+        """The probe's callback on every other optimiser step (all its micro-batches): Lightning calls it only
+        then (its thread CPU time in those calls summed per step into ``own``)."""
+
+        def __init__(self, inner: InfraRSICallback) -> None:
+            self.inner, self.active = inner, False
+
+        def _forward(self, hook: str, *a) -> None:  # noqa: ANN002
+            if self.active:
+                own.timed(getattr(self.inner, hook))(*a)
+
+        def on_train_start(self, trainer, pl_module):  # noqa: ANN001
+            self.inner.on_train_start(trainer, pl_module)
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):  # noqa: ANN001
+            if batch_idx % ACCUM == 0:
+                self.active = _on(batch_idx // ACCUM, parity)
+                if self.active:
+                    own.begin()
+                else:
+                    own.active = False
+            self._forward("on_train_batch_start", trainer, pl_module, batch, batch_idx)
+
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer):  # noqa: ANN001
+            self._forward("on_before_optimizer_step", trainer, pl_module, optimizer)
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):  # noqa: ANN001
+            self._forward("on_train_batch_end", trainer, pl_module, outputs, batch, batch_idx)
+
+        def on_train_end(self, trainer, pl_module):  # noqa: ANN001
+            self.inner.on_train_end(trainer, pl_module)
 
     class Module(pl.LightningModule):
         def __init__(self) -> None:
@@ -215,42 +369,60 @@ def _run_lightning(steps: int, with_probe: bool, out_dir: Path) -> list[float]:
         def configure_optimizers(self) -> torch.optim.Optimizer:
             return torch.optim.AdamW(self.parameters(), lr=1e-4)
 
-    callbacks = [StepClock(), *([InfraRSICallback(Probe(out_dir=out_dir))] if with_probe else [])]
+    callbacks = [StepClock(), EveryOtherStep(InfraRSICallback(own.probe(out_dir)))]
     trainer = pl.Trainer(max_steps=steps, accumulate_grad_batches=ACCUM, accelerator="cpu", devices=1, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                          callbacks=callbacks)  # fmt: skip
     loader = torch.utils.data.DataLoader(_rows(steps * MICRO * ACCUM), batch_size=MICRO)
     trainer.fit(Module(), loader)
-    return [b - a for a, b in zip(marks, marks[1:], strict=False)]
+    return _intervals(marks)
 
 
 RUNNERS = {"torch": _run_torch, "hf": _run_hf, "lightning": _run_lightning}
 
 
 def measure_integration(name: str, rounds: int, steps: int) -> dict[str, object]:
-    """Paired rounds of the same job with and without the integration (order alternating)."""
+    """``rounds`` runs of the job, each with the integration on every other optimiser step (on even steps in
+    even rounds, odd steps in odd rounds); each integrated step paired with the plain steps either side."""
     run = RUNNERS[name]
-    with_s: list[float] = []
-    without_s: list[float] = []
+    pairs: dict[str, list[tuple[float, float]]] = {"wall": [], "cpu": []}
+    own_s: list[float] = []
     for r in range(rounds):
-        medians = {}
-        for arm in ((True, False) if r % 2 == 0 else (False, True)):
-            with tempfile.TemporaryDirectory() as tmp:
-                medians[arm] = statistics.median(run(steps, arm, Path(tmp))[2:])  # after FLOP counting and warm-up
-        with_s.append(medians[True])
-        without_s.append(medians[False])
-    paired = statistics.median(w / o for w, o in zip(with_s, without_s, strict=True))
-    result = {
-        "rounds": rounds, "steps_per_run": steps,
-        "median_step_s_with_probe": statistics.median(with_s),
-        "median_step_s_without_probe": statistics.median(without_s),
-        "ratio_of_medians": statistics.median(with_s) / statistics.median(without_s),
-        "median_paired_ratio": paired, "overhead_pct": (paired - 1) * 100, "target_overhead_pct": 1.0,
-        "paired_ratios": [w / o for w, o in zip(with_s, without_s, strict=True)],
-    }  # fmt: skip
-    print(f"{name}: with {result['median_step_s_with_probe'] * 1e3:.1f} ms, without "
-          f"{result['median_step_s_without_probe'] * 1e3:.1f} ms, median paired ratio {paired:.4f} "
-          f"({result['overhead_pct']:+.2f}%) over {rounds} rounds")  # fmt: skip
+        parity = r % 2
+        own = OwnTime()
+        with tempfile.TemporaryDirectory() as tmp:
+            durations = run(steps, parity, Path(tmp), own)
+        own_s += own.steps[2:]  # after the first integrated step (FLOP counting) and the next
+        for step in range(WARMUP + 1, len(durations) - 1):
+            if _on(step, parity):  # (integrated step, the mean of the plain steps before and after it)
+                for i, clock in enumerate(("wall", "cpu")):
+                    pairs[clock].append((durations[step][i], (durations[step - 1][i] + durations[step + 1][i]) / 2))
+    result: dict[str, object] = {"rounds": rounds, "steps_per_run": steps, "pairs": len(pairs["cpu"]),
+                                 "target_overhead_pct": 1.0}  # fmt: skip
+    for clock in ("wall", "cpu"):
+        ratios = [w / o for w, o in pairs[clock]]
+        paired = statistics.median(ratios)
+        q = statistics.quantiles(ratios, n=4)
+        rng = random.Random(0)  # the median's 95% interval: 2,000 bootstrap resamples of the pairs
+        medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(2000))
+        result[clock] = {
+            "median_step_s_with_probe": statistics.median(w for w, _ in pairs[clock]),
+            "median_step_s_without_probe": statistics.median(o for _, o in pairs[clock]),
+            "median_paired_ratio": paired, "overhead_pct": (paired - 1) * 100,
+            "paired_ratio_quartiles": [q[0], q[2]], "median_ci95": [medians[49], medians[1949]],
+        }  # fmt: skip
+    own_median = statistics.median(own_s)
+    result["probe_cpu_s_per_step"] = own_median
+    result["probe_cpu_pct_of_step"] = 100 * own_median / result["cpu"]["median_step_s_without_probe"]  # type: ignore[index]
+    wall, cpu = result["wall"], result["cpu"]
+    print(f"{name}: the integration's own code (calls and hooks) {own_median * 1e3:.3f} ms CPU per step "
+          f"({result['probe_cpu_pct_of_step']:.2f}% of a plain step)", flush=True)
+    print(f"{name}: {result['pairs']} step pairs in {rounds} runs; CPU time with {cpu['median_step_s_with_probe'] * 1e3:.1f} ms, "
+          f"without {cpu['median_step_s_without_probe'] * 1e3:.1f} ms, median paired ratio {cpu['median_paired_ratio']:.4f} "
+          f"({cpu['overhead_pct']:+.2f}%; 95% CI {cpu['median_ci95'][0]:.4f}–{cpu['median_ci95'][1]:.4f}; quartiles "
+          f"{cpu['paired_ratio_quartiles'][0]:.3f}–{cpu['paired_ratio_quartiles'][1]:.3f}); "
+          f"wall with {wall['median_step_s_with_probe'] * 1e3:.1f} ms, without {wall['median_step_s_without_probe'] * 1e3:.1f} ms, "
+          f"median paired ratio {wall['median_paired_ratio']:.4f} ({wall['overhead_pct']:+.2f}%)", flush=True)  # fmt: skip
     return result
 
 
@@ -259,8 +431,8 @@ def main() -> int:
     parser.add_argument("--json", type=Path, required=True)
     parser.add_argument("--only", default="core,torch,hf,lightning", help="comma-separated: core,torch,hf,lightning")
     parser.add_argument("--steps", type=int, default=40, help="core: steps per arm (after 2 warm-up steps each)")
-    parser.add_argument("--rounds", type=int, default=6, help="integrations: paired rounds")
-    parser.add_argument("--round-steps", type=int, default=10, help="integrations: optimiser steps per run")
+    parser.add_argument("--rounds", type=int, default=4, help="integrations: runs (alternating which steps are integrated)")
+    parser.add_argument("--round-steps", type=int, default=44, help="integrations: optimiser steps per run")
     parser.add_argument("--launch-file", type=Path, default=WORKLOAD / "launch" / "dense-1node.yaml")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     args = parser.parse_args()

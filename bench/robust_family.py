@@ -32,20 +32,13 @@ from typing import Any
 import numpy as np
 from infrarsi.contract import contract_from_dict
 from infrarsi.modeling.space import Candidate
+from infrarsi.sim.scenarios import SimOutcome
 from infrarsi.study_space import StudySpace
 
 GB = 1e9
 STARTUP_S = 60.0
 """Accelerator-seconds a trial spends before its first measured step (per device)."""
 MEASURED_STEPS = 20
-
-
-@dataclass(frozen=True)
-class FamilyOutcome:
-    status: str
-    step_time_s: float | None
-    peak_bytes: float | None
-    cost_seconds: float
 
 
 @dataclass
@@ -74,16 +67,16 @@ class FamilyModel:
     def fits(self, c: Candidate) -> bool:
         return self.memory_of(c.knobs) <= self.capacity_bytes
 
-    def evaluate(self, c: Candidate, rng: np.random.Generator) -> FamilyOutcome:
+    def evaluate(self, c: Candidate, rng: np.random.Generator) -> SimOutcome:
         """One measured trial; draws from ``rng`` in a fixed order."""
         u_noise, u_kill = rng.standard_normal(), rng.random()
         t = self.time_of(c.knobs) * math.exp(self.noise_sigma * u_noise)
         if not self.fits(c):
             # killed while allocating: the last peak seen is a lower bound (the censoring bound)
-            return FamilyOutcome("oom", None, self.capacity_bytes * (0.95 + 0.05 * u_kill),
-                                 self.devices * (STARTUP_S + 2 * t))
-        return FamilyOutcome("ok", t, self.memory_of(c.knobs) * (1 + 0.003 * u_noise),
-                             self.devices * (STARTUP_S + MEASURED_STEPS * t))
+            return SimOutcome("oom", None, self.capacity_bytes * (0.95 + 0.05 * u_kill),
+                              self.devices * (STARTUP_S + 2 * t))
+        return SimOutcome("ok", t, self.memory_of(c.knobs) * (1 + 0.003 * u_noise),
+                          self.devices * (STARTUP_S + MEASURED_STEPS * t))
 
 
 def _pick(rng: np.random.Generator, options: list[str], p_unknown: float) -> tuple[str, bool]:
@@ -91,6 +84,15 @@ def _pick(rng: np.random.Generator, options: list[str], p_unknown: float) -> tup
     if rng.random() < p_unknown:
         return str(rng.choice(options[1:])), True
     return options[0], False
+
+
+def _maybe_pick(
+    rng: np.random.Generator, p_present: float, options: list[str], p_unknown: float
+) -> tuple[str | None, bool]:
+    """With probability ``p_present`` a knob of this role (``_pick``); otherwise none (``None``, known)."""
+    if rng.random() >= p_present:
+        return None, False
+    return _pick(rng, options, p_unknown)
 
 
 def _scale(rng: np.random.Generator) -> float:
@@ -110,31 +112,27 @@ def draw_model(seed: int) -> FamilyModel:
     batch, unk = _pick(rng, ["micro_batch", "rows_per_slice", "tile_batch"], p_unknown)
     top = int(rng.choice([8, 16, 32]))
     knobs["batch"] = (batch, {"type": "int", "choices": [2**i for i in range(int(math.log2(top)) + 1)]}, 1)
-    shard = remat = stage = kernel = offload = plateau = opaque = None
-    if rng.random() < 0.8:
-        shard, u = _pick(rng, ["tp", "split_ways", "slab_split"], p_unknown)
-        unk |= u
+    shard, u_shard = _maybe_pick(rng, 0.8, ["tp", "split_ways", "slab_split"], p_unknown)
+    if shard:
         knobs["shard"] = (shard, {"type": "int", "choices": [1, 2, 4, 8]}, 2)
-    if rng.random() < 0.85:
-        remat, u = _pick(rng, ["recompute", "stash_policy", "keep_mode"], p_unknown)
-        unk |= u
+    remat, u_remat = _maybe_pick(rng, 0.85, ["recompute", "stash_policy", "keep_mode"], p_unknown)
+    if remat:
         levels = ["none", "selective", "full"] if remat == "recompute" else ["keep", "partial", "drop"]
         knobs["remat"] = (remat, {"type": "choice", "choices": levels}, levels[2])
-    if rng.random() < 0.6:
-        stage, u = _pick(rng, ["zero_stage", "state_split_level", "opt_spread"], p_unknown)
-        unk |= u
+    stage, u_stage = _maybe_pick(rng, 0.6, ["zero_stage", "state_split_level", "opt_spread"], p_unknown)
+    if stage:
         knobs["stage"] = (stage, {"type": "int", "choices": [0, 1, 2, 3]}, 1)
-    if rng.random() < 0.7:
-        kernel, u = _pick(rng, ["flash_attention", "fast_mixer", "fused_scan"], p_unknown)
-        unk |= u
+    kernel, u_kernel = _maybe_pick(rng, 0.7, ["flash_attention", "fast_mixer", "fused_scan"], p_unknown)
+    if kernel:
         knobs["kernel"] = (kernel, {"type": "bool"}, False)
-    if rng.random() < 0.4:
-        offload, u = _pick(rng, ["offload_optimizer", "spill_host", "park_states"], p_unknown)
-        unk |= u
+    offload, u_offload = _maybe_pick(rng, 0.4, ["offload_optimizer", "spill_host", "park_states"], p_unknown)
+    if offload:
         knobs["offload"] = (offload, {"type": "bool"}, False)
-    if rng.random() < 0.5:
-        plateau, _ = _pick(rng, ["bucket_mb", "prefetch_depth", "io_lanes"], 1.0)
+    unk |= u_shard or u_remat or u_stage or u_kernel or u_offload
+    plateau, _ = _maybe_pick(rng, 0.5, ["bucket_mb", "prefetch_depth", "io_lanes"], 1.0)  # never the KB's name
+    if plateau:
         knobs["plateau"] = (plateau, {"type": "int", "choices": [1, 2, 3, 4, 6, 8]}, 1)
+    opaque = None
     if rng.random() < 0.6:
         opaque = str(rng.choice(["sched_policy", "ring_layout", "alloc_mode"]))
         levels = [str(x) for x in rng.choice(["a", "b", "c", "d", "e"], size=int(rng.integers(3, 5)), replace=False)]

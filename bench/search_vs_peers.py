@@ -34,7 +34,6 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse
 import importlib
-import json
 import logging
 import math
 import sys
@@ -44,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
+from _common import write_json
 from infrarsi.modeling.memory_model import TransformerMeta
 from infrarsi.modeling.priors import KnowledgeBase
 from infrarsi.modeling.search import CandidatePool, Observation, Searcher
@@ -380,9 +380,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for r in rows:
         print(f"{r[0]:34s} {r[1]:11s} {r[2]:3d} {_cell(r[3])} {_cell(r[4])} {_cell(r[5])} {r[6]:6.3f} {r[7]:5.1f} "
               f"{r[8]:9.3g}")
-    if args.json_out:
-        with open(args.json_out, "w") as f:
-            json.dump(result, f, indent=2)
+    write_json(args.json_out, result)
     return 0
 
 

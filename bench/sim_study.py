@@ -18,25 +18,30 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
-import msgspec
+import nats.errors
 import yaml
 from infrarsi import eventlog
 from infrarsi import events as ev
 from infrarsi.backends.sim import write_sim_workload
 from infrarsi.bus import Bus
 from infrarsi.commands.init import prepare_study, publish_study
+from infrarsi.credentials import ADMIN
 from infrarsi.logs import setup_logging
-from infrarsi.subjects import LIFECYCLE_STREAM
+from infrarsi.stack import Stack
+from infrarsi.subjects import LIFECYCLE_STREAM, lifecycle_subject
 
 SCENARIO = "dense7b_h100x64"
 KNOBS = ["tp", "pp", "dp", "micro_batch", "recompute", "flash_attention"]
 RESTRICT = {"dp": [16, 32, 64], "micro_batch": [1, 2, 4]}
 
 
-def write_contract(root: Path, *, trials: int, parallel: int) -> Path:
-    """A sim workload repo under ``root`` and its contract file (search budget ``trials``, ``parallel`` slots)."""
+def write_contract(root: Path, *, trials: int, parallel: int, timing_tolerance: float | None = None) -> Path:
+    """A sim workload repo under ``root`` and its contract file (search budget ``trials``, ``parallel`` slots;
+    the contract's ``invariants.timing_tolerance`` when given)."""
     contract = write_sim_workload(root / "workload", SCENARIO, knobs=KNOBS, restrict=RESTRICT, steps=12,
                                   trials=trials, parallel=parallel, accelerator_hours=1000.0)  # fmt: skip
+    if timing_tolerance is not None:
+        contract["invariants"]["timing_tolerance"] = timing_tolerance
     path = root / "contract.yaml"
     path.write_text(yaml.safe_dump(contract, sort_keys=False))
     return path
@@ -53,7 +58,10 @@ async def run_study(bus: Bus, study_id: str, *, trials: int, parallel: int, time
                                     source="cli.run", event_id=ev.derived_id(study_id, "bench-run")))  # fmt: skip
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        finished = [e.payload for e in await lifecycle(bus, study_id) if isinstance(e.payload, ev.StudyFinished)]
+        try:
+            finished = [e.payload for e in await lifecycle(bus, study_id) if isinstance(e.payload, ev.StudyFinished)]
+        except nats.errors.Error:  # a cluster's JetStream electing a leader ("temporarily unavailable"): ask again
+            finished = []
         if finished:
             return finished[-1]
         await asyncio.sleep(1.0)
@@ -62,18 +70,8 @@ async def run_study(bus: Bus, study_id: str, *, trials: int, parallel: int, time
 
 async def lifecycle(bus: Bus, study_id: str | None = None) -> list[ev.Event]:
     """Every stored lifecycle message that decodes, duplicates included, in stream order."""
-    out = []
-    subject = f"irsi.{study_id}.*" if study_id else None
-    try:
-        async for batch in bus.iter_stream(LIFECYCLE_STREAM, subjects=subject):
-            for msg in batch:
-                try:
-                    out.append(ev.decode(msg.data))
-                except (msgspec.DecodeError, msgspec.ValidationError):
-                    continue
-    except TimeoutError:
-        pass  # caught up (a filtered read ends in a fetch timeout)
-    return out
+    subject = lifecycle_subject(study_id, "*") if study_id else None
+    return [event async for event in bus.events(LIFECYCLE_STREAM, subject)]
 
 
 def study_ledger(events: list[ev.Event]) -> dict[str, Any]:
@@ -92,20 +90,54 @@ def study_ledger(events: list[ev.Event]) -> dict[str, Any]:
         "duplicate_event_ids": sum(n - 1 for n in ids.values() if n > 1),
         "trials_finished_twice": sum(1 for n in finished.values() if n > 1),
         "trials_launched_twice": sum(1 for n in launched.values() if n > 1),
-        "infrastructure_retries": sum(1 for e in events if e.type == "TrialProposed"
-                                      and e.payload.reason.startswith("re-run of trial")),  # fmt: skip
+        "infrastructure_retries": sum(1 for e in events if isinstance(e.payload, ev.TrialProposed)
+                                      and _is_rerun(e.payload)),  # fmt: skip
         "finished_statuses": dict(statuses),
     }
 
 
-def result_of(finished: ev.StudyFinished | None, ledger: dict[str, Any] | None = None) -> dict[str, Any] | None:
+async def reference_result(data_dir: Path, contract: Path, study_id: str, *, trials: int, timeout_s: float,
+                           env: dict[str, str] | None = None) -> dict[str, Any] | None:  # fmt: skip
+    """The result of the study on a clean single-node stack (no faults), one trial at a time: the reference a
+    faulted run of the same study must reproduce."""
+    stack = await asyncio.to_thread(Stack.start, data_dir, env=env)
+    try:
+        bus = await Bus.connect(stack.url, service=ADMIN, data_dir=data_dir)
+        await create_study(bus, contract, data_dir, study_id)
+        finished = await run_study(bus, study_id, trials=trials, parallel=1, timeout_s=timeout_s)
+        events = await lifecycle(bus, study_id)
+        await bus.close()
+    finally:
+        await asyncio.to_thread(stack.stop)
+    return result_of(finished, study_ledger(events), events)
+
+
+def result_of(finished: ev.StudyFinished | None, ledger: dict[str, Any] | None = None,
+              events: list[ev.Event] | None = None) -> dict[str, Any] | None:
     """The study's result; ``search_trials`` leaves out the re-runs of infrastructure failures and of timing
-    verdicts taken under host interference (they depend on the host's load, not on the study)."""
+    verdicts taken under host interference (they depend on the host's load, not on the study). Given its
+    ``events``, also the study's course: the search trials' candidates in order (re-runs left out) and the
+    candidates sent to verification."""
     if finished is None:
         return None
     retries = ledger["infrastructure_retries"] if ledger else 0
-    return {"best_candidate_key": finished.best_candidate_key, "best_speedup": finished.best_speedup,
-            "trials": finished.trials, "search_trials": finished.trials - retries}  # fmt: skip
+    result = {"best_candidate_key": finished.best_candidate_key, "best_speedup": finished.best_speedup,
+              "trials": finished.trials, "search_trials": finished.trials - retries}  # fmt: skip
+    if events is not None:
+        result["search_path"] = [e.payload.candidate_key for e in events if isinstance(e.payload, ev.TrialProposed)
+                                 and e.payload.kind == "search" and not _is_rerun(e.payload)]  # fmt: skip
+        result["verify_requested"] = [c.key() for e in events if isinstance(e.payload, ev.VerifyRequested)
+                                      for c in e.payload.candidates]  # fmt: skip
+        reruns = {e.trial_id for e in events if isinstance(e.payload, ev.TrialProposed) and _is_rerun(e.payload)}
+        result["search_measured"] = [  # what the models learnt, trial by trial: where two courses part, and why
+            [e.payload.candidate_key, e.payload.status, e.payload.steps, round(e.payload.step_time_s or 0.0, 6),
+             e.payload.invariants_ok, e.trial_id in reruns]
+            for e in events if isinstance(e.payload, ev.TrialMeasured) and e.payload.kind == "search"]  # fmt: skip
+    return result
+
+
+def _is_rerun(proposal: ev.TrialProposed) -> bool:
+    return proposal.retry_of is not None
 
 
 def run_and_print(measurement: Coroutine[Any, Any, dict[str, Any]], *, as_json: bool) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "libs"))
 
 import numpy as np  # noqa: E402
+from _common import pool_for  # noqa: E402
 from infrarsi import events as ev  # noqa: E402
 from infrarsi.bank import StudyFacts, TrialFact, bank_priors, bank_seeds, distil, explain_seeds  # noqa: E402
 from infrarsi.bank.adapt import (  # noqa: E402
@@ -48,8 +49,8 @@ from infrarsi.bank.adapt import (  # noqa: E402
 )
 from infrarsi.bank.similarity import generation_of  # noqa: E402
 from infrarsi.bank.transfer import TransferConfig  # noqa: E402
-from infrarsi.modeling.search import CandidatePool, Observation, Searcher  # noqa: E402
-from infrarsi.modeling.space import Candidate, SearchSpace  # noqa: E402
+from infrarsi.modeling.search import Observation, Searcher  # noqa: E402
+from infrarsi.modeling.space import Candidate  # noqa: E402
 from infrarsi.sim.scenarios import Scenario, get_scenario, oracle  # noqa: E402
 
 TARGET = "dense7b_h100x64"
@@ -85,17 +86,6 @@ def scenario_meta(sc: Scenario) -> ev.BankMeta:
         seq_len=sc.model.seq_len, global_batch=sc.global_batch, micro_batch=int(base.get("micro_batch", 1)),
         precision="bf16",
     )
-
-
-_POOLS: dict[tuple, CandidatePool] = {}
-
-
-def pool_for(name: str, space: SearchSpace) -> CandidatePool:
-    """One candidate pool per (scenario, patch priors): a pool's encoder reads patch priors from its space."""
-    key = (name, tuple((p.id, p.time_prior, p.memory_prior) for p in space.patches))
-    if key not in _POOLS:
-        _POOLS[key] = CandidatePool.build(space, get_scenario(name).memory_meta())
-    return _POOLS[key]
 
 
 def observe(searcher: Searcher, sc: Scenario, c: Candidate, rng: np.random.Generator

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 from infrarsi.bus import Bus
 from infrarsi.embedded import EmbeddedServer
+from infrarsi.stack import start_logged
 
 NATS_IMAGE = "nats:2.12"
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -136,16 +137,7 @@ def spawn_service(tmp_path: Path) -> Iterator[SpawnService]:
         log_path = tmp_path / f"{name}-{len(started)}.log"
         target = [str(script), name] if script is not None else ["-m", f"infrarsi_services.{name}"]
         command = [sys.executable, *target, "--nats-url", url, "--data-dir", str(tmp_path / "data")]
-        with open(log_path, "ab") as log_file:
-            process = subprocess.Popen(
-                command,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-                cwd=REPO_ROOT,
-                start_new_session=True,
-            )
+        process = start_logged(command, log_path, {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}, REPO_ROOT)
         handle = ServiceHandle(name, process, log_path)
         started.append(handle)
         return handle

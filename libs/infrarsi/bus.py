@@ -34,6 +34,7 @@ from infrarsi import subjects as _subjects  # event_batches' parameter shadows t
 from infrarsi.embedded import running_server_url
 from infrarsi.logs import get_logger
 from infrarsi.settings import Settings
+from infrarsi.stream_reader import read_stream
 
 log = get_logger(__name__)
 
@@ -65,6 +66,42 @@ def server_urls(url: str) -> list[str]:
 
 class BusError(RuntimeError):
     """The bus could not be reached, or refused a publish."""
+
+
+ACK_JOURNAL_SUFFIX = ".acks"
+
+
+class AckJournal:
+    """Every JetStream ack one process received, one line each: ``<stream> <seq> <msg id>``.
+
+    A write the server acknowledged must be in the stream whatever happens to the servers afterwards; a fault
+    benchmark can only check that if it knows every ack, including those a killed service received. Lines are
+    appended unbuffered with ``O_APPEND`` (one ``write`` each: whole lines even from a process killed mid-run)
+    to ``<directory>/<service>-<pid>.acks``."""
+
+    def __init__(self, directory: Path, service: str) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"{service}-{os.getpid()}{ACK_JOURNAL_SUFFIX}"
+        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+
+    def record(self, ack: api.PubAck, msg_id: str) -> None:
+        if self._fd is not None:
+            os.write(self._fd, f"{ack.stream} {ack.seq} {msg_id}\n".encode())
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    @staticmethod
+    def read(directory: Path) -> list[tuple[str, int, str]]:
+        """Every ack journaled under ``directory``: (stream, sequence, msg id)."""
+        acks = []
+        for path in sorted(directory.glob(f"*{ACK_JOURNAL_SUFFIX}")):
+            for line in path.read_text().splitlines():
+                stream, seq, msg_id = line.split(" ", 2)
+                acks.append((stream, int(seq), msg_id))
+        return acks
 
 
 @dataclass(frozen=True)
@@ -139,7 +176,12 @@ class Bus:
         self.replicas = replicas
         self.lost: str | None = None
         """Why the connection was given up (see ``connect(data_dir=…)``); ``None`` while it is not."""
+        self.credentials: credentials.Credentials | None = None
+        """The principal's credentials the connection authenticated with (``None``: none)."""
+        self.tls = False
+        """Whether the connection runs over TLS."""
         self._follower: asyncio.Task[None] | None = None
+        self.ack_journal: AckJournal | None = None
 
     # ---------------------------------------------------------------- connection
 
@@ -154,6 +196,7 @@ class Bus:
         replicas: int | None = None,
         data_dir: Path | str | None = None,
         lost_after_s: float = LOST_AFTER_S,
+        ack_journal: Path | None = None,
     ) -> Bus:
         """Connect (failing fast with ``BusError`` if the server cannot be reached) and ensure the streams.
 
@@ -164,9 +207,11 @@ class Bus:
         ``data_dir``: when ``url`` is the embedded server that ``infrarsi up`` runs there, follow it: if the
         connection is lost and the server comes back on another port, switch to it; if none is back after
         ``lost_after_s``, close the connection and set ``lost`` (the next call fails with a clear error).
+
+        ``ack_journal``: a directory where every ack this connection receives is logged (``AckJournal``).
         """
         holder: dict[str, Bus] = {}
-        creds = credentials.for_principal(service, data_dir or os.environ.get("INFRARSI_DATA_DIR"))
+        creds = credentials.for_principal(service, data_dir or _explicit_data_dir())
 
         async def on_reconnect() -> None:
             # A server restarted from an empty store (or a fresh cluster member) has no streams:
@@ -187,6 +232,7 @@ class Bus:
 
         # With reconnects allowed forever, nats-py also retries the *first* connect forever; bound it,
         # so a wrong URL or a stopped server fails within ``connect_timeout_s`` instead of hanging.
+        tls = credentials.tls_options()
         nc = NATS()
         try:
             await asyncio.wait_for(
@@ -200,7 +246,7 @@ class Bus:
                     reconnected_cb=on_reconnect,
                     error_cb=on_error,
                     **(creds.connect_options() if creds is not None else {}),
-                    **credentials.tls_options(),
+                    **tls,
                 ),
                 timeout=connect_timeout_s,
             )
@@ -220,6 +266,9 @@ class Bus:
                 )
             raise BusError(f"cannot reach NATS at {url}: {cause or type(cause).__name__}{hint}") from None
         bus = cls(nc, service, replicas if replicas is not None else replicas_from_env())
+        bus.credentials, bus.tls = creds, bool(tls)
+        if ack_journal is not None:
+            bus.ack_journal = AckJournal(Path(ack_journal), service)
         holder["bus"] = bus
         if data_dir is not None and running_server_url(data_dir) == url:
             bus._follower = asyncio.create_task(bus._follow_server(Path(data_dir), lost_after_s), name="follow-server")
@@ -253,12 +302,14 @@ class Bus:
         """Drain (finish in-flight deliveries and flush publishes), then close."""
         if self._follower is not None:
             self._follower.cancel()
-        if self.nc.is_closed:
-            return
         try:
-            await self.nc.drain()
+            if not self.nc.is_closed:
+                await self.nc.drain()
         except (nats.errors.ConnectionClosedError, nats.errors.FlushTimeoutError):
             await self.nc.close()
+        finally:
+            if self.ack_journal is not None:
+                self.ack_journal.close()
 
     async def ensure_streams(self) -> None:
         """Create each stream, or update it to the current definition; idempotent."""
@@ -283,7 +334,7 @@ class Bus:
     async def publish(self, event: ev.Event) -> api.PubAck:
         """Publish one event and wait for JetStream's ack. A duplicate id is acked with ``duplicate=True``."""
         try:
-            return await self.js.publish(
+            ack = await self.js.publish(
                 subjects.subject_for(event),
                 ev.encode(event),
                 headers=self._headers(event),
@@ -291,6 +342,12 @@ class Bus:
             )
         except (nats.errors.TimeoutError, nats.js.errors.NoStreamResponseError) as exc:
             raise BusError(f"publish of {event.type} {event.event_id} not acknowledged: {exc!r}") from exc
+        return self._acked(ack, event.event_id)
+
+    def _acked(self, ack: api.PubAck, msg_id: str | None) -> api.PubAck:
+        if self.ack_journal is not None and msg_id is not None:
+            self.ack_journal.record(ack, msg_id)
+        return ack
 
     async def publish_many(self, events: Sequence[ev.Event], timeout_s: float = 30.0) -> list[api.PubAck]:
         """Publish a batch asynchronously and check every ack; raises ``BusError`` if any failed."""
@@ -309,15 +366,20 @@ class Bus:
             results = await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), timeout_s)
         except TimeoutError:
             raise BusError(f"{len(futures)} async publishes not all acknowledged in {timeout_s}s") from None
+        for event, result in zip(events, results, strict=True):
+            if not isinstance(result, BaseException):
+                self._acked(result, event.event_id)
         failures = [r for r in results if isinstance(r, BaseException)]
         if failures:
             raise BusError(f"{len(failures)} of {len(events)} publishes failed; first: {failures[0]!r}")
-        return list(results)  # type: ignore[arg-type]
+        return [r for r in results if not isinstance(r, BaseException)]  # all of them: none failed
 
-    async def publish_raw(self, subject: str, data: bytes, msg_id: str | None = None) -> api.PubAck:
-        """Publish bytes that are not an ``Event`` (dead letters; tests of malformed input)."""
+    async def publish_raw(
+        self, subject: str, data: bytes, msg_id: str | None = None, stream: str | None = None
+    ) -> api.PubAck:
+        """Publish bytes that are not an ``Event`` (dead letters, probe records; tests of malformed input)."""
         headers = {"Nats-Msg-Id": msg_id} if msg_id else None
-        return await self.js.publish(subject, data, headers=headers)
+        return self._acked(await self.js.publish(subject, data, headers=headers, stream=stream), msg_id)
 
     async def dead_letter(self, delivery: Delivery) -> None:
         """Park a message on ``irsi.deadletter.<service>`` with the error, its first bytes and its digest."""
@@ -388,41 +450,6 @@ class Bus:
             return []
         return [decode_delivery(m) for m in msgs]
 
-    async def iter_stream(
-        self, stream: str, start_seq: int = 1, batch: int = 1024, subjects: str | None = None
-    ) -> AsyncIterator[list[Msg]]:
-        """Read a stream in order from ``start_seq`` with an ephemeral ordered consumer, until caught up.
-
-        Used by replays (the eventlog, read-model rebuilds): no acks, no server-side state left behind.
-        """
-        info = await self.js.stream_info(stream)
-        if info.state.last_seq < start_seq or info.state.messages == 0:
-            return
-        config = api.ConsumerConfig(
-            deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
-            opt_start_seq=start_seq,
-            ack_policy=api.AckPolicy.NONE,
-            inactive_threshold=30.0,
-            filter_subject=subjects,
-            max_ack_pending=-1,
-        )
-        sub = await self.js.pull_subscribe(subjects or "", stream=stream, config=config)
-        try:
-            # The consumer knows how many messages match its filter right now: read exactly those,
-            # so a filtered read never waits for messages that belong to other subjects.
-            remaining = (await sub.consumer_info()).num_pending or 0
-            while remaining > 0:
-                try:
-                    msgs = await sub.fetch(min(batch, remaining), timeout=5.0)
-                except TimeoutError:  # nats-py raises nats.errors.TimeoutError or asyncio's; both are TimeoutError
-                    break
-                if not msgs:
-                    break
-                remaining -= len(msgs)
-                yield msgs
-        finally:
-            await sub.unsubscribe()
-
     async def event_batches(
         self,
         stream: str,
@@ -432,18 +459,19 @@ class Bus:
         start_seq: int = 1,
         owned_only: bool = False,
     ) -> AsyncIterator[list[tuple[int, ev.Event]]]:
-        """``iter_stream`` decoded: per fetched batch, the (stream sequence, event) of every message that decodes
-        and, given ``types``, has one of those payload types. Dead letters and foreign bytes are skipped;
-        ``owned_only`` also skips events their publisher may not own (``subjects.publisher_problem``)."""
-        async for msgs in self.iter_stream(stream, start_seq, subjects=subjects):
+        """``stream_reader.read_stream`` decoded: per chunk read, the (stream sequence, event) of every message that
+        decodes and, given ``types``, has one of those payload types, up to where the stream ended when the read
+        began. Dead letters and foreign bytes are skipped; ``owned_only`` also skips events their publisher may
+        not own (``subjects.publisher_problem``)."""
+        async for msgs in read_stream(self, stream, start_seq, subjects=subjects):
             batch = []
-            for msg in msgs:
-                event = ev.decode_or_none(msg.data, types)
-                problem = _subjects.publisher_problem(event, msg.subject) if event and owned_only else None
+            for seq, subject, data in msgs:
+                event = ev.decode_or_none(data, types)
+                problem = _subjects.publisher_problem(event, subject) if event and owned_only else None
                 if problem is not None:
                     log.warning("skipped an event its publisher may not own", problem=problem)
                 elif event is not None:
-                    batch.append((msg.metadata.sequence.stream, event))
+                    batch.append((seq, event))
             if batch:
                 yield batch
 
@@ -476,6 +504,13 @@ class Bus:
         return out
 
 
+def _explicit_data_dir() -> Path | None:
+    """``$INFRARSI_DATA_DIR`` when it is set (``Settings.data_dir``), never its default: a process that was
+    told no data directory looks for no credentials in its working directory."""
+    settings = Settings.from_env()
+    return settings.data_dir if "data_dir" in settings.model_fields_set else None
+
+
 def decode_delivery(msg: Msg) -> Delivery:
     if len(msg.data) > MAX_EVENT_BYTES:
         return Delivery(msg=msg, event=None, error=f"oversized: {len(msg.data)} bytes, over the {MAX_EVENT_BYTES} an event may take")
@@ -485,25 +520,7 @@ def decode_delivery(msg: Msg) -> Delivery:
         return Delivery(msg=msg, event=None, error=f"{type(exc).__name__}: {exc}")
     except Exception as exc:  # noqa: BLE001 — whatever a message can make a decoder raise, it is a bad message
         return Delivery(msg=msg, event=None, error=f"undecodable ({type(exc).__name__}): {exc}")
-    problem = misrouted(event, msg.subject)
+    problem = subjects.publisher_problem(event, msg.subject, strict=False)
     if problem is not None:
         return Delivery(msg=msg, event=None, error=problem)
     return Delivery(msg=msg, event=event, error=None)
-
-
-_PRINCIPALS = frozenset(subjects.principals())
-
-
-def misrouted(event: ev.Event, subject: str) -> str | None:
-    """Why a well-formed event must not be handled, or ``None``: it sits on another type's or study's subject
-    (``irsi.…`` subjects), or names as its source a principal that does not publish its type (a service
-    claiming another's event: a forgery or a bug). Unknown sources (tests, tools) are left to the server's
-    permissions, which decide who may publish where."""
-    if subject.startswith(subjects.ROOT + ".") and not subjects.is_deadletter(subject):
-        expected = subjects.subject_for(event)
-        if subject != expected:
-            return f"misrouted: a {event.type} of study {event.study_id!r} belongs on {expected}, not {subject}"
-    if event.source in _PRINCIPALS and event.source not in subjects.route(event.type).publishers:
-        owners = ", ".join(subjects.route(event.type).publishers)
-        return f"wrong owner: {event.source} does not publish {event.type} (published by {owners})"
-    return None

@@ -184,8 +184,10 @@ class MeasurementSpec(_Model):
     invariants that cannot be checked that way are named unchecked, never passed."""
     step_regex: str | None = None
     """``coarse`` only: a Python regular expression searched in each line of the job's output (lines end at
-    ``\\n`` or ``\\r``, so progress bars count). A group named ``step`` gives the step number (the
-    highest seen is the steps completed); without one each matching line is one step. ``null``: steps are
+    ``\\n`` or ``\\r``, so progress bars count). A group named ``step`` is the count of steps done (the
+    highest seen is the steps completed), ``index`` the zero-based index of the step just done, ``number``
+    the step's number counted from 0 or 1 (the first seen says which); with none of them each matching line
+    is one step (the rules: ``infrarsi_services.launcher.output``). ``null``: steps are
     not counted (the step time is then the wall time over the horizon, and the step count unchecked)."""
 
     @field_validator("step_regex")
@@ -341,14 +343,19 @@ _SBATCH_OWNED = ("--parsable", "--wrap", "--output", "--error", "--job-name", "-
                  "--ntasks-per-node", "--comment", "--requeue", "--no-requeue", "--export")
 """sbatch options the Slurm backend sets itself: ``extra_sbatch`` may not override them."""
 SLURM_FIELDS = ("partition", "account", "qos", "time_limit", "gres", "constraint", "exclusive", "extra_sbatch")
+KUBERNETES_FIELDS = ("namespace", "image", "manifest", "gpus_per_node", "volume_claim", "service_account",
+                     "kubeconfig", "image_python")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+"""A Kubernetes namespace, claim or service-account name (RFC 1123 label)."""
 
 
 class BackendSpec(_Model):
     """How the launcher runs trials."""
 
-    kind: Literal["local", "sim", "slurm"] = "local"
+    kind: Literal["local", "sim", "slurm", "kubernetes"] = "local"
     """``local``: subprocesses on this host; ``sim``: the analytic cluster simulator (labelled as such);
-    ``slurm``: a batch job per trial (``sbatch``)."""
+    ``slurm``: a batch job per trial (``sbatch``); ``kubernetes``: a ``PyTorchJob`` (or an indexed ``Job`` and
+    a headless ``Service``) per trial — untested against a live cluster (``docs/backends.md``)."""
     parallel: int = Field(default=1, ge=1)
     """Trials in flight at once."""
     timeout_s: float = Field(default=600.0, gt=0)
@@ -375,6 +382,26 @@ class BackendSpec(_Model):
     """For ``kind: slurm``: whole nodes (``--exclusive``)."""
     extra_sbatch: list[str] = []
     """More sbatch options, one ``--option=value`` per item (never through a shell)."""
+    namespace: str = "default"
+    """For ``kind: kubernetes``: the namespace the trials' objects are created in."""
+    image: str | None = None
+    """For ``kind: kubernetes`` (required there): the container image every rank runs; it holds the workload's
+    Python environment with InfraRSI installed."""
+    manifest: Literal["pytorchjob", "job"] = "pytorchjob"
+    """For ``kind: kubernetes``: ``pytorchjob`` — a Kubeflow ``PyTorchJob`` (needs the training operator);
+    ``job`` — an indexed ``batch/v1 Job`` and a headless ``Service`` (any cluster)."""
+    gpus_per_node: int = Field(default=0, ge=0)
+    """For ``kind: kubernetes``: ``nvidia.com/gpu`` per pod (one pod per node); prices accelerator-seconds."""
+    volume_claim: str | None = None
+    """For ``kind: kubernetes``: a ReadWriteMany PersistentVolumeClaim holding the launcher's data directory;
+    every pod mounts it at the same path, so worktrees, launch files and probe files are shared."""
+    service_account: str | None = None
+    """For ``kind: kubernetes``: the pods' service account."""
+    kubeconfig: str | None = None
+    """For ``kind: kubernetes``: the kubeconfig file the launcher uses (default: in-cluster, else
+    ``~/.kube/config``)."""
+    image_python: str = "python3"
+    """For ``kind: kubernetes``: the interpreter inside ``image`` (replaces the launcher's own in a rank's argv)."""
 
     @field_validator("partition", "account", "qos", "gres", "constraint")
     @classmethod
@@ -401,6 +428,13 @@ class BackendSpec(_Model):
                 raise ValueError(f"{name} is set by the Slurm backend itself")
         return value
 
+    @field_validator("namespace", "volume_claim", "service_account")
+    @classmethod
+    def _dns_label(cls, value: str | None) -> str | None:
+        if value is not None and not _DNS_LABEL.fullmatch(value):
+            raise ValueError(f"{value!r} is not a Kubernetes name (lower-case letters, digits and '-', 63 at most)")
+        return value
+
     @field_validator("netns")
     @classmethod
     def _netns_names(cls, value: list[str]) -> list[str]:
@@ -420,9 +454,12 @@ class BackendSpec(_Model):
             "local": {"netns"},
             "sim": {"scenario"},
             "slurm": set(SLURM_FIELDS),
+            "kubernetes": set(KUBERNETES_FIELDS),
         }[self.kind]
         if extra := sorted(given - allowed):
             raise ValueError(f"{', '.join(extra)} do not apply to backend kind {self.kind}")
+        if self.kind == "kubernetes" and not self.image:
+            raise ValueError("backend kind kubernetes needs an image (the container every rank runs)")
         return self
 
 

@@ -32,6 +32,11 @@ ADMIN = "admin"
 """The stack's own principal (creates streams, pings services) and an operator's: every right."""
 SEED_SUFFIX = ".nk"
 STREAMS = (subjects.LIFECYCLE_STREAM, subjects.TELEMETRY_STREAM, subjects.BANK_STREAM)
+BANK_STREAMS = (subjects.BANK_STREAM, subjects.BANK_SHARED_STREAM, subjects.BANK_HUB_STREAM)
+"""Where bank entries are read: the local stream and, with federation (docs/bank.md), the other clusters'
+entries sourced into ``IRSI_BANK_SHARED`` (on a cluster) or ``IRSI_BANK_HUB`` (on the hub)."""
+FEDERATES = "cli.bank"
+"""The principal that creates and updates the federation's sourcing streams (``infrarsi bank federate``)."""
 READ_ONLY_API = (
     "$JS.API.INFO",
     "$JS.API.STREAM.NAMES",
@@ -147,7 +152,7 @@ def _streams_of(filters: Iterable[str]) -> set[str]:
         if subject.startswith(subjects.telemetry_subject("", "")[:-2]):
             out.add(subjects.TELEMETRY_STREAM)
         elif subject.startswith(f"{subjects.BANK_ROOT}."):
-            out.add(subjects.BANK_STREAM)
+            out.update(BANK_STREAMS)
         elif subject.startswith(f"{subjects.ROOT}.") and not subjects.is_deadletter(subject):
             out.add(subjects.LIFECYCLE_STREAM)
     return out
@@ -157,7 +162,9 @@ def nats_permissions(principal: str) -> dict[str, object]:
     """The nats-server ``permissions`` block of one principal (``subjects.permissions`` plus JetStream's needs).
 
     - publish: the event subjects it owns; creating a stream with InfraRSI's definition (a no-op on an existing
-      stream — it cannot update, purge or delete one); stream and consumer metadata; for each stream it reads,
+      stream — it cannot update, purge or delete one), and for ``cli.bank`` creating and updating the bank
+      federation's sourcing streams; stream and consumer metadata; for each stream it reads (reading the bank
+      means every bank stream: local, shared, hub),
       the consumer API (create, next, delete), direct gets and acks; replies to requests it received
       (``allow_responses``: pings).
     - subscribe: the event subjects it reads (core subscriptions) and its own inbox (JetStream replies and
@@ -166,6 +173,9 @@ def nats_permissions(principal: str) -> dict[str, object]:
     table = subjects.permissions(principal)
     publish = set(table.publish) | set(READ_ONLY_API)
     publish |= {f"$JS.API.STREAM.CREATE.{s}" for s in STREAMS}
+    if principal == FEDERATES:
+        federation = (subjects.BANK_SHARED_STREAM, subjects.BANK_HUB_STREAM)
+        publish |= {f"$JS.API.STREAM.{verb}.{s}" for s in federation for verb in ("CREATE", "UPDATE")}
     for stream in sorted(_streams_of(table.subscribe)):
         publish |= {
             f"$JS.API.CONSUMER.CREATE.{stream}",

@@ -27,10 +27,26 @@ from infrarsi import credentials
 
 DEFAULT_DATA_DIR = Path(".infrarsi")
 SERVER_STATE_FILE = "nats-server.json"
+SERVER_CONFIG_FILE = "nats-server.conf"
+
+
+START_ATTEMPTS = 4
+ADDRESS_IN_USE = re.compile(r"listen tcp 127\.0\.0\.1:(\d+): bind: address already in use")
+"""How nats-server says a port it was configured with is taken (client and monitoring listeners alike)."""
 
 
 class EmbeddedServerError(RuntimeError):
     """The embedded nats-server could not be found, started, or did not become healthy."""
+
+
+class PortTaken(EmbeddedServerError):
+    """nats-server could not bind ``port``: something else holds it."""
+
+    def __init__(self, port: int, log_tail: str) -> None:
+        super().__init__(
+            f"nats-server could not listen on 127.0.0.1:{port} (address already in use); log tail:\n{log_tail}"
+        )
+        self.port = port
 
 
 def nats_server_binary() -> Path:
@@ -55,7 +71,7 @@ def free_port() -> int:
 def previous_port(data_dir: Path) -> int | None:
     """The client port of the last server started over ``data_dir`` (its config stays behind), if free now."""
     try:
-        config = (data_dir / "nats-server.conf").read_text()
+        config = (data_dir / SERVER_CONFIG_FILE).read_text()
     except OSError:
         return None
     match = re.search(r"^listen: 127\.0\.0\.1:(\d+)$", config, re.MULTILINE)
@@ -107,20 +123,36 @@ class EmbeddedServer:
         """
         data_dir = Path(data_dir).absolute()
         data_dir.mkdir(parents=True, exist_ok=True)
-        port = port or previous_port(data_dir) or free_port()
-        server = cls(data_dir=data_dir, port=port, monitor_port=free_port())
         auth = ""
         if authorize or credentials.has_credentials(data_dir):
             auth = credentials.authorization_block(credentials.ensure(data_dir))
-        config_path = data_dir / "nats-server.conf"
+        client_port = port or previous_port(data_dir) or free_port()
+        for attempt in range(1, START_ATTEMPTS + 1):
+            server = cls(data_dir=data_dir, port=client_port, monitor_port=free_port())
+            try:
+                server._launch(server_name, auth, extra_config, ready_timeout_s)
+                return server
+            except PortTaken as taken:
+                # A port picked free was bound by someone else before nats-server bound it (free_port
+                # closes its probe socket; another test or service can take the port in between). Pick
+                # fresh ones — except a client port the caller asked for: its clients expect that one.
+                if attempt == START_ATTEMPTS or (taken.port == client_port and port is not None):
+                    raise EmbeddedServerError(str(taken)) from None
+                if taken.port == client_port:
+                    client_port = free_port()
+        raise AssertionError("unreachable")  # the last attempt returns or raises
+
+    def _launch(self, server_name: str, auth: str, extra_config: str, ready_timeout_s: float) -> None:
+        """Write the config, start the process and wait until it is healthy; ``PortTaken`` when a port was."""
+        config_path = self.data_dir / SERVER_CONFIG_FILE
         config_path.write_text(
             "\n".join(
                 [
                     f'server_name: "{server_name}"',
-                    f"listen: 127.0.0.1:{server.port}",
-                    f"http: 127.0.0.1:{server.monitor_port}",
+                    f"listen: 127.0.0.1:{self.port}",
+                    f"http: 127.0.0.1:{self.monitor_port}",
                     "jetstream {",
-                    f'  store_dir: "{data_dir / "jetstream"}"',
+                    f'  store_dir: "{self.data_dir / "jetstream"}"',
                     "  max_memory_store: 256MB",
                     "  max_file_store: 8GB",
                     "}",
@@ -130,9 +162,10 @@ class EmbeddedServer:
                 ]
             )
         )
-        log_path = data_dir / "nats-server.log"
+        log_path = self.data_dir / "nats-server.log"
         with open(log_path, "ab") as log:
-            server.process = subprocess.Popen(
+            log_start = log.tell()
+            self.process = subprocess.Popen(
                 [str(nats_server_binary()), "-c", str(config_path)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -140,15 +173,20 @@ class EmbeddedServer:
                 start_new_session=True,  # Ctrl-C in a terminal reaches us, and we stop the server in order
             )
         try:
-            server.wait_healthy(ready_timeout_s)
+            self.wait_healthy(ready_timeout_s)
         except EmbeddedServerError:
-            server.stop()
-            tail = log_path.read_text(errors="replace")[-2000:]
-            raise EmbeddedServerError(f"nats-server did not become healthy; log tail:\n{tail}") from None
-        (data_dir / SERVER_STATE_FILE).write_text(
-            json.dumps({"url": server.url, "pid": server.process.pid, "monitor_port": server.monitor_port})
+            self.stop()
+            with open(log_path, "rb") as log:
+                log.seek(log_start)
+                this_start = log.read().decode(errors="replace")
+            if (match := ADDRESS_IN_USE.search(this_start)) is not None:
+                raise PortTaken(int(match.group(1)), this_start[-2000:]) from None
+            raise EmbeddedServerError(
+                f"nats-server did not become healthy; log tail:\n{this_start[-2000:]}"
+            ) from None
+        (self.data_dir / SERVER_STATE_FILE).write_text(
+            json.dumps({"url": self.url, "pid": self.process.pid, "monitor_port": self.monitor_port})
         )
-        return server
 
     def wait_healthy(self, timeout_s: float) -> None:
         """Poll the monitoring endpoint ``/healthz?js-enabled-only=true`` until JetStream is up."""
@@ -157,10 +195,8 @@ class EmbeddedServer:
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
                 raise EmbeddedServerError(f"nats-server exited with code {self.process.returncode}")
-            with contextlib.suppress(OSError, urllib.error.URLError):
-                with urllib.request.urlopen(url, timeout=1.0) as response:
-                    if response.status == 200:
-                        return
+            if answers_healthy(url):
+                return
             time.sleep(0.05)
         raise EmbeddedServerError(f"nats-server not healthy after {timeout_s:.0f}s")
 
@@ -192,6 +228,14 @@ class EmbeddedServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def answers_healthy(healthz_url: str, timeout_s: float = 1.0) -> bool:
+    """Whether a nats-server's monitoring ``/healthz`` (any query) answers 200 right now."""
+    with contextlib.suppress(OSError, urllib.error.URLError):
+        with urllib.request.urlopen(healthz_url, timeout=timeout_s) as response:
+            return bool(response.status == 200)
+    return False
 
 
 def running_server_url(data_dir: Path | str = DEFAULT_DATA_DIR) -> str | None:

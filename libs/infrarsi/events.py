@@ -270,6 +270,8 @@ class TrialProposed(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """Horizon override (verify runs longer); ``None`` = the contract's trial horizon."""
     prediction: Prediction | None = None
     verify_id: str | None = None
+    retry_of: str | None = None
+    """The trial this one runs again (an infrastructure failure, or a timing verdict taken under interference)."""
 
 
 class TrialLaunched(msgspec.Struct, frozen=True, kw_only=True, tag=True):

@@ -35,8 +35,7 @@ from pathlib import Path
 
 import psutil
 
-LAUNCH_TAG_VAR = "INFRARSI_LAUNCH_TAG"  # JobEnv.launch_tag (infrarsi.settings); procs stays free of imports
-"""Set in every trial's environment: ``<launcher state root>|<trial id>``."""
+from infrarsi.settings import LAUNCH_TAG_VAR  # re-exported: the backends tag the jobs they start with it
 
 
 @dataclass(frozen=True)

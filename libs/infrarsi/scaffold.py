@@ -638,7 +638,7 @@ def _render(report: ScaffoldReport, info: ScriptInfo, parsed: ParsedCommand, arg
     if report.knobs_via == "argv" and any(d.negatable for d in info.declared.values()):
         workload["argv_switch_off"] = "no-"
     if not report.uses_probe:
-        workload["measurement"] = {"kind": "coarse", "step_regex": _step_regex(info.framework)}
+        workload["measurement"] = {"kind": "coarse", "step_regex": default_step_regex(info.framework)}
     contract: dict[str, Any] = {
         "name": name,
         "goal": "Make this training job faster without changing what it learns.",
@@ -690,11 +690,15 @@ def _flow(value: Any) -> Any:
     return value
 
 
-def _step_regex(framework: Framework) -> str:
-    # tqdm's "12/30 [00:05<…" (Trainer and Lightning progress bars) or a plain "step 12" log line
+def default_step_regex(framework: Framework) -> str:
+    """The ``measurement.step_regex`` a draft gets for a job without the probe (the count rules:
+    ``infrarsi_services.launcher.output``)."""
+    # tqdm's "12/30 [00:05<…" (Trainer and Lightning progress bars), or the line a plain loop prints per step:
+    # "step 12 | loss …", "Step: 12", "iter 12", "step=12/30" — numbered from 0 or 1 (the ``number`` group
+    # takes either), never "max_steps=30" or "steps: 30"
     if framework in ("hf_trainer", "lightning"):
         return r"(?P<step>\d+)/\d+ \["
-    return r"\bstep[ :=]+(?P<step>\d+)"
+    return r"(?i)\b(?:step|iter|iteration)\b[ \t]*[:=#]?[ \t]*(?P<number>\d+)"
 
 
 def _header(report: ScaffoldReport, info: ScriptInfo, parsed: ParsedCommand) -> str:

@@ -509,7 +509,8 @@ async def serve(
     the service stops and exits non-zero, for its supervisor (``infrarsi up``, systemd) to restart it.
     """
     settings = settings or Settings.from_env()
-    bus = await Bus.connect(nats_url, service=service.name, data_dir=data_dir, replicas=settings.replicas)
+    bus = await Bus.connect(nats_url, service=service.name, data_dir=data_dir, replicas=settings.replicas,
+                            ack_journal=settings.ack_journal)
     runner = Runner(service, bus)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

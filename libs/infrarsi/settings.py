@@ -20,11 +20,17 @@ variable                        field                             meaning
 ``INFRARSI_LAUNCHER_SLOTS``     ``launcher_slots``                trials the launcher runs at once
 ``INFRARSI_LAUNCHER_ACK_WAIT_S`` ``launcher_ack_wait_s``          the launcher consumer's ack wait (s)
 ``INFRARSI_PARENT_PID``         ``parent_pid``                    the stack whose death stops a service
+``INFRARSI_ACK_JOURNAL``        ``ack_journal``                   a directory: log every JetStream ack there
+``INFRARSI_SLURM_SACCT_COMPLETION`` ``slurm_sacct_completion``    Slurm: completion log (1) or accounting (0)
+``INFRARSI_LLM_BASE_URL``       ``llm_base_url``                  the agent's endpoint (after the contract's)
+``INFRARSI_LLM_MODEL``          ``llm_model``                     the agent's model (after the contract's)
+``INFRARSI_LLM_API_KEY``        ``llm_api_key``                   the endpoint's key
+``INFRARSI_LLM_API_KEY_FILE``   ``llm_api_key_file``              a file holding the key
 ==============================  ================================  ==========================================
 
 A job's environment (``JobEnv``, set by the launcher, read by the probe and the simulator in the job):
 ``INFRARSI_STUDY``, ``INFRARSI_TRIAL``, ``INFRARSI_PROBE_DIR``, ``INFRARSI_NATS_URL``, ``INFRARSI_CLUSTER``,
-``INFRARSI_TRACEPARENT``, ``INFRARSI_PEAK_FLOPS``, and the simulator's ``INFRARSI_SIM_SCENARIO``,
+``INFRARSI_TRACEPARENT``, ``INFRARSI_PEAK_FLOPS``, ``INFRARSI_RETRY_OF``, and the simulator's ``INFRARSI_SIM_SCENARIO``,
 ``INFRARSI_SIM_STEP_S`` and ``INFRARSI_SIM_SEED``; ``INFRARSI_LAUNCH_TAG`` marks a job's processes so the
 launcher can find them (``infrarsi.procs``).
 """
@@ -90,6 +96,20 @@ class Settings(_FromEnv):
     """How long the launcher's consumer waits for an ack before redelivering (its handlers heartbeat)."""
     parent_pid: int | None = Field(default=None, ge=1)
     """Set by a stack on the services it starts: the process whose death must stop them."""
+    ack_journal: Path | None = None
+    """A directory where the process appends every JetStream ack it receives (``infrarsi.bus.AckJournal``): fault
+    benchmarks count them against what the streams hold afterwards (bench/chaos_cluster.py)."""
+    slurm_sacct_completion: bool | None = None
+    """The Slurm backend's job records: ``1`` reads the job-completion log (``sacct --completion``), ``0`` the
+    accounting database; unset asks ``scontrol show config`` whether there is an accounting database."""
+    llm_base_url: str | None = None
+    """The agent's OpenAI-compatible endpoint when the contract's ``agent.base_url`` is empty."""
+    llm_model: str | None = None
+    """The agent's model when the contract's ``agent.model`` is empty."""
+    llm_api_key: str | None = Field(default=None, repr=False)
+    """The endpoint's API key (never shown: not in ``repr``, redacted from recorded exchanges)."""
+    llm_api_key_file: Path | None = None
+    """A file whose first line is the API key, when ``agent.key_file`` is empty and no key is given."""
 
     @field_validator("log_level")
     @classmethod
@@ -97,6 +117,11 @@ class Settings(_FromEnv):
         if value is not None and value.upper() not in LOG_LEVELS:
             raise ValueError(f"unknown log level {value.upper()!r}; one of {', '.join(LOG_LEVELS)}")
         return value
+
+
+LAUNCH_TAG_VAR = env_var("launch_tag")
+"""``JobEnv.launch_tag``'s variable: ``<launcher state root>|<trial id>`` in every trial's environment, read from
+other processes' environments (``infrarsi.procs``) to find what a launcher started."""
 
 
 class JobEnv(_FromEnv):
@@ -112,6 +137,8 @@ class JobEnv(_FromEnv):
     peak_flops: float | None = Field(default=None, gt=0)
     """Per-device FLOP/s, for MFU."""
     launch_tag: str | None = None
+    retry_of: str | None = None
+    """The trial this job runs again (``TrialProposed.retry_of``): the simulator replays that trial's draw."""
     sim_scenario: str | None = None
     sim_step_s: float | None = Field(default=None, ge=0)
     sim_seed: int | None = None

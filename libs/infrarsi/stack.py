@@ -28,12 +28,19 @@ from typing import Any, TypeVar
 
 import nats
 import nats.errors
+import psutil
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from infrarsi import credentials, subjects
-from infrarsi.bus import Bus, BusError
-from infrarsi.embedded import SERVER_STATE_FILE, EmbeddedServer, resolve_nats_url, running_server_url
+from infrarsi.bus import Bus, BusError, server_urls
+from infrarsi.embedded import (
+    SERVER_CONFIG_FILE,
+    SERVER_STATE_FILE,
+    EmbeddedServer,
+    resolve_nats_url,
+    running_server_url,
+)
 from infrarsi.logs import get_logger
 from infrarsi.service import PARENT_PID_ENV
 from infrarsi.subjects import PING_SUBJECT
@@ -116,6 +123,21 @@ async def connect_for_cli(
 # --------------------------------------------------------------------------------------------------
 
 
+def start_logged(command: list[str], log_path: Path, env: dict[str, str], cwd: Path | None = None) -> subprocess.Popen[bytes]:
+    """A service process: stdout and stderr appended to ``log_path``, no stdin, and its own session, so a
+    terminal's Ctrl-C reaches only us and a group kill reaches everything it started."""
+    with open(log_path, "ab") as log_file:
+        return subprocess.Popen(
+            command,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+        )
+
+
 @dataclass
 class ServiceProcess:
     """One service process of the stack."""
@@ -157,6 +179,47 @@ def _owner(data_dir: Path) -> str:
             os.kill(pid, 0)  # alive? (a killed `up` leaves its state file behind)
             return f"{what} pid {pid}"
     return "owner unknown"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def reap_orphaned_server(data_dir: Path | str) -> int | None:
+    """Stop the embedded server that a SIGKILLed stack left running under ``data_dir``; its pid, or ``None``.
+
+    The server runs in its own session (a terminal's Ctrl-C reaches only the verb, which stops it in order), so
+    SIGKILL of ``infrarsi up`` or ``trial`` leaves it running with no services: every later verb would find it
+    and wait on a bus nobody serves. A stack records its own pid (``stack.json``) beside the server's: when
+    that process is gone and the server is the one configured for this data dir, it is an orphan, stopped
+    cleanly here (SIGTERM flushes JetStream; SIGKILL after 10 s). A server with no stack file was started
+    some other way (``EmbeddedServer`` alone) and is left alone.
+    """
+    data_dir = Path(data_dir).absolute()
+    try:
+        stack_pid = int(json.loads((data_dir / STACK_STATE_FILE).read_text())["pid"])
+        server_pid = int(json.loads((data_dir / SERVER_STATE_FILE).read_text())["pid"])
+        server = psutil.Process(server_pid)
+        ours = str(data_dir / SERVER_CONFIG_FILE) in server.cmdline()
+    except (OSError, ValueError, KeyError, TypeError, psutil.Error):
+        return None
+    if _alive(stack_pid) or not ours:
+        return None
+    log.warning("stopping the nats-server a killed stack left running", pid=server_pid, stack_pid=stack_pid)
+    with contextlib.suppress(psutil.Error):
+        server.terminate()
+        try:
+            server.wait(10)
+        except psutil.TimeoutExpired:
+            server.kill()
+            server.wait(10)
+    for name in (STACK_STATE_FILE, SERVER_STATE_FILE):
+        with contextlib.suppress(FileNotFoundError):
+            (data_dir / name).unlink()
+    return server_pid
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:
@@ -211,6 +274,8 @@ class Stack:
         unknown = sorted(set(names) - set(SERVICES))
         if unknown:
             raise StackError(f"unknown service(s) {unknown}; known: {', '.join(SERVICES)}")
+        if nats_url is None:
+            reap_orphaned_server(data_dir)
         if nats_url is None and (running := running_server_url(data_dir)):
             raise StackError(
                 f"a stack is already running under {data_dir} (NATS at {running}, {_owner(data_dir)}); "
@@ -218,7 +283,9 @@ class Stack:
             )
         data_dir.mkdir(parents=True, exist_ok=True)
         server = EmbeddedServer.start(data_dir, authorize=True) if nats_url is None else None
-        stack = cls(data_dir, nats_url or server.url, server, env or {})  # type: ignore[union-attr]
+        url = nats_url if server is None else server.url
+        assert url is not None  # one of the two: the given server's URL, or the one just started
+        stack = cls(data_dir, url, server, env or {})
         try:
             for name in names:
                 stack._spawn(name)
@@ -253,16 +320,7 @@ class Stack:
             "--data-dir",
             str(self.data_dir),
         ]
-        with open(log_path, "ab") as log_file:
-            process = subprocess.Popen(
-                command,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                start_new_session=True,  # its own process group: a terminal's Ctrl-C reaches only us
-            )
-        self.processes[name] = ServiceProcess(name, process, log_path)
+        self.processes[name] = ServiceProcess(name, start_logged(command, log_path, env), log_path)
         return self.processes[name]
 
     def restart(self, name: str) -> ServiceProcess:
@@ -282,11 +340,12 @@ class Stack:
         deadline = time.monotonic() + timeout_s
         admin = credentials.for_principal(credentials.ADMIN, self.data_dir)
         nc = await nats.connect(
-            self.url,
+            server_urls(self.url),  # a cluster's comma list, as the services take it
             name="infrarsi-stack",
             connect_timeout=5,
             allow_reconnect=False,
             **(admin.connect_options() if admin is not None else {}),
+            **credentials.tls_options(),
         )
         try:
             while True:
@@ -379,6 +438,8 @@ def ensure_stack(
     ``$INFRARSI_NATS_URL`` or a live ``infrarsi up``), else a stack the caller must ``stop()``
     (use it as a context manager).
     """
+    if nats_url is None:
+        reap_orphaned_server(data_dir)  # a killed verb's server, with no services: start a whole stack instead
     url = resolve_nats_url(nats_url, data_dir)
     if url is not None:
         return url, None

@@ -25,6 +25,7 @@ reading needs (``$JS.API.…``) are the deployment's to add. This module does no
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -216,6 +217,7 @@ class Permissions:
     subscribe: tuple[str, ...]
 
 
+@functools.cache  # the table is fixed at import: a consume loop asks once per message
 def principals() -> tuple[str, ...]:
     """Everyone the table names: services, the probe, the CLI verb-groups."""
     named = {p for r in ROUTES for p in (*r.publishers, *r.consumers)} | set(SERVICES) | set(CLI_READS)
@@ -241,17 +243,26 @@ def permissions(principal: str) -> Permissions:
     return Permissions(tuple(sorted(publish)), tuple(sorted(subscribe)))
 
 
-def publisher_problem(event: ev.Event, subject: str) -> str | None:
+def publisher_problem(event: ev.Event, subject: str, *, strict: bool = True) -> str | None:
     """Why ``event``, read from ``subject``, is not one its publisher may own; ``None`` when it is.
 
     Two checks, so that a reader trusts an event only as far as the server's permissions do: the event must
-    sit on the subject of its type (a principal may publish only its own types' subjects, so an envelope of
-    another type smuggled onto one of them is refused here), and its ``source`` must be a publisher the
-    table lists for the type (on a server without authorization this is the only check there is).
+    sit on the subject of its type and study (a principal may publish only its own types' subjects, so an
+    envelope of another type smuggled onto one of them is ``misrouted``), and its ``source`` must be a
+    publisher the table lists for the type (``wrong owner``; on a server without authorization this is the
+    only check there is).
+
+    ``strict=False`` is the consume loops' reading (``bus.decode_delivery``): a source the table does not
+    name at all (a test, a tool) is left to the server's permissions, which decide who may publish where, and
+    only ``irsi.…`` subjects other than dead letters are checked. ``strict`` (the default) is for readers
+    that act on who published what (``apply``): every source must be a listed publisher, every subject its
+    event's own.
     """
+    checked = strict or (subject.startswith(ROOT + ".") and not is_deadletter(subject))
     expected = subject_for(event)
-    if subject != expected:
-        return f"{event.type} on subject {subject} (its subject is {expected})"
-    if event.source not in route(event.type).publishers:
-        return f"{event.source!r} may not publish {event.type} (publishers: {', '.join(route(event.type).publishers)})"
+    if checked and subject != expected:
+        return f"misrouted: a {event.type} of study {event.study_id!r} belongs on {expected}, not {subject}"
+    publishers = route(event.type).publishers
+    if event.source not in publishers and (strict or event.source in principals()):
+        return f"wrong owner: {event.source} does not publish {event.type} (published by {', '.join(publishers)})"
     return None

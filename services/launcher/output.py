@@ -7,7 +7,10 @@ and noting when the step count went up, on the launcher's clock. The count rule 
 
 - a group named ``step`` is the number of steps completed so far (tqdm's ``12/30``);
 - a group named ``index`` is the zero-based index of the step just done (``step 11`` → 12 done);
-- without either group, each matching line is one step.
+- a group named ``number`` is the step's number as the job prints it, counted from 0 or from 1: the first
+  number seen says which (a loop printing ``step 0`` … ``step 29`` and one printing ``step 1`` … ``step 30``
+  have both done 30) — what ``infrarsi scaffold`` writes for a plain script, whose base it cannot know;
+- without any of them, each matching line is one step.
 
 The count never goes down (a progress bar redrawn for another epoch does not undo steps). It derives no
 statistics: telemetry turns the counts into a measurement.
@@ -32,6 +35,7 @@ class OutputSteps:
         self.regex = re.compile(pattern)
         self.steps_done = 0
         self.seen: list[ev.OutputStep] = []
+        self.first_number: int | None = None  # the ``number`` group's first value: 0 means counted from 0
 
     def feed_line(self, line: str, seen_s: float) -> None:
         match = self.regex.search(line)
@@ -42,6 +46,11 @@ class OutputSteps:
             done = int(groups["step"])
         elif groups.get("index") is not None:
             done = int(groups["index"]) + 1
+        elif groups.get("number") is not None:
+            number = int(groups["number"])
+            if self.first_number is None:
+                self.first_number = number
+            done = number + 1 if self.first_number == 0 else number
         else:
             done = self.steps_done + 1
         if done > self.steps_done:

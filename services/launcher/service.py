@@ -161,7 +161,7 @@ class LauncherService(Service):
         """One backend per kind and options (two studies on different Slurm partitions get two)."""
         key = options.model_dump_json(exclude={"parallel", "timeout_s"})
         if key not in self.backends:
-            backend = make_backend(options.kind, self.state_root, options)
+            backend = make_backend(options.kind, self.state_root, options, self.settings)
             backend.open()
             self.backends[key] = backend
         return self.backends[key]
@@ -346,20 +346,21 @@ class LauncherService(Service):
             name=event.trial_id or "",
             argv=launch.argv,
             workdir=worktree,
-            env=self._job_env(event, study, probe_dir, launch.env),
+            env=self._job_env(event, study, probe_dir, launch.env, retry_of=proposed.retry_of),
             state_dir=tdir,
             launcher=contract.workload.launcher.kind,
             nnodes=contract.workload.launcher.nnodes,
             nproc_per_node=contract.workload.launcher.nproc_per_node,
             memory_capacity_bytes=_emulated_capacity(study.cluster),
         )
-        backend = self.backend(contract.backend)
         stall_before = procs.cpu_stall_s()
         try:
+            backend = self.backend(contract.backend)
             handle = await asyncio.to_thread(backend.submit, spec)
         except (OSError, SubmitError) as exc:
             # e.g. a command item that is not an executable (``"{launch_file}; touch x"``: no shell, so one
-            # literal path), or a scheduler refusing the job: nothing ran, and retrying cannot help.
+            # literal path), a scheduler refusing the job, or a backend that cannot open (no kubeconfig):
+            # nothing ran, and retrying cannot help.
             raise Refused("crash", f"the job could not be started: {type(exc).__name__}: {exc} (argv {spec.argv[:4]!r})") from None
         (tdir / "submitted.json").write_text(
             json.dumps({"backend": contract.backend.model_dump(mode="json"), "job_id": handle.job_id,
@@ -454,7 +455,8 @@ class LauncherService(Service):
             paths.append(target)
         return paths
 
-    def _job_env(self, event: ev.Event, study: Study, probe_dir: Path, workload_env: dict[str, str]) -> dict[str, str]:
+    def _job_env(self, event: ev.Event, study: Study, probe_dir: Path, workload_env: dict[str, str], *,
+                 retry_of: str | None = None) -> dict[str, str]:  # fmt: skip
         env = {k: v for k, v in os.environ.items() if not k.startswith(SETTINGS_PREFIX)}
         if self.settings.log_level is not None:
             env[env_var("log_level")] = self.settings.log_level
@@ -467,6 +469,7 @@ class LauncherService(Service):
             cluster=study.cluster.cluster_id,
             traceparent=tracing.traceparent(),
             peak_flops=float(study.cluster.peak_flops) if study.cluster.peak_flops else None,
+            retry_of=retry_of,
         )
         env.update(job.to_env())
         env["PYTHONUNBUFFERED"] = "1"
@@ -555,11 +558,8 @@ class LauncherService(Service):
                 record = ev.decode_or_none(line, (ev.TrialStep,))  # None: a torn last line of a killed job
                 if record is None:
                     continue
-                await self.bus.js.publish(
-                    subject,
-                    line,
-                    headers={"Nats-Msg-Id": step_msg_id(trial_id, rank, record.payload.step)},
-                    stream=TELEMETRY_STREAM,
+                await self.bus.publish_raw(
+                    subject, line, msg_id=step_msg_id(trial_id, rank, record.payload.step), stream=TELEMETRY_STREAM
                 )
 
 

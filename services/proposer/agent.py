@@ -14,11 +14,15 @@ like any library patch, their prior the model's expected effect with its stated 
 knowledge-base overrides whose std is widened by ``agent.prior_weight`` (measurements overrule them); the
 candidates (and each new patch on the baseline, if no candidate tries it) join the agent's queue.
 
-**Measurements overrule it.** After each finished trial the role compares how well the measured step times
-are explained with and without the model's priors (``infrarsi.agent.prior_check``); once the data prefer the
-study without them (log Bayes factor > ``DROP_LOG_BF``) its priors are dropped for good — its patches stay,
-with flat priors — and the knowledge base's own initial design is queued (origin ``prior``): the candidates
-the model's priors had displaced.
+**Measurements overrule it.** The model's priors (its own, and its patches' expected effects) start on
+probation: while they are, every other searcher proposal comes from a hedge — a searcher over the same outcomes
+without them (``probation_space``), the knowledge base's own best guess first. The hedge bounds what wrong
+priors cost, and it gives the check contrast: the model's own picks all look alike to it. After each finished
+trial the role compares how well the measured step times are explained with and without the model's priors
+(``infrarsi.agent.prior_check.judge``): once the data prefer the study without them (log Bayes factor >
+``DROP_LOG_BF``) its priors are dropped for good — its patches stay, with flat priors — and the search goes on
+over every outcome without them; once the data prefer them (< −``DROP_LOG_BF``) they are trusted and the hedge
+ends.
 
 **The mix rule.** At most ``floor(agent.share × trials)`` of the study's search trials (at least one when
 ``share`` > 0) come from the queue, origin ``llm``; when a slot frees and the queue holds a candidate not yet
@@ -32,7 +36,7 @@ import math
 from dataclasses import dataclass, field
 
 from infrarsi import events as ev
-from infrarsi.agent.prior_check import contradicted
+from infrarsi.agent.prior_check import judge
 from infrarsi.agent.prompts import proposal_messages, trial_row
 from infrarsi.modeling.search import Searcher
 from infrarsi.modeling.time_model import TimeModel
@@ -57,7 +61,9 @@ class AgentRole:
     patches: list[ev.AgentPatch] = field(default_factory=list)
     priors: list[ev.AgentPrior] = field(default_factory=list)
     distrusted_at: int | None = None
-    """Finished trials when the measurements overruled the model's priors (``None``: still trusted)."""
+    """Finished trials when the measurements overruled the model's priors (``None``: not overruled)."""
+    trusted_at: int | None = None
+    """Finished trials when the measurements confirmed the model's priors (``None``: not confirmed)."""
     log_bayes_factor: float = 0.0
     """The last check's log Bayes factor (without / with the model's priors)."""
 
@@ -66,11 +72,23 @@ class AgentRole:
         they are trusted."""
         return base.with_agent(self.patches, self.priors, trust_model=self.distrusted_at is None)
 
+    @property
+    def on_probation(self) -> bool:
+        """The model gave priors (its own, or its patches' expected effects) and the measurements have not yet
+        decided on them."""
+        return bool(self.priors or self.patches) and self.distrusted_at is None and self.trusted_at is None
+
+    def probation_space(self, base: StudySpace) -> StudySpace:
+        """The study without the model's priors: its patches stay, with flat priors (the hedge's, and the
+        study's once the priors are dropped)."""
+        return base.with_agent(self.patches, trust_model=False)
+
     def check_priors(self, base: StudySpace, outcomes: list[TrialOutcome], noise_std: float) -> bool:
-        """Whether the measurements just overruled the model's priors (then ``space`` drops them)."""
-        if self.distrusted_at is not None or not (self.priors or self.patches):
+        """Whether the measurements just overruled the model's priors (then ``space`` drops them); confirmed
+        priors end the probation."""
+        if not self.on_probation:
             return False
-        trusted, without = self.space(base), base.with_agent(self.patches, trust_model=False)
+        trusted, without = self.space(base), self.probation_space(base)
         measured = []
         for o in outcomes:
             if o.status == "ok" and o.step_time_s and o.candidate is not None:
@@ -78,11 +96,13 @@ class AgentRole:
                     measured.append((trusted.from_event(o.candidate), o.step_time_s))
                 except ValueError:
                     continue
-        drop, self.log_bayes_factor = contradicted(TimeModel(trusted.space, trusted.kb),
-                                                   TimeModel(without.space, without.kb), measured, noise_std)
-        if drop:
+        verdict, self.log_bayes_factor = judge(TimeModel(trusted.space, trusted.kb),
+                                               TimeModel(without.space, without.kb), measured, noise_std)
+        if verdict == "trusted":
+            self.trusted_at = len(outcomes)
+        if verdict == "dropped":
             self.distrusted_at = len(outcomes)
-        return drop
+        return verdict == "dropped"
 
     @property
     def tokens_spent(self) -> int:

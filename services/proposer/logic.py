@@ -99,9 +99,15 @@ class _Study:
     """The agent role, when the contract gives it tokens and the service has a model to ask (agent.py)."""
     base_space: StudySpace | None = None
     """The study before the agent's patches and priors (``space`` is ``agent.space(base_space)``)."""
-    recovery: list[Candidate] = field(default_factory=list)
-    """Queued (origin ``prior``) when a rebuilt searcher starts: the knowledge base's best guess once the
-    model's priors were dropped."""
+    hedge: Searcher | None = None
+    """While the model's priors are on probation: a searcher over the same outcomes without them
+    (``AgentRole.probation_space``), the knowledge base's own best guess queued first; every other searcher
+    proposal is its."""
+    hedge_guess: list[Candidate] = field(default_factory=list)
+    """The knowledge base's own best guess (what a search without the model would try first): the hedge's first
+    proposal, and the first of the rebuilt search if the model's priors are dropped before it ran."""
+    hedge_turn: bool = False
+    """Whether the next searcher proposal is the hedge's."""
 
     @property
     def trials_used(self) -> int:
@@ -176,16 +182,16 @@ class ProposerState(Fold):
         return self._fill(study)
 
     def _check_agent_priors(self, study: _Study) -> None:
-        """Drop the model's priors once the measurements overrule them (agent.py); the searcher is rebuilt and
-        starts with the knowledge base's own initial design (its best guess, then space-filling seeds)."""
+        """Judge the model's priors on the measurements so far (agent.py): dropped ones leave the study (the
+        searcher is rebuilt over every outcome without them); a verdict either way ends the hedge."""
         if study.agent is None or study.base_space is None or study.searcher is None:
             return
         study.searcher.refit()
         if study.agent.check_priors(study.base_space, study.outcomes, study.searcher.time_model.noise_std):
             study.space = study.agent.space(study.base_space)
-            fresh = build_searcher(study.space, study.study_id, doctor=study.doctor, config=self.config)
-            study.recovery = [s.candidate for s in fresh.suggest(1 + fresh.config.n_seeds)]
             study.searcher = None
+        if not study.agent.on_probation:
+            study.hedge = None
 
     def _on_run(self, study: _Study, request: RunRequested) -> list[Emission]:
         study.requests += 1
@@ -215,6 +221,8 @@ class ProposerState(Fold):
             obs = observation(study.space, outcome)
             if obs is not None:
                 study.searcher.observe(obs)
+                if study.hedge is not None:
+                    study.hedge.observe(obs)
         self._check_agent_priors(study)
         return self._fill(study)
 
@@ -240,7 +248,8 @@ class ProposerState(Fold):
                 or study.phase != "searching"):  # fmt: skip
             return None
         trial_id = ev.derived_id(outcome.trial_id, "retry")
-        payload = msgspec.structs.replace(failed, reason=f"re-run of trial {outcome.trial_id} ({outcome.detail[:200]})")
+        payload = msgspec.structs.replace(failed, reason=f"re-run of trial {outcome.trial_id} ({outcome.detail[:200]})",
+                                          retry_of=outcome.trial_id)  # fmt: skip
         study.proposals.append(Proposal(trial_id, proposal.candidate, proposal.key, retry_of=outcome.trial_id))
         study.ledger.proposed(trial_id, payload)
         return Emission(payload, study.study_id, trial_id, f"retry:{outcome.trial_id}")
@@ -252,9 +261,30 @@ class ProposerState(Fold):
             assert study.space is not None
             study.searcher = build_searcher(study.space, study.study_id, doctor=study.doctor,
                                             outcomes=study.outcomes, bank=study.created.bank, config=self.config)
-            study.searcher.enqueue(study.recovery, "prior",
-                                   "the knowledge base's initial design, once the measurements overruled the model's priors")
+            if study.agent is not None and study.agent.distrusted_at is not None:
+                study.searcher.enqueue(study.hedge_guess, "prior", "the knowledge base's best guess, once the "
+                                       "measurements overruled the model's priors")
+            study.hedge = None
         return study.searcher
+
+    def _searcher_for_turn(self, study: _Study) -> tuple[Searcher, str]:
+        """The searcher whose turn it is — the hedge's every other proposal while the model's priors are on
+        probation — and how its proposals' reasons say so."""
+        searcher = self._searcher(study)
+        if study.agent is None or study.base_space is None or not study.agent.on_probation:
+            return searcher, ""
+        if study.hedge is None:
+            probation = study.agent.probation_space(study.base_space)
+            if not study.hedge_guess:
+                fresh = build_searcher(probation, study.study_id, doctor=study.doctor, config=self.config)
+                study.hedge_guess = [s.candidate for s in fresh.suggest(1)]
+            study.hedge = build_searcher(probation, study.study_id, doctor=study.doctor, outcomes=study.outcomes,
+                                         config=self.config)
+            study.hedge.enqueue(study.hedge_guess, "prior", "the knowledge base's best guess")
+        study.hedge_turn = not study.hedge_turn
+        if study.hedge_turn:
+            return searcher, ""
+        return study.hedge, "without the model's priors (they are on probation): "
 
     def _fill(self, study: _Study) -> list[Emission]:
         """Propose until ``parallel`` trials are in flight, or end the search when it must end."""
@@ -300,7 +330,8 @@ class ProposerState(Fold):
                     study.stop_reason = f"no more expected gain: {why}"
                     continue
             pending = [p.candidate for p in in_flight] + study.rejected
-            suggestions = searcher.suggest(n, pending=pending)
+            turn, why = self._searcher_for_turn(study)
+            suggestions = turn.suggest(n if study.hedge is None else 1, pending=pending)  # the hedge alternates
             if not suggestions:
                 study.stop_reason = "search space exhausted"
                 continue
@@ -308,7 +339,7 @@ class ProposerState(Fold):
                 if study.space.contract_problems(s.candidate) or study.space.event_key(s.candidate) in study.proposed_keys:
                     study.rejected.append(s.candidate)
                     continue
-                out += self._propose(study, searcher, s.candidate, s.origin, s.reason)
+                out += self._propose(study, searcher, s.candidate, s.origin, why + s.reason)
 
     def _propose(self, study: _Study, searcher: Searcher, candidate: Candidate, origin: ev.Origin,
                  reason: str) -> list[Emission]:
@@ -320,7 +351,9 @@ class ProposerState(Fold):
         study.proposed_keys.add(key)
         out = []
         for r in range(study.space.contract.budget.repeats_per_trial):
-            index = len(study.proposals)
+            # Numbered among the search trials only: the n-th candidate has the same trial id whether or not the
+            # host forced re-runs before it (a re-run's id derives from the trial it repeats).
+            index = study.trials_used
             trial_id = ev.derived_id(study.study_id, "search", str(index))
             payload = ev.TrialProposed(candidate=event_candidate, candidate_key=key, kind="search",
                                        origin=origin, reason=reason, repeat=r, prediction=predicted)

@@ -76,6 +76,7 @@ def test_five_stages_on_each_example_verify_a_speedup(example: str, tmp_path: Pa
     )  # fmt: skip
     out = proc.stdout
     summary = json.loads(out[out.index("{\n"):]) if "{\n" in out else {}
+    print(out)  # the run's figures (speed-up, CI, ms/step, MFU, trials): shown by `pytest -rA`
     assert proc.returncode == 0 and summary["verified"], (out + proc.stderr)[-4000:]
     assert summary["speedup_ci"][0] > 1.0, summary
     loss = [i for i in summary["invariants"] if i["name"] == "loss"]

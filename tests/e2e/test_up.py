@@ -147,16 +147,42 @@ async def test_up_status_tail_and_clean_interrupt(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
-def test_services_stop_when_up_is_killed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_up_stops_everything_it_started_on(tmp_path: Path, sig: signal.Signals) -> None:
+    """A supervisor's SIGTERM and a closed terminal's SIGHUP stop `up` as Ctrl-C does (SIGINT: the test above):
+    every service and the server gone, the port free, no state file claiming a live server."""
+    data_dir = tmp_path / "state"
+    up = Foreground(data_dir)
+    try:
+        up.wait_for_line("services ready", timeout_s=60)
+        server = json.loads((data_dir / "nats-server.json").read_text())
+        started = psutil.Process(up.process.pid).children(recursive=True)
+        assert server["pid"] in {p.pid for p in started} and len(started) >= len(SERVICES) + 1
+        up.process.send_signal(sig)
+        assert up.process.wait(60) == 0
+        gone, alive = psutil.wait_procs(started, timeout=10)
+        assert not alive, f"left running after {sig.name}: {[p.pid for p in alive]}"
+        assert _port_free(int(server["url"].rsplit(":", 1)[1]))
+        assert not (data_dir / "nats-server.json").exists() and not (data_dir / "stack.json").exists()
+    finally:
+        up.close()
+
+
+@pytest.mark.integration
+def test_services_stop_when_up_is_killed_and_the_next_up_recovers(tmp_path: Path) -> None:
     """SIGKILL gives `up` no chance to stop anything: the services notice their parent is gone and stop
     themselves (gracefully), instead of consuming and launching trials for nobody. The NATS server, in its
-    own session and holding the log, is left for the next `up` (killed here by the test)."""
+    own session and holding the log, is left running with nobody to stop it: the next `up` over the data dir
+    stops that orphan cleanly and starts a whole stack on the same port (before, it refused: "a stack is
+    already running")."""
     data_dir = tmp_path / "state"
     up = Foreground(data_dir)
     server_pid = None
+    again = None
     try:
         up.wait_for_line("services ready", timeout_s=60)
-        server_pid = json.loads((data_dir / "nats-server.json").read_text())["pid"]
+        server = json.loads((data_dir / "nats-server.json").read_text())
+        server_pid = server["pid"]
         services = [p for p in psutil.Process(up.process.pid).children() if p.pid != server_pid]
         assert len(services) == len(SERVICES)
         up.process.kill()
@@ -166,8 +192,22 @@ def test_services_stop_when_up_is_killed(tmp_path: Path) -> None:
         for name in SERVICES:  # each stopped itself, through its graceful path
             log_text = (data_dir / "logs" / f"{name}.log").read_text()
             assert "the stack that started this service is gone" in log_text and "service stopped" in log_text, name
+        assert psutil.pid_exists(server_pid), "the orphaned server is still running"
+
+        again = Foreground(data_dir)
+        again.wait_for_line("services ready", timeout_s=60)
+        assert not psutil.pid_exists(server_pid), "the next `up` stopped the orphaned server"
+        restarted = json.loads((data_dir / "nats-server.json").read_text())
+        assert restarted["pid"] != server_pid and restarted["url"] == server["url"]
+        status = _cli("status", "--json", data_dir=data_dir)
+        assert status.returncode == 0, status.stderr
+        assert all(svc["alive"] for svc in json.loads(status.stdout)["services"].values())
+        again.process.send_signal(signal.SIGINT)
+        assert again.process.wait(60) == 0
     finally:
         up.close()
+        if again is not None:
+            again.close()
         if server_pid is not None:
             with contextlib.suppress(psutil.NoSuchProcess):
                 psutil.Process(server_pid).kill()

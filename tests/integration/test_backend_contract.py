@@ -7,24 +7,29 @@ at once, that ``close`` ends what still runs, and that nothing of a job is left 
 
 To add a backend, write a ``BackendUnderTest`` (how to build it, a job that succeeds / fails / runs long, and
 what of a job could be left running) and append it to ``IMPLEMENTATIONS``. A backend that needs something this
-host lacks (a Slurm controller, a Kubernetes API) skips itself in ``make`` with the reason.
+host lacks (a Slurm controller, a Kubernetes API) skips itself in ``make`` with the reason. ``kubernetes`` runs
+against the Kubernetes API server of ``tests/support/kube_api.py`` (a real HTTP server playing each job's story:
+no cluster can run here), so it checks the backend's side of the contract, not a cluster's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import textwrap
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
 import pytest
 import yaml
 from infrarsi import procs
-from infrarsi.backends import Backend, JobHandle, JobResult, JobSpec, LocalBackend
+from infrarsi.backends import Backend, JobHandle, JobSpec, LocalBackend
 from infrarsi.backends.sim import SimBackend
+from support.backend_jobs import run_to_end
 
 Behaviour = Literal["ok", "fail", "long"]
 
@@ -45,6 +50,11 @@ class BackendUnderTest(ABC):
     def leftovers(self, state: Path) -> list[object]:
         """What of this owner's jobs still runs (processes, cluster jobs); empty after every ``collect``."""
         return []
+
+    @contextlib.contextmanager
+    def serving(self, tmp: Path) -> Iterator[None]:
+        """What the backend talks to, for one test (default: nothing)."""
+        yield
 
 
 class LocalUnderTest(BackendUnderTest):
@@ -94,12 +104,52 @@ class SimUnderTest(BackendUnderTest):
                        state_dir=tmp / "state" / name)
 
 
-IMPLEMENTATIONS: list[BackendUnderTest] = [LocalUnderTest(), SimUnderTest()]
+class KubernetesUnderTest(BackendUnderTest):
+    """A PyTorchJob per job, against the scripted Kubernetes API server; each job's story follows its behaviour."""
+
+    id = "kubernetes"
+
+    @contextlib.contextmanager
+    def serving(self, tmp: Path) -> Iterator[None]:
+        pytest.importorskip("kubernetes", reason="the kubernetes extra is not installed")
+        from support.kube_api import Cluster, kube_api
+
+        self.cluster = Cluster()
+        with kube_api(self.cluster, tmp) as kubeconfig:
+            self.kubeconfig = kubeconfig
+            yield
+
+    def make(self, state: Path) -> Backend:
+        from infrarsi.backends.kubernetes import KubernetesBackend
+        from infrarsi.contract import BackendSpec
+
+        options = BackendSpec(kind="kubernetes", namespace="ml", image="registry.example/train:1",
+                              kubeconfig=str(self.kubeconfig))  # fmt: skip
+        return KubernetesBackend(str(state), options)
+
+    def job(self, tmp: Path, behaviour: Behaviour, name: str) -> JobSpec:
+        from infrarsi.backends.kubernetes_manifests import label_value
+        from support.kube_api import PodEnd, Story
+
+        self.cluster.stories[label_value(name)] = {
+            "ok": Story(ends=[PodEnd(log="job mode ok\n")]),
+            "fail": Story(ends=[PodEnd(exit_code=3, reason="Error", log="job mode fail\nTraceback: boom\n")]),
+            "long": Story(ends=None),
+        }[behaviour]
+        return JobSpec(name=name, argv=[sys.executable, "job.py", behaviour], workdir=tmp, env={},
+                       state_dir=tmp / "state" / name)  # fmt: skip
+
+    def leftovers(self, state: Path) -> list[object]:
+        return [o["metadata"]["name"] for r in ("pytorchjobs", "jobs", "services", "pods") for o in self.cluster.live(r)]
+
+
+IMPLEMENTATIONS: list[BackendUnderTest] = [LocalUnderTest(), SimUnderTest(), KubernetesUnderTest()]
 
 
 @pytest.fixture(params=IMPLEMENTATIONS, ids=lambda b: b.id)
-def under_test(request: pytest.FixtureRequest) -> BackendUnderTest:
-    return request.param
+def under_test(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BackendUnderTest]:
+    with request.param.serving(tmp_path):
+        yield request.param
 
 
 @pytest.fixture
@@ -109,14 +159,6 @@ def backend(under_test: BackendUnderTest, tmp_path: Path):
     assert b.reap() == 0, "a fresh owner has nothing to reap"
     yield b
     b.close()
-
-
-def run_to_end(backend: Backend, handle: JobHandle, timeout_s: float = 90.0) -> JobResult:
-    deadline = time.monotonic() + timeout_s
-    while not backend.poll(handle):
-        assert time.monotonic() < deadline, "job did not finish"
-        time.sleep(0.02)
-    return backend.collect(handle)
 
 
 def wait_running(backend: Backend, handle: JobHandle, seconds: float = 0.5) -> None:

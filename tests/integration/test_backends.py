@@ -16,7 +16,7 @@ import psutil
 import pytest
 from infrarsi import procs
 from infrarsi.backends import Backend, JobSpec, LocalBackend
-from test_backend_contract import run_to_end  # the contract suite's helper (what every backend is held to)
+from support.backend_jobs import run_to_end
 
 JOB = textwrap.dedent(
     """

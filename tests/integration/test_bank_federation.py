@@ -7,11 +7,13 @@ Three real nats-server processes on loopback: a hub (domain ``hub``) and two clu
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import duckdb
+import nats.errors
 import pytest
 from infrarsi import events as ev
 from infrarsi.bank import (
@@ -71,9 +73,9 @@ class Federation:
             "hub", domain="hub", store_dir=d / "jetstream", leaf_listen=f"127.0.0.1:{self.leaf_port}"))
         return self.hub
 
-    def start_cluster(self, name: str) -> EmbeddedServer:
+    def start_cluster(self, name: str, *, authorize: bool = False) -> EmbeddedServer:
         d = self.root / name
-        server = EmbeddedServer.start(d, server_name=f"bank-{name}", extra_config=server_config_fragment(
+        server = EmbeddedServer.start(d, server_name=f"bank-{name}", authorize=authorize, extra_config=server_config_fragment(
             "leaf", domain=name, store_dir=d / "jetstream", hub_leaf_urls=[f"nats-leaf://127.0.0.1:{self.leaf_port}"]))
         self.clusters[name] = server
         return server
@@ -155,3 +157,41 @@ async def _has(bus: Bus, studies: set[str]) -> bool:
 
 async def _count_is(bus: Bus, stream: str, n: int) -> bool:
     return await count(bus, stream) == n
+
+
+async def test_federation_with_authorization_on(tmp_path: Path) -> None:
+    """Clusters whose servers run with authorization (as `infrarsi up` starts them): `bank federate` as cli.bank
+    creates the shared stream, the reporter's entry on A reaches B, and B's readers of the bank (the reporter,
+    `init`) read the shared stream with their own credentials; a principal with no bank rights may not create
+    a federation stream. Before the federation streams were in the generated permissions, cli.bank was refused
+    and a reader saw only its local stream."""
+    fed = Federation(tmp_path)
+    buses: list[Bus] = []
+
+    async def as_principal(server: EmbeddedServer, principal: str) -> Bus:
+        bus = await Bus.connect(server.url, service=principal, data_dir=server.data_dir, ensure=False, replicas=1)
+        buses.append(bus)
+        return bus
+
+    try:
+        hub = fed.start_hub()
+        a_srv = fed.start_cluster("cluster-a", authorize=True)
+        b_srv = fed.start_cluster("cluster-b", authorize=True)
+        h = await Bus.connect(hub.url, service="test-bank-hub", ensure=False, replicas=1)
+        buses.append(h)
+        await ensure_bank_federation(h, "hub", "cluster-a", "cluster-b")
+        await ensure_bank_federation(await as_principal(a_srv, "cli.bank"), "leaf", peer_clusters=["cluster-b"])
+        await ensure_bank_federation(await as_principal(b_srv, "cli.bank"), "leaf", peer_clusters=["cluster-a"])
+        with pytest.raises(nats.errors.Error):  # a permissions violation: the request gets no answer
+            await ensure_bank_federation(await as_principal(b_srv, "launcher"), "leaf", peer_clusters=["cluster-a"])
+
+        await (await as_principal(a_srv, "reporter")).publish(bank_event(entry("study-1"), cluster_id="cluster-a"))
+        for principal in ("reporter", "cli.init", "cli.bank"):
+            reader = await as_principal(b_srv, principal)
+            await wait_for(lambda r=reader: _has(r, {"study-1"}), what=f"study-1 on B, read as {principal}")
+        assert await count(await as_principal(b_srv, "cli.bank"), SHARED_STREAM) == 1
+    finally:
+        for bus in buses:
+            with contextlib.suppress(Exception):
+                await bus.close()
+        fed.stop()

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from infrarsi import events as ev
-from infrarsi.bus import STREAMS, Bus, BusError, stream_for_type
+from infrarsi.bus import STREAMS, TELEMETRY_STREAM, AckJournal, Bus, BusError, stream_for_type
+from infrarsi.subjects import telemetry_subject
 from support.owned import owned_event
 
 pytestmark = pytest.mark.integration
@@ -82,3 +85,23 @@ async def test_streams_exist_with_expected_subjects(bus: Bus) -> None:
 async def test_unreachable_server_fails_fast() -> None:
     with pytest.raises(BusError, match="cannot reach NATS at nats://127.0.0.1:1"):
         await Bus.connect("nats://127.0.0.1:1", service="test", connect_timeout_s=1.0)
+
+
+async def test_every_ack_received_is_journaled(nats_server: str, tmp_path: Path) -> None:
+    """``ack_journal`` logs the ack of every publish, batch and raw publish, duplicates too (stream, sequence,
+    msg id): what bench/chaos_cluster.py counts against the streams after its faults."""
+    journal = tmp_path / "acks"
+    bus = await Bus.connect(nats_server, service="test", ack_journal=journal)
+    study = ev.new_id()
+    try:
+        one = owned_event(ev.DoctorRequested(repeats=1), study_id=study)
+        many = [owned_event(ev.DoctorRequested(repeats=r), study_id=study) for r in (2, 3)]
+        acks = [await bus.publish(one), *await bus.publish_many(many)]
+        raw = await bus.publish_raw(telemetry_subject(study, "t1"), b"{}", msg_id=f"{study}-raw", stream=TELEMETRY_STREAM)
+        again = await bus.publish(one)
+    finally:
+        await bus.close()
+    assert again.duplicate and again.seq == acks[0].seq
+    expected = [(a.stream, a.seq, e.event_id) for a, e in zip(acks, [one, *many], strict=True)]
+    expected += [(raw.stream, raw.seq, f"{study}-raw"), (again.stream, again.seq, one.event_id)]
+    assert AckJournal.read(journal) == expected

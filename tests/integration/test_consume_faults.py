@@ -21,20 +21,15 @@ from infrarsi import subjects
 from infrarsi.bus import DEADLETTER_RAW_MAX, Bus
 from infrarsi.commands.status import collect, render
 from infrarsi.service import Runner
-from infrarsi.stack import ping_services
+from infrarsi.stream_reader import read_stream
 from infrarsi_services.proposer.service import ProposerService
-from support.owned import owned_event
+from support.proposer_faults import answering_proposer, service_status, study_created
 
 pytestmark = pytest.mark.integration
 
 
 def _study_created(study: str, payload_samples: dict[str, object]) -> ev.Event:
-    payload = msgspec.structs.replace(
-        payload_samples["StudyCreated"],  # type: ignore[arg-type]
-        name="faults",
-        contract={"budget": {"trials": 12, "accelerator_hours": 0.5}},
-    )
-    return owned_event(payload, study_id=study)
+    return study_created(study, payload_samples, "faults")
 
 
 def _deeply_nested(study: str, payload_samples: dict[str, object], depth: int = 5000) -> bytes:
@@ -43,24 +38,17 @@ def _deeply_nested(study: str, payload_samples: dict[str, object], depth: int = 
     return ('{"deep": ' + "[" * depth + "]" * depth + ", " + text[1:]).encode()
 
 
-async def _status(bus: Bus, name: str) -> dict | None:
-    return next((r for r in await ping_services(bus.nc, 0.2) if r["service"] == name), None)
-
-
 async def _letters(bus: Bus, service: str) -> list[ev.DeadLetter]:
     letters = []
-    async for batch in bus.iter_stream(subjects.LIFECYCLE_STREAM, subjects=subjects.deadletter_subject(service)):
-        letters += [msgspec.json.decode(m.data, type=ev.DeadLetter) for m in batch]
+    async for batch in read_stream(bus, subjects.LIFECYCLE_STREAM, subjects=subjects.deadletter_subject(service)):
+        letters += [msgspec.json.decode(data, type=ev.DeadLetter) for _seq, _subject, data in batch]
     return letters
 
 
 async def test_huge_and_deep_messages_are_dead_lettered_and_replay_skips_them(
     fresh_nats_server, spawn_service, wait_answering, wait_for, payload_samples
 ) -> None:
-    bus = await Bus.connect(fresh_nats_server, service="test")
-    try:
-        proposer = spawn_service("proposer", fresh_nats_server)
-        await wait_answering(bus, proposer)
+    async with answering_proposer(fresh_nats_server, spawn_service, wait_answering) as (bus, proposer):
         study = ev.new_id()
         huge = b"{" + b"x" * (7 << 20)  # 7 MB: a whole copy in a dead letter would exceed the 8 MB max payload
         deep = _deeply_nested(study, payload_samples)
@@ -69,7 +57,7 @@ async def test_huge_and_deep_messages_are_dead_lettered_and_replay_skips_them(
         await bus.publish(_study_created(study, payload_samples))
 
         async def after_all_three():
-            status = await _status(bus, "proposer")
+            status = await service_status(bus, "proposer")
             return status if status and status["handled"] == 1 and status["dead_lettered"] == 2 else None
 
         status = await wait_for(after_all_three, timeout_s=30.0)
@@ -86,8 +74,6 @@ async def test_huge_and_deep_messages_are_dead_lettered_and_replay_skips_them(
         assert replies[again.pid]["studies"][study]["name"] == "faults"
         assert again.process.poll() is None
         assert again.terminate() == 0
-    finally:
-        await bus.close()
 
 
 async def test_a_deleted_consumer_is_bound_again_and_the_next_event_handled(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -20,27 +21,18 @@ from infrarsi.embedded import free_port, nats_server_binary
 pytestmark = pytest.mark.integration
 
 SECURE = Path(__file__).resolve().parents[2] / "deploy" / "nats" / "secure"
+BENCH = Path(__file__).resolve().parents[2] / "bench"  # nats_cluster.make_certs: the test CA, as the cluster bench
 CONFIGS = ["single.conf", "cluster/n1.conf", "cluster/n2.conf", "cluster/n3.conf"]
 NODES = ("n1", "n2", "n3")
 
 
-def openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
-
-
 def make_certs(tls: Path) -> None:
     """A CA, and a certificate per server name (SANs: the name, localhost, 127.0.0.1) signed by it."""
-    tls.mkdir()
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=infrarsi-test-ca",
-            "-keyout", "ca-key.pem", "-out", "ca.pem", cwd=tls)  # fmt: skip
-    for name in ("server", *NODES):
-        (tls / f"{name}.ext").write_text(
-            f"subjectAltName=DNS:{name},DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n"
-        )
-        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}", "-keyout", f"{name}-key.pem",
-                "-out", f"{name}.csr", cwd=tls)  # fmt: skip
-        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca-key.pem", "-CAcreateserial",
-                "-days", "2", "-extfile", f"{name}.ext", "-out", f"{name}.pem", cwd=tls)  # fmt: skip
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    from nats_cluster import make_certs as make
+
+    make(tls, {name: [f"DNS:{name}", "DNS:localhost", "IP:127.0.0.1"] for name in ("server", *NODES)})
 
 
 @pytest.fixture()

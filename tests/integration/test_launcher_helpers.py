@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import subprocess
+import sys
 import textwrap
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
@@ -222,6 +225,40 @@ async def serving(tmp_path: Path, *make_services):
     finally:
         await h.close()
         server.stop()
+
+
+class LauncherProcesses:
+    """Launcher processes (``python -m infrarsi_services.launcher``) that a test kills and starts again, all
+    logging to one file; ``launcher_processes`` stops whichever still runs."""
+
+    def __init__(self, url: str, data_dir: Path, log) -> None:
+        self.url = url
+        self.data_dir = data_dir
+        self.log = log
+        self.started: list[subprocess.Popen] = []
+
+    def start(self) -> subprocess.Popen:
+        env = {**os.environ, "INFRARSI_LAUNCHER_ACK_WAIT_S": "4"}
+        process = subprocess.Popen(
+            [sys.executable, "-m", "infrarsi_services.launcher", "--nats-url", self.url, "--data-dir", str(self.data_dir)],
+            env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        self.started.append(process)
+        return process
+
+
+@contextlib.contextmanager
+def launcher_processes(h: Harness, log_path: Path) -> Iterator[LauncherProcesses]:
+    """Launcher processes serving ``h``'s server and data directory, terminated on every path."""
+    with open(log_path, "ab") as log:
+        lives = LauncherProcesses(h.url, h.data_dir, log)
+        try:
+            yield lives
+        finally:
+            for process in lives.started:
+                if process.poll() is None:
+                    process.terminate()
+                    process.wait(30)
 
 
 def launcher(h: Harness, url: str):

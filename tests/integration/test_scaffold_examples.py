@@ -1,5 +1,6 @@
-"""``infrarsi scaffold`` on the examples' own launch commands (examples/hf-trainer, examples/lightning), then
-``infrarsi init`` on the draft as it stands, through the CLI against a real nats-server."""
+"""``infrarsi scaffold`` on the examples' own launch commands (examples/hf-trainer, examples/lightning,
+examples/torchrun), then ``infrarsi init`` on the draft as it stands, through the CLI against a real
+nats-server."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ COMMANDS = {
                    "--optim", "adamw_torch", "--attn_implementation", "eager"],
     "lightning": ["python", "train.py", "--max-steps", "20", "--batch-size", "2", "--accumulate-grad-batches", "8",
                   "--precision", "32-true", "--val-check-interval", "10", "--num-workers", "0"],
+    "torchrun": ["OMP_NUM_THREADS=1", "torchrun", "--standalone", "--nproc-per-node", "1", "train.py", "--max_steps", "30",
+                 "--batch_size", "4", "--grad_accum", "4"],
 }  # fmt: skip
 """The launch commands the examples document (their contract.yaml headers)."""
 
@@ -30,6 +33,7 @@ EXPECTED_KNOBS = {
     "hf-trainer": {"per_device_train_batch_size", "bf16", "optim", "gradient_checkpointing", "torch_compile",
                    "dataloader_num_workers", "attn_implementation"},
     "lightning": {"batch-size", "precision", "num-workers"},
+    "torchrun": {"batch_size", "bf16", "attention", "fused_adam", "num_workers"},
 }  # fmt: skip
 
 
@@ -66,15 +70,18 @@ def test_scaffold_then_init_accepts_the_draft(nats_server: str, tmp_path: Path, 
     assert main(["scaffold", "--repo", str(repo), "--out", str(draft), "--", *COMMANDS[name]]) == 0
     contract = load_contract(draft)
     assert set(contract.search_space.knobs) == EXPECTED_KNOBS[name]
-    assert contract.workload.knobs_via == "argv" and contract.workload.measurement.kind == "probe"  # the callback is in
+    with_callback = name != "torchrun"  # the plain script imports nothing of InfraRSI: measured coarsely
+    assert contract.workload.knobs_via == "argv"
+    assert contract.workload.measurement.kind == ("probe" if with_callback else "coarse")
     assert contract.search_space.constraints.global_batch.size == 16
-    assert contract.invariants.eval  # both evaluate at a fixed interval
+    assert contract.invariants.eval == with_callback  # HF and Lightning evaluate at a fixed interval, seen by the probe
     # never searched: the learning rate, the seed, the eval cadence, the output directory
     searched = set(yaml.safe_load(draft.read_text())["search_space"]["knobs"])
     assert not searched & {"learning_rate", "lr", "seed", "eval_steps", "val-check-interval", "output_dir", "save_strategy"}
     # the baseline is the documented command, flag for flag, with every searched flag written out
     golden = contract.golden_values()
-    assert all(golden[k.removeprefix("--")] == launch_value(v) for k, v in pairs(COMMANDS[name][2:]))
+    script_args = COMMANDS[name][COMMANDS[name].index("train.py") + 1 :]
+    assert all(golden[k.removeprefix("--")] == launch_value(v) for k, v in pairs(script_args))
     capsys.readouterr()
     assert main(["--nats-url", nats_server, "--data-dir", str(tmp_path / "data"), "init", str(draft)]) == 0
     study_id = capsys.readouterr().out.strip()

@@ -12,11 +12,12 @@ from infrarsi import events as ev
 from infrarsi import subjects
 from infrarsi.bus import LIFECYCLE_STREAM, Bus
 from infrarsi.commands.status import collect
-from infrarsi.stack import Stack, ping_services
+from infrarsi.stack import Stack
 from infrarsi_services.modeler.service import ModelerService
 from infrarsi_services.proposer.service import ProposerService
 from infrarsi_services.verifier.service import VerifierService
 from support.owned import owned_event
+from support.proposer_faults import answering_proposer, service_status, study_created
 
 pytestmark = pytest.mark.integration
 
@@ -24,32 +25,20 @@ HELPERS = Path(__file__).parent / "helper_services.py"
 
 
 def _study_created(study: str, payload_samples: dict[str, object]) -> ev.Event:
-    payload = msgspec.structs.replace(
-        payload_samples["StudyCreated"],  # type: ignore[arg-type]
-        name="fan-out",
-        contract={"budget": {"trials": 12, "accelerator_hours": 0.5}},
-    )
-    return owned_event(payload, study_id=study)
-
-
-async def _service_status(bus: Bus, name: str) -> dict | None:
-    return next((r for r in await ping_services(bus.nc, 0.2) if r["service"] == name), None)
+    return study_created(study, payload_samples, "fan-out")
 
 
 async def test_malformed_message_is_dead_lettered_and_next_is_handled(
     fresh_nats_server, spawn_service, wait_answering, wait_for, payload_samples
 ) -> None:
-    bus = await Bus.connect(fresh_nats_server, service="test")
-    try:
-        proposer = spawn_service("proposer", fresh_nats_server)
-        await wait_answering(bus, proposer)
+    async with answering_proposer(fresh_nats_server, spawn_service, wait_answering) as (bus, proposer):
         study = ev.new_id()
         raw = b'{"event_id": "broken", "type": "StudyCreated", "payload": {'
         await bus.publish_raw(f"irsi.{study}.StudyCreated", raw)
         await bus.publish(_study_created(study, payload_samples))
 
         async def status_after_both():
-            status = await _service_status(bus, "proposer")
+            status = await service_status(bus, "proposer")
             return status if status and status["handled"] == 1 and status["dead_lettered"] == 1 else None
 
         status = await wait_for(status_after_both)
@@ -67,8 +56,6 @@ async def test_malformed_message_is_dead_lettered_and_next_is_handled(
         assert proposer.process.poll() is None, "the service must keep running after a bad message"
         assert "dead-lettered message" in proposer.log()
         assert proposer.terminate() == 0
-    finally:
-        await bus.close()
 
 
 async def test_every_event_reaches_every_subscriber_and_read_models_replay(
@@ -184,7 +171,7 @@ async def test_crash_between_publish_and_ack_leaves_no_duplicate_and_no_gap(
         assert await outputs() == 2
 
         async def second_life_handled_both():
-            status = await _service_status(bus, "crashy")
+            status = await service_status(bus, "crashy")
             return status if status and status["handled"] == 2 else None
 
         status = await wait_for(second_life_handled_both)  # the runner counts just after its ack

@@ -175,3 +175,33 @@ async def test_a_short_study_runs_on_the_simulator_through_the_bus(server, tmp_p
     finally:
         backend.close()
         await bus.close()
+
+
+def test_a_rerun_replays_the_draw_of_the_trial_it_reruns(tmp_path: Path) -> None:
+    """A re-run (``INFRARSI_RETRY_OF``, set by the launcher from ``TrialProposed.retry_of``) is the same simulated
+    experiment: its steps equal those of the trial it re-runs, while another trial of the same candidate draws
+    its own noise. So whether a loaded host forced a re-run does not change what a study learns."""
+    workload = tmp_path / "workload"
+    data = write_sim_workload(workload, SCENARIO, knobs=KNOBS, restrict=RESTRICT, steps=6, trials=2, parallel=1,
+                              accelerator_hours=5.0)  # fmt: skip
+    contract = contract_from_dict(data, base_dir=tmp_path)
+    proposal = ev.TrialProposed(candidate=ev.Candidate(knobs={}), candidate_key="default", kind="search", origin="seed")
+    backend = SimBackend(str(tmp_path / "sim"))
+    handles = {}
+    for trial_id, retry_of in (("t1", None), ("t2", None), ("t1-retry", "t1")):
+        spec = _spec(contract, workload, tmp_path, "s1", trial_id, proposal, url="")
+        if retry_of is not None:
+            spec.env["INFRARSI_RETRY_OF"] = retry_of
+        handles[trial_id] = backend.submit(spec)
+    deadline = time.monotonic() + 60
+    while not all(backend.poll(h) for h in handles.values()):
+        assert time.monotonic() < deadline, "the simulated jobs did not end"
+        time.sleep(0.05)
+    steps = {}
+    for trial_id, handle in handles.items():
+        assert backend.collect(handle).exit_code == 0
+        lines = (tmp_path / "trials" / trial_id / "probe" / "probe-rank0.jsonl").read_bytes().splitlines()
+        steps[trial_id] = [ev.decode(line).payload.step_time_s for line in lines]
+    assert len(steps["t1"]) == 6
+    assert steps["t1-retry"] == steps["t1"]
+    assert steps["t2"] != steps["t1"]

@@ -327,26 +327,21 @@ def test_symlink_in_tree_leading_outside(tmp_path: Path) -> None:
     commit_all(wl, "links")
     wt = materialise(wl, "HEAD", tmp_path / "wt")
     editable = lambda p: p.startswith("kernels/") or p == "model.py"  # noqa: E731 — a deliberately wide scope
-    through_dir = save(
-        tmp_path,
-        "through-dir",
-        "--- a/kernels/vendor/victim.py\n+++ b/kernels/vendor/victim.py\n@@ -1 +1 @@\n-safe\n+owned\n",
-    )
-    result = apply_patches(wt, [through_dir], editable)
-    assert (result.kind, result.reason) == (
-        "scope_violation",
-        f"kernels/vendor/victim.py resolves through a symlink to {(outside / 'victim.py').resolve()}, outside the worktree",
-    )
-    through_file = save(
-        tmp_path,
-        "through-file",
-        "--- a/kernels/data_link.py\n+++ b/kernels/data_link.py\n@@ -1 +1 @@\n-DATA = 1\n+DATA = 2\n",
-    )
-    result = apply_patches(wt, [through_file], editable)
-    assert (result.kind, result.reason) == (
-        "scope_violation",
-        "kernels/data_link.py resolves through a symlink to data.py, which is not editable",
-    )
+    refusals = [  # (patch, diff, why it is refused)
+        (
+            "through-dir",
+            "--- a/kernels/vendor/victim.py\n+++ b/kernels/vendor/victim.py\n@@ -1 +1 @@\n-safe\n+owned\n",
+            f"kernels/vendor/victim.py resolves through a symlink to {(outside / 'victim.py').resolve()}, outside the worktree",
+        ),
+        (
+            "through-file",
+            "--- a/kernels/data_link.py\n+++ b/kernels/data_link.py\n@@ -1 +1 @@\n-DATA = 1\n+DATA = 2\n",
+            "kernels/data_link.py resolves through a symlink to data.py, which is not editable",
+        ),
+    ]
+    for name, diff, reason in refusals:
+        result = apply_patches(wt, [save(tmp_path, name, diff)], editable)
+        assert (result.kind, result.reason) == ("scope_violation", reason), name
     assert (outside / "victim.py").read_text() == "safe\n"
     remove(wt)
 

@@ -10,10 +10,12 @@ generator. It is labelled synthetic in the study name; nothing here runs a job.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 from infrarsi import events as ev
+from infrarsi import subjects
 
 GIB = 1024**3
 PATCH_DIFF = """--- a/model.py
@@ -59,7 +61,12 @@ def _measured(key: str, kind: str, t: float, rng, *, steps: int, peak: int, inva
     )
 
 
-def synthetic_study(study_id: str, workload_dir: Path, *, seed: int = 0) -> list[ev.Event]:
+def synthetic_study(study_id: str, workload_dir: Path, *, seed: int = 0, patch: str = "fused-qkv",
+                    before_search: Sequence[tuple[object, str | None]] = ()) -> list[ev.Event]:
+    """A study's log: init, doctor, ten search trials, a model update and a two-candidate verification.
+    ``patch``: the id of the speed-up patch its trials hold (an agent's ``llm-…`` id: not in the library, its
+    diff then comes from the ``AgentAnswered`` in ``before_search``: (payload, trial id) pairs logged before the
+    search under their owners' names)."""
     from infrarsi_services.verifier.logic import VerifierLogic  # the real decision logic
 
     rng = np.random.default_rng(seed)
@@ -78,7 +85,7 @@ def synthetic_study(study_id: str, workload_dir: Path, *, seed: int = 0) -> list
         "cluster": {"id": "local", "accelerator": "cpu", "memory_capacity_bytes": capacity},
         "scope": {"files": ["model.py"], "launch_keys": ["micro_batch_size", "compile"]},
         "search_space": {"knobs": {"micro_batch_size": {"type": "int", "choices": [2, 4, 8, 16]},
-                                   "compile": {"type": "bool"}}, "patches": ["fused-qkv"]},
+                                   "compile": {"type": "bool"}}, "patches": [patch] if patch == "fused-qkv" else []},
         "invariants": {"loss": {"tolerance": 0.02, "mode": "relative", "at": "every_eval"},
                        "steps": True, "tokens": True, "eval": True, "timing_tolerance": 0.1},
         "budget": {"trials": 12, "accelerator_hours": 2.0, "repeats_per_trial": 1},
@@ -109,18 +116,20 @@ def synthetic_study(study_id: str, workload_dir: Path, *, seed: int = 0) -> list
         peak_flops_measured=1.1e11, mfu=0.06,
     ), source="cli.doctor")
 
+    for payload, trial_id in before_search:
+        add(payload, trial_id, source=subjects.route(type(payload).__name__).publishers[0])
     # Search: (knobs, patches, outcome, speed factor, peak GiB)
     plan = [
         ({"micro_batch_size": 4}, [], "ok", 0.95, 3.5),
         ({"micro_batch_size": 8}, [], "ok", 0.88, 5.0),
         ({"micro_batch_size": 16}, [], "oom", None, 7.9),
         ({"compile": True}, [], "crash", None, 2.0),
-        ({"micro_batch_size": 8}, ["fused-qkv"], "ok", 0.78, 5.1),
+        ({"micro_batch_size": 8}, [patch], "ok", 0.78, 5.1),
         ({"micro_batch_size": 8, "compile": True}, [], "timeout", None, 4.0),
         ({"micro_batch_size": 2}, [], "ok", 1.04, 2.8),
-        ({"micro_batch_size": 4}, ["fused-qkv"], "violation", 0.70, 3.6),
-        ({"micro_batch_size": 8}, ["fused-qkv"], "ok", 0.79, 5.0),
-        ({}, ["fused-qkv"], "scope", None, 0.0),
+        ({"micro_batch_size": 4}, [patch], "violation", 0.70, 3.6),
+        ({"micro_batch_size": 8}, [patch], "ok", 0.79, 5.0),
+        ({}, [patch], "scope", None, 0.0),
     ]
     for i, (knobs, patches, outcome, factor, peak_gib) in enumerate(plan):
         tid = f"search{i}"
@@ -139,14 +148,14 @@ def synthetic_study(study_id: str, workload_dir: Path, *, seed: int = 0) -> list
     add(ev.ModelUpdated(
         n_trials=10, n_oom=1, fit_seconds=0.02, noise_std_log=0.021,
         time_effects=[ev.Effect(feature="micro_batch_size=8", prior_mean=-0.05, prior_std=0.1, post_mean=-0.12, post_std=0.03),
-                      ev.Effect(feature="patch:fused-qkv", prior_mean=-0.03, prior_std=0.05, post_mean=-0.11, post_std=0.02,
+                      ev.Effect(feature=f"patch:{patch}", prior_mean=-0.03, prior_std=0.05, post_mean=-0.11, post_std=0.02,
                                 source="patch_metadata")],
         memory_effects=[ev.Effect(feature="micro_batch_size=8", prior_mean=0.4, prior_std=0.2, post_mean=0.5, post_std=0.05)],
-        best_candidate_key=ev.Candidate(knobs={"micro_batch_size": 8}, patches=["fused-qkv"]).key(), best_predicted_step_s=0.157,
+        best_candidate_key=ev.Candidate(knobs={"micro_batch_size": 8}, patches=[patch]).key(), best_predicted_step_s=0.157,
     ), source="modeler")
 
     # Verify: the winner (passes twice) and a runner-up that diverges mid-curve at the long horizon.
-    winner = ev.Candidate(knobs={"micro_batch_size": 8}, patches=["fused-qkv"])
+    winner = ev.Candidate(knobs={"micro_batch_size": 8}, patches=[patch])
     loser = ev.Candidate(knobs={"micro_batch_size": 4})
     request = add(ev.VerifyRequested(candidates=[winner, loser], repeats=3, steps=120), source="cli.verify")
     pending = list(verifier.apply(request))

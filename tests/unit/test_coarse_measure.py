@@ -29,6 +29,32 @@ def test_count_rules() -> None:
     assert counted(r"(?P<step>\d+)/\d+ \[", "10/10 [\n3/10 [\n").steps_done == 10
 
 
+PLAIN_LOGS = {
+    "counted from 0": "".join(f"step {i} | loss 5.1 | 300.2 ms\n" for i in range(30)),
+    "counted from 1, with the horizon": "".join(f"Step {i}/30, loss=5.1\n" for i in range(1, 31)),
+    "nanoGPT's": "".join(f"iter {i}: loss 5.1, time 300.00ms, mfu 1.0%\n" for i in range(30)),
+    "key=value": "".join(f"step={i + 1} loss=5.1\n" for i in range(30)),
+    "eval lines and the arguments among them": "Namespace(max_steps=30, eval_every=10)\ntotal steps: 30\n"
+    + "".join(f"step {i} loss 5.1\n" + (f"step {i}: val loss 5.0\n" if i % 10 == 9 else "") for i in range(30)),
+}
+
+
+@pytest.mark.parametrize("log", sorted(PLAIN_LOGS))
+def test_the_scaffolds_plain_pattern_counts_a_loss_line_per_step(log: str) -> None:
+    from infrarsi.scaffold import default_step_regex
+
+    assert counted(default_step_regex("plain"), PLAIN_LOGS[log]).steps_done == 30
+    # a loop stopped early shows it
+    short = PLAIN_LOGS[log].splitlines()[: len(PLAIN_LOGS[log].splitlines()) // 2]
+    assert counted(default_step_regex("plain"), "\n".join(short)).steps_done < 30
+
+
+def test_number_group_takes_its_base_from_the_first_number() -> None:
+    assert counted(r"step (?P<number>\d+)", "step 0\nstep 1\nstep 2\n").steps_done == 3
+    assert counted(r"step (?P<number>\d+)", "step 1\nstep 2\nstep 3\n").steps_done == 3
+    assert counted(r"step (?P<number>\d+)", "step 0\nstep 9\nstep 9\n").steps_done == 10  # a repeated line
+
+
 def test_tail_counts_complete_lines_as_they_appear(tmp_path: Path) -> None:
     log = tmp_path / "node0.log"
     tail = OutputTail(log, 0.0, OutputSteps(r"^step (?P<index>\d+)"))

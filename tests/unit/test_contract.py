@@ -343,7 +343,7 @@ def test_unknown_field(root: Path) -> None:
 
 def test_bad_literal(root: Path) -> None:
     problems = problems_of(root, mutated(lambda d: d["backend"].update(kind="pbs")))
-    assert problems == ["backend.kind: Input should be 'local', 'sim' or 'slurm'"]
+    assert problems == ["backend.kind: Input should be 'local', 'sim', 'slurm' or 'kubernetes'"]
 
 
 @pytest.mark.parametrize(

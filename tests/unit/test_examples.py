@@ -1,4 +1,4 @@
-"""The own-job examples (examples/hf-trainer, examples/lightning) stay consistent: each contract passes the
+"""The own-job examples (examples/hf-trainer, examples/lightning, examples/torchrun) stay consistent: each contract passes the
 validation ``infrarsi init`` runs, its knobs are flags of the golden command, and its patch library's
 reward hack applies to the example as it is. (Running them end to end is ``tests/e2e/test_own_jobs.py``.)"""
 
@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 from infrarsi.contract import load_contract
+from infrarsi.scaffold import default_step_regex
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-@pytest.fixture(params=["hf-trainer", "lightning"])
+@pytest.fixture(params=["hf-trainer", "lightning", "torchrun"])
 def example(request: pytest.FixtureRequest) -> Path:
     return EXAMPLES / request.param
 
@@ -27,7 +28,12 @@ def test_the_contract_passes_inits_validation(example: Path) -> None:
         assert f"--{knob}" in command, knob  # the golden command line is the baseline of every knob
     gb = contract.search_space.constraints.global_batch
     assert gb is not None and f"--{gb.accumulation_key}" in command
-    assert "InfraRSICallback()" in (example / "train.py").read_text()  # the one line
+    script = (example / "train.py").read_text()
+    if example.name == "torchrun":  # nothing of InfraRSI: measured coarsely, steps counted in its output
+        assert "infrarsi" not in script and contract.workload.measurement.kind == "coarse"
+        assert contract.workload.measurement.step_regex == default_step_regex("plain")  # the scaffold's, as written
+    else:
+        assert "InfraRSICallback()" in script  # the one line
 
 
 def test_the_reward_hack_applies_to_the_example(example: Path, tmp_path: Path) -> None:

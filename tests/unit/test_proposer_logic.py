@@ -302,8 +302,13 @@ def test_an_infrastructure_failure_costs_but_does_not_use_up_the_candidate(tmp_p
     assert retried == set(first_runs)
     for e in retries:
         assert e.payload.candidate_key == by_trial[e.payload.reason.split()[3]].candidate_key
+        assert e.payload.retry_of == e.payload.reason.split()[3]  # what the simulator replays the draw of
     # Eight candidates were measured or failed on their own account; the cancelled runs cost accelerator time.
     assert len(proposed) - len(retries) == 8
+    # The n-th search trial has the same id whatever was re-run before it (the simulator draws by trial id, so a
+    # host that forces re-runs would otherwise change the course of a study).
+    first = [e.trial_id for e in proposed if e.payload.retry_of is None and e.payload.kind == "search"]
+    assert first == [ev.derived_id(STUDY, "search", str(i)) for i in range(len(first))]
     finished = of_type(log, ev.StudyFinished)[-1].payload
     assert finished.accelerator_s == pytest.approx(sum(e.payload.accelerator_s for e in of_type(log, ev.TrialFinished)))
     # The models never saw the cancelled runs as failures of their candidates.

@@ -106,3 +106,46 @@ def test_every_service_reads_every_subject_it_consumes(payload_samples: dict[str
         for payload_type in cls.consumes:
             subject = subjects.subject_for(_event(payload_type.__name__, payload_samples[payload_type.__name__]))
             assert any(_matches(p, subject) for p in allowed), f"{cls.name} cannot read {subject}"
+
+
+def _finished(source: str, study: str = "s1") -> ev.Event:
+    return ev.make_event(ev.StudyFinished(reason="r", trials=0, accelerator_s=0.0), study_id=study, source=source)
+
+
+def test_one_ownership_check_strict_for_readers_lenient_for_consume_loops() -> None:
+    """``publisher_problem`` is the one check: both readings refuse a listed principal that does not publish
+    the type and an event on another type's or study's subject; only the consume loops' (``strict=False``)
+    let a source the table does not name at all through, and skip subjects outside ``irsi.…``."""
+    own = subjects.lifecycle_subject("s1", "StudyFinished")
+    for strict in (True, False):
+        assert subjects.publisher_problem(_finished("proposer"), own, strict=strict) is None
+        assert subjects.publisher_problem(_finished("cli.apply"), own, strict=strict) == (
+            "wrong owner: cli.apply does not publish StudyFinished (published by proposer)"
+        )
+        for elsewhere in (subjects.lifecycle_subject("s1", "TrialProposed"), subjects.lifecycle_subject("s2", "StudyFinished")):
+            assert subjects.publisher_problem(_finished("proposer"), elsewhere, strict=strict) == (
+                f"misrouted: a StudyFinished of study 's1' belongs on {own}, not {elsewhere}"
+            )
+    assert subjects.publisher_problem(_finished("a-test"), own, strict=False) is None
+    assert subjects.publisher_problem(_finished("a-test"), own) == (
+        "wrong owner: a-test does not publish StudyFinished (published by proposer)"
+    )
+    outside = subjects.bank_subject("c1", "e1")
+    assert subjects.publisher_problem(_finished("proposer"), outside, strict=False) is None
+    assert subjects.publisher_problem(_finished("proposer"), outside).startswith("misrouted: ")
+    dead = subjects.deadletter_subject("proposer")
+    assert subjects.publisher_problem(_finished("proposer"), dead, strict=False) is None
+
+
+def test_consume_loops_dead_letter_what_the_check_refuses() -> None:
+    """``decode_delivery`` (every service's consume loop) turns a refused event into a bad message."""
+    from types import SimpleNamespace
+
+    from infrarsi.bus import decode_delivery
+
+    forged = _finished("cli.apply")
+    delivery = decode_delivery(SimpleNamespace(data=ev.encode(forged), subject=subjects.subject_for(forged)))
+    assert delivery.event is None and delivery.error.startswith("wrong owner: cli.apply")
+    tested = _finished("a-test")
+    delivery = decode_delivery(SimpleNamespace(data=ev.encode(tested), subject=subjects.subject_for(tested)))
+    assert delivery.error is None and delivery.event == tested

@@ -15,7 +15,6 @@ dependency for an optional part). Must not: publish, log a key, or decide what a
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 import urllib.error
@@ -26,11 +25,10 @@ from pathlib import Path
 
 from infrarsi import events as ev
 from infrarsi.contract import AgentSpec
+from infrarsi.settings import Settings, env_var
 
-ENV_BASE_URL = "INFRARSI_LLM_BASE_URL"
-ENV_MODEL = "INFRARSI_LLM_MODEL"
-ENV_KEY = "INFRARSI_LLM_API_KEY"
-ENV_KEY_FILE = "INFRARSI_LLM_API_KEY_FILE"
+ENV_BASE_URL = env_var("llm_base_url")
+ENV_MODEL = env_var("llm_model")
 
 REDACTED = "[REDACTED]"
 # Bearer tokens and the usual API-key shapes (sk-…, hf_…) also leave as [REDACTED], even when they are not this
@@ -73,14 +71,14 @@ def resolve_endpoint(spec: AgentSpec, env: Mapping[str, str] | None = None) -> E
 
     Raises ``AgentUnconfigured`` when no base URL or model is known, and ``AgentError('malformed')`` when a
     key file is named but unreadable (a misconfiguration the user must hear about, not a silent no-agent)."""
-    env = os.environ if env is None else env
-    base_url = spec.base_url or env.get(ENV_BASE_URL, "")
-    model = spec.model or env.get(ENV_MODEL, "")
+    settings = Settings.from_env(env)  # the INFRARSI_LLM_* variables, validated with the others
+    base_url = spec.base_url or settings.llm_base_url or ""
+    model = spec.model or settings.llm_model or ""
     if not base_url or not model:
         missing = [name for name, value in ((ENV_BASE_URL, base_url), (ENV_MODEL, model)) if not value]
         raise AgentUnconfigured(f"no language model configured (agent.base_url/agent.model or {', '.join(missing)})")
-    key = env.get(ENV_KEY) or None
-    key_file = spec.key_file or env.get(ENV_KEY_FILE)
+    key = settings.llm_api_key or None
+    key_file = spec.key_file or settings.llm_api_key_file
     if key is None and key_file:
         try:
             key = Path(key_file).expanduser().read_text().strip().splitlines()[0].strip() or None

@@ -3,17 +3,22 @@
 Owns ``log_bayes_factor``: the log marginal likelihood of the measured log step times under the study's
 priors *without* the model's (the knowledge base, the library's metadata, flat priors for the agent's patches)
 minus the same under the priors *with* the model's, both Gaussian linear models over the same features and
-the same noise. ``contradicted`` is true once that factor exceeds ``DROP_LOG_BF`` (e : 1 odds): from
-then on the search drops the model's priors (its patches stay, with flat priors) for the rest of the study.
+the same noise. ``judge`` decides once that factor leaves ±``DROP_LOG_BF`` (e : 1 odds): above, the search
+drops the model's priors (its patches stay, with flat priors) for the rest of the study; below, the priors are
+trusted and the search stops hedging against them (the proposer's probation, services/proposer/agent.py).
 
 Widening every model prior (``agent.prior_weight``) bounds what one wrong number can do inside the posterior;
 this check bounds what a consistently wrong model can do to the search: confident priors pointing the wrong way
-are caught after a few trials instead of pulling the acquisition for the whole budget. Pure math, no I/O.
+are caught after a few trials instead of pulling the acquisition for the whole budget. The check needs
+contrast to decide: trials chosen by the model's priors alone all look alike to it (its best guesses), so
+while it is undecided the proposer alternates them with the knowledge base's own choices, where the two
+disagree most. Pure math, no I/O.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
 
@@ -21,9 +26,13 @@ from infrarsi.modeling.space import Candidate
 from infrarsi.modeling.time_model import TimeModel
 
 DROP_LOG_BF = 1.0
-"""log Bayes factor (without / with the model's priors) above which the model's priors are dropped."""
-MIN_OBSERVATIONS = 3
-"""Measured trials before the check may decide anything."""
+"""log Bayes factor (without / with the model's priors) above which the model's priors are dropped, and below
+minus which they are trusted."""
+MIN_OBSERVATIONS = 2
+"""Measured trials before the check may decide anything (one difference of two measurements: the intercept
+is free, so a single step time says nothing about any effect)."""
+
+Verdict = Literal["open", "dropped", "trusted"]
 
 
 def log_evidence(model: TimeModel, x: np.ndarray, y: np.ndarray, noise_std: float) -> float:
@@ -46,10 +55,13 @@ def log_bayes_factor(with_model: TimeModel, without_model: TimeModel,
     return log_evidence(without_model, x, y, noise_std) - log_evidence(with_model, x, y, noise_std)
 
 
-def contradicted(with_model: TimeModel, without_model: TimeModel, measured: Sequence[tuple[Candidate, float]],
-                 noise_std: float) -> tuple[bool, float]:
-    """(drop the model's priors?, the log Bayes factor) — never before ``MIN_OBSERVATIONS`` measurements."""
+def judge(with_model: TimeModel, without_model: TimeModel, measured: Sequence[tuple[Candidate, float]],
+          noise_std: float) -> tuple[Verdict, float]:
+    """(what the measurements say of the model's priors, the log Bayes factor) — ``open`` before
+    ``MIN_OBSERVATIONS`` measurements and while the factor stays within ±``DROP_LOG_BF``."""
     if len(measured) < MIN_OBSERVATIONS:
-        return False, 0.0
+        return "open", 0.0
     bf = log_bayes_factor(with_model, without_model, measured, noise_std)
-    return bf > DROP_LOG_BF, bf
+    if bf > DROP_LOG_BF:
+        return "dropped", bf
+    return ("trusted" if bf < -DROP_LOG_BF else "open"), bf

@@ -35,6 +35,16 @@ DEVICE_OOM = re.compile(r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemory
 """What a real out-of-memory leaves in a rank's output."""
 
 
+def device_oom_line(output: str) -> str | None:
+    """The line of ``output`` reporting a device out-of-memory (``DEVICE_OOM``), at most 300 characters."""
+    match = DEVICE_OOM.search(output)
+    if match is None:
+        return None
+    line_start = output.rfind("\n", 0, match.start()) + 1
+    line_end = output.find("\n", match.end())
+    return output[line_start : line_end if line_end != -1 else None].strip()[:300]
+
+
 class SubmitError(Exception):
     """The scheduler refused the job (``sbatch`` failed, the API answered an error): nothing runs."""
 

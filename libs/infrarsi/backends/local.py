@@ -28,7 +28,7 @@ from pathlib import Path
 import psutil
 
 from infrarsi import netns, procs
-from infrarsi.backends.base import DEVICE_OOM, Backend, JobHandle, JobResult, JobSpec
+from infrarsi.backends.base import Backend, JobHandle, JobResult, JobSpec, device_oom_line
 from infrarsi.embedded import free_port
 
 TAIL_BYTES = 6000
@@ -198,14 +198,11 @@ class LocalBackend(Backend):
         codes = [p.returncode for p in job.popens]
         exit_code = next((c for c in codes if c != 0), 0)
         oom = job.oom or job.watchdog.exceeded
-        device_oom = DEVICE_OOM.search(output)
+        device_oom = device_oom_line(output)
         if oom is not None:
             detail = f"rank {oom.rank} RSS {oom.rss_bytes} B exceeded the emulated capacity {oom.capacity_bytes} B"
         elif device_oom is not None:
-            line_start = output.rfind("\n", 0, device_oom.start()) + 1
-            line_end = output.find("\n", device_oom.end())
-            line = output[line_start : line_end if line_end != -1 else len(output)].strip()[:300]
-            detail = f"out-of-memory reported by the job: {line}"
+            detail = f"out-of-memory reported by the job: {device_oom}"
         else:
             detail = ""
         return JobResult(
@@ -240,8 +237,10 @@ class LocalBackend(Backend):
 
 
 
-def torchrun_argv(spec: JobSpec, node_rank: int, endpoint: str, *, local_addr: str | None = None) -> list[str]:
+def torchrun_argv(spec: JobSpec, node_rank: int | None, endpoint: str, *, local_addr: str | None = None) -> list[str]:
     """Node ``node_rank``'s torchrun agent for ``spec``, its rendezvous at ``endpoint`` (``host:port``).
+
+    ``node_rank=None``: one argv for every node (a pod template); the c10d rendezvous assigns the ranks.
 
     ``local_addr`` is the address this agent advertises to the others (its own host's); without it torchrun
     uses the hostname, which on one machine with several emulated hosts names the wrong one.
@@ -256,7 +255,7 @@ def torchrun_argv(spec: JobSpec, node_rank: int, endpoint: str, *, local_addr: s
         python, "-m", "torch.distributed.run",
         "--nnodes", str(spec.nnodes),
         "--nproc-per-node", str(spec.nproc_per_node),
-        "--node-rank", str(node_rank),
+        *(["--node-rank", str(node_rank)] if node_rank is not None else []),
         "--rdzv-backend", "c10d",
         "--rdzv-endpoint", endpoint,
         "--rdzv-id", spec.name,

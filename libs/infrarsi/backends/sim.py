@@ -52,6 +52,7 @@ PATCH_MARKER_DIR = "sim/patches"
 STEP_S_ENV = env_var("sim_step_s")
 """Wall seconds the scenario's default candidate's step is scaled to (default 0.01)."""
 SEED_ENV = env_var("sim_seed")
+RETRY_OF_ENV = env_var("retry_of")
 DEFAULT_STEP_S = 0.01
 MAX_STARTUP_S = 0.2
 WARMUP_FACTORS = (3.0, 1.5)
@@ -220,7 +221,11 @@ class SimBackend(Backend):
         candidate = read_candidate(scenario, launch, spec.workdir)
         step_s = self.step_s or float(spec.env.get(STEP_S_ENV, DEFAULT_STEP_S))
         seed = int(spec.env.get(SEED_ENV, "0"))
-        trial = plan_trial(scenario, candidate, steps=steps, rng=trial_rng(name, spec.name, seed),
+        # A re-run (after an infrastructure failure, or a timing verdict taken under host interference) is the
+        # same simulated experiment: it replays the draw of the trial it re-runs, so whether the host forced a
+        # re-run does not change what the study learns (a study is a function of its id, whatever the load).
+        draw = spec.env.get(RETRY_OF_ENV) or spec.name
+        trial = plan_trial(scenario, candidate, steps=steps, rng=trial_rng(name, draw, seed),
                            scale=time_scale(scenario, step_s))
         started = time.time()
         job = _SimJob(trial=trial, thread=threading.Thread(target=lambda: None))

@@ -24,7 +24,6 @@ emulated-capacity kill or a CUDA OOM in the output → ``oom``; ``TIMEOUT`` → 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import subprocess
@@ -33,7 +32,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from infrarsi.backends.base import DEVICE_OOM, Backend, JobHandle, JobResult, JobSpec, SubmitError
+from infrarsi.backends.base import Backend, JobHandle, JobResult, JobSpec, SubmitError, device_oom_line
 from infrarsi.backends.local import TAIL_BYTES, tail_of
 from infrarsi.contract import BackendSpec
 
@@ -125,10 +124,7 @@ def slurm_end(
         )
     elif state == "OUT_OF_MEMORY":
         oom_detail = f"Slurm job {job_id} ended OUT_OF_MEMORY"
-    elif (match := DEVICE_OOM.search(output)) is not None:
-        line_start = output.rfind("\n", 0, match.start()) + 1
-        line_end = output.find("\n", match.end())
-        line = output[line_start : line_end if line_end != -1 else None].strip()[:300]
+    elif (line := device_oom_line(output)) is not None:
         oom_detail = f"out-of-memory reported by the job: {line}"
     cancelled = None
     if state == "TIMEOUT":
@@ -147,12 +143,17 @@ class SlurmBackend(Backend):
     name = "slurm"
     survives_launcher = True
 
-    def __init__(self, owner: str, options: BackendSpec | None = None, *, python: str | None = None) -> None:
+    def __init__(
+        self, owner: str, options: BackendSpec | None = None, *, python: str | None = None,
+        sacct_completion: bool | None = None,
+    ) -> None:
         self.owner = owner
         self.options = options or BackendSpec(kind="slurm")
         self.python = python or sys.executable
         """The interpreter the nodes run (it must exist at the same path there: a shared filesystem)."""
-        self._completion: bool | None = None
+        self._completion = sacct_completion
+        """Read the job-completion log instead of the accounting database (``Settings.slurm_sacct_completion``);
+        ``None`` until ``scontrol`` was asked."""
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -326,15 +327,9 @@ class SlurmBackend(Backend):
     def _use_completion(self) -> bool:
         """Read the job-completion log (``sacct --completion``) when there is no accounting database."""
         if self._completion is None:
-            forced = os.environ.get("INFRARSI_SLURM_SACCT_COMPLETION")
-            if forced is not None:
-                self._completion = forced == "1"
-            else:
-                conf = subprocess.run(
-                    ["scontrol", "show", "config"], capture_output=True, text=True, timeout=30
-                )
-                match = re.search(r"^AccountingStorageType\s*=\s*(\S+)", conf.stdout, re.MULTILINE)
-                self._completion = match is not None and match.group(1).endswith("/none")
+            conf = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30)
+            match = re.search(r"^AccountingStorageType\s*=\s*(\S+)", conf.stdout, re.MULTILINE)
+            self._completion = match is not None and match.group(1).endswith("/none")
         return self._completion
 
 

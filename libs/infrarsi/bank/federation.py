@@ -35,9 +35,17 @@ from nats.js import api
 
 from infrarsi import events as ev
 from infrarsi.bus import Bus
-from infrarsi.subjects import ALL_BANK, ALL_IRSI, BANK_STREAM, bank_subject
-from infrarsi.subjects import BANK_HUB_STREAM as HUB_STREAM
-from infrarsi.subjects import BANK_SHARED_STREAM as SHARED_STREAM
+from infrarsi.subjects import (
+    ALL_BANK,
+    ALL_IRSI,
+    BANK_HUB_STREAM,
+    BANK_SHARED_STREAM,
+    BANK_STREAM,
+    bank_subject,
+)
+
+HUB_STREAM = BANK_HUB_STREAM  # the subjects table's names, re-exported as federation spells them
+SHARED_STREAM = BANK_SHARED_STREAM
 
 HUB_DOMAIN = "hub"
 LEAF_DENY = (ALL_BANK, ALL_IRSI)
@@ -57,18 +65,28 @@ def cluster_subject(cluster_id: str) -> str:
     return bank_subject(cluster_id, ">")
 
 
+def _sourced_stream(name: str, description: str, sources: list[api.StreamSource], replicas: int) -> api.StreamConfig:
+    """A file-backed stream that only copies other streams' messages (limits retention, like the banks it sources)."""
+    return api.StreamConfig(
+        name=name,
+        description=description,
+        retention=api.RetentionPolicy.LIMITS,
+        storage=api.StorageType.FILE,
+        num_replicas=replicas,
+        sources=sources,
+    )
+
+
 def hub_stream_config(leaf_domains: Sequence[str], replicas: int = 1) -> api.StreamConfig:
     """The hub's aggregate: one source per cluster's ``IRSI_BANK``, reached through that cluster's domain."""
     if not leaf_domains:
         raise ValueError("the hub needs at least one leaf domain to source from")
-    return api.StreamConfig(
-        name=HUB_STREAM,
-        description="InfraRSI bank: every cluster's entries (sourced from each cluster's IRSI_BANK)",
-        retention=api.RetentionPolicy.LIMITS,
-        storage=api.StorageType.FILE,
-        num_replicas=replicas,
-        sources=[api.StreamSource(name=BANK_STREAM, external=api.ExternalStream(api=api_prefix(d)))
-                 for d in sorted(set(leaf_domains))],
+    return _sourced_stream(
+        HUB_STREAM,
+        "InfraRSI bank: every cluster's entries (sourced from each cluster's IRSI_BANK)",
+        [api.StreamSource(name=BANK_STREAM, external=api.ExternalStream(api=api_prefix(d)))
+         for d in sorted(set(leaf_domains))],
+        replicas,
     )
 
 
@@ -90,13 +108,8 @@ def shared_stream_config(hub_domain: str = HUB_DOMAIN, peer_clusters: Sequence[s
         else:  # several filters on one source: subject transforms that map each filter onto itself
             source.subject_transforms = [api.SubjectTransform(src=cluster_subject(p), dest=cluster_subject(p))
                                          for p in peers]
-    return api.StreamConfig(
-        name=SHARED_STREAM,
-        description="InfraRSI bank: other clusters' entries (sourced from the hub's IRSI_BANK_HUB)",
-        retention=api.RetentionPolicy.LIMITS,
-        storage=api.StorageType.FILE,
-        num_replicas=replicas,
-        sources=[source],
+    return _sourced_stream(
+        SHARED_STREAM, "InfraRSI bank: other clusters' entries (sourced from the hub's IRSI_BANK_HUB)", [source], replicas
     )
 
 
@@ -225,4 +238,4 @@ async def read_bank_events(bus: Bus, streams: Sequence[str] | None = None) -> li
 async def read_bank_entries(bus: Bus, streams: Sequence[str] | None = None) -> list[ev.BankEntry]:
     """The bank as this cluster sees it: local ∪ shared, one (latest) entry per ``entry_id``, sorted by id."""
     latest = latest_by_entry(await read_bank_events(bus, streams))
-    return [latest[k].payload for k in sorted(latest)]  # type: ignore[misc]
+    return [entry for k in sorted(latest) if isinstance(entry := latest[k].payload, ev.BankEntry)]  # all are

@@ -31,10 +31,8 @@ from infrarsi import events as ev
 from infrarsi.commands.study_log import (
     cli_bus,
     follow_study,
+    open_study,
     read_steps,
-    read_study,
-    require_study,
-    study_contract,
     trial_results,
 )
 from infrarsi.contract import Contract
@@ -133,9 +131,7 @@ async def run(args: argparse.Namespace) -> int:
 
 async def _doctor(bus, args: argparse.Namespace) -> int:
     study_id = args.study
-    events, next_seq = await read_study(bus, study_id)
-    created = require_study(events, study_id)
-    contract = study_contract(created)
+    events, next_seq, created, contract = await open_study(bus, study_id)
     cluster_id = created.cluster.cluster_id
 
     pending = None

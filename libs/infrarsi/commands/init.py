@@ -1,4 +1,5 @@
-"""``infrarsi init CONTRACT.yaml``: lock a contract and open a study.
+"""``infrarsi init CONTRACT.yaml``: lock a contract and open a study (``--ask``: a language model drafts it first,
+``commands/init_ask.py``).
 
 Validates the contract (nothing else happens if it is wrong), fixes the golden baseline in the workload's
 git repo (``infrarsi.workspace``), hashes every locked file, resolves the experience bank for the study (the
@@ -14,14 +15,19 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgspec
 
 from infrarsi import events as ev
 from infrarsi.commands import UserError, data_dir_of
+from infrarsi.commands.init_ask import add_ask_arguments, draft_contract, split_command
 from infrarsi.contract import Contract, load_contract
 from infrarsi.workspace import Workspace, WorkspaceError, discard_workspace, prepare_workspace
+
+if TYPE_CHECKING:
+    from infrarsi.bus import Bus
+
 
 SOURCE = "cli.init"
 
@@ -72,7 +78,7 @@ def prepare_study(
     return PreparedStudy(study_id, created, workspace, contract, notes)
 
 
-async def publish_study(bus, prepared: PreparedStudy, created: ev.StudyCreated | None = None) -> ev.Event:
+async def publish_study(bus: Bus, prepared: PreparedStudy, created: ev.StudyCreated | None = None) -> ev.Event:
     """Publish the study's ``StudyCreated`` (``created`` replacing the prepared one); if the publish fails, the
     study does not exist, and its golden tag or snapshot is removed again."""
     event = study_created_event(prepared._replace(created=created) if created is not None else prepared)
@@ -98,7 +104,7 @@ def with_bank(created: ev.StudyCreated, bank_entries: Sequence[ev.BankEntry]) ->
     return msgspec.structs.replace(created, bank=resolution, bank_seeds=[m.entry_id for m in resolution.matches]), ()
 
 
-def bank_summary(created: ev.StudyCreated, entries_seen: int) -> dict:
+def bank_summary(created: ev.StudyCreated, entries_seen: int) -> dict[str, Any]:
     """What ``init`` says about the bank (``--json``): the entries that inform the study and why, how many
     feature priors they give, and the seeds."""
     bank = created.bank
@@ -140,13 +146,32 @@ def study_created_event(prepared: PreparedStudy) -> ev.Event:
     )
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("contract", type=Path, help="the contract YAML")
+def _add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_ask_arguments(parser)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("contract", type=Path, help="the contract YAML (with --ask: where the draft is written)")
+    _add_options(parser)
+    parser.add_argument("command", nargs=argparse.REMAINDER,
+                        help="with --ask: -- then the job's launch command, to scaffold the draft from")
 
 
 async def run(args: argparse.Namespace) -> int:
+    # callers in-process (tests, other verbs) may build the namespace with the contract and --json alone
+    args = argparse.Namespace(**{"command": [], "ask": None, "repo": None, "yes": False, **vars(args)})
     data_dir = data_dir_of(args)
+    options = argparse.ArgumentParser(prog="infrarsi init", add_help=False, exit_on_error=False)
+    _add_options(options)
+    try:
+        command = split_command(args, options)
+    except argparse.ArgumentError as exc:
+        raise UserError(str(exc)) from None
+    if args.ask is not None:
+        draft_contract(args, command)  # writes the contract only once the user accepts the model's draft
+    elif command or args.yes or args.repo is not None:
+        raise UserError("a launch command, --repo and --yes go with --ask")
     load_contract(args.contract)  # validate before starting or reaching any server (ContractError: EXIT_USAGE)
 
     # Imported late: validating a contract must work where NATS is not installed or reachable.

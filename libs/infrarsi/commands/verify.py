@@ -12,13 +12,18 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from infrarsi import events as ev
 from infrarsi import verification as vf
-from infrarsi.commands.study_log import cli_bus, follow_study, read_study, require_study, study_contract
+from infrarsi.commands.study_log import cli_bus, follow_study, open_study
 from infrarsi.errors import EXIT_FAILED, UserError
+
+if TYPE_CHECKING:
+    from infrarsi.bus import Bus
+
 
 SOURCE = "cli.verify"
 
@@ -71,11 +76,9 @@ async def run(args: argparse.Namespace) -> int:
         return await _verify(bus, args)
 
 
-async def _verify(bus, args: argparse.Namespace) -> int:
+async def _verify(bus: Bus, args: argparse.Namespace) -> int:
     study_id = args.study
-    events, next_seq = await read_study(bus, study_id)
-    created = require_study(events, study_id)
-    contract = study_contract(created)
+    events, next_seq, created, contract = await open_study(bus, study_id)
     top = args.top or contract.verify.top_k
     ranked = candidates_from_log(events, top)
     if not ranked:

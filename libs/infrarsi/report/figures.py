@@ -26,6 +26,20 @@ def _empty(ax, text: str) -> None:
     ax.set_yticks([])
 
 
+def _finish(fig: Figure, ax, title: str, axes: tuple[str, str] | None, empty: str, **legend) -> Figure:
+    """Title and lay out a plot; ``axes`` (x and y labels, and a legend) when it drew data, else ``empty`` on
+    its canvas."""
+    if axes is not None:
+        ax.set_xlabel(axes[0])
+        ax.set_ylabel(axes[1])
+        ax.legend(fontsize=7, **legend)
+    else:
+        _empty(ax, empty)
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
 def best_speedup(report: Report) -> Figure:
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
     if report.best_speedup_curve:
@@ -34,14 +48,8 @@ def best_speedup(report: Report) -> Figure:
         ax.axhline(1.0, color="#868e96", lw=0.8, ls="--", label="baseline")
         for v in report.winners:
             ax.axhline(v.speedup, color="#2b8a3e", lw=0.8, ls=":", label=f"verified {v.candidate_key[:8]} ×{v.speedup:.2f}")
-        ax.set_xlabel("search trials measured")
-        ax.set_ylabel("speed-up vs baseline (×)")
-        ax.legend(fontsize=7, loc="lower right")
-    else:
-        _empty(ax, "no measured search trials")
-    ax.set_title("Best speed-up vs trials")
-    fig.tight_layout()
-    return fig
+    axes = ("search trials measured", "speed-up vs baseline (×)") if report.best_speedup_curve else None
+    return _finish(fig, ax, "Best speed-up vs trials", axes, "no measured search trials", loc="lower right")
 
 
 def time_vs_memory(report: Report) -> Figure:
@@ -62,14 +70,8 @@ def time_vs_memory(report: Report) -> Figure:
             ax.scatter(xs, [top * 1.05] * len(xs), marker="x", s=40, color=OUTCOME_COLOURS["oom"], label="OOM (peak > ×)")
         if report.memory_capacity_bytes:
             ax.axvline(report.memory_capacity_bytes / GIB, color="#c92a2a", ls="--", lw=1, label="capacity")
-        ax.set_xlabel("peak memory (GiB, max over ranks)")
-        ax.set_ylabel("step time (ms)")
-        ax.legend(fontsize=7)
-    else:
-        _empty(ax, "no trials with memory measurements")
-    ax.set_title("Step time vs peak memory")
-    fig.tight_layout()
-    return fig
+    axes = ("peak memory (GiB, max over ranks)", "step time (ms)") if ok or ooms else None
+    return _finish(fig, ax, "Step time vs peak memory", axes, "no trials with memory measurements")
 
 
 def noise(report: Report) -> Figure:
@@ -82,14 +84,8 @@ def noise(report: Report) -> Figure:
             mde = report.doctor.min_detectable_speedup
             ax.axvline(1 / mde, color="#c92a2a", ls="--", lw=1,
                        label=f"MDE ×{mde:.3f} at {report.doctor.repeats_per_trial} repeats")
-        ax.set_xlabel("run step time / median")
-        ax.set_ylabel("runs")
-        ax.legend(fontsize=7)
-    else:
-        _empty(ax, "no doctor runs")
-    ax.set_title("Baseline noise (doctor)")
-    fig.tight_layout()
-    return fig
+    axes = ("run step time / median", "runs") if runs.size else None
+    return _finish(fig, ax, "Baseline noise (doctor)", axes, "no doctor runs")
 
 
 def cost(report: Report) -> Figure:
