@@ -46,6 +46,7 @@ from infrarsi.bus import STREAMS, AckJournal, Bus  # noqa: E402
 from infrarsi.eventlog import analyst_db_path  # noqa: E402
 from infrarsi.stack import Stack  # noqa: E402
 from infrarsi.subjects import LIFECYCLE_STREAM  # noqa: E402
+from nats.js import api  # noqa: E402
 from nats_cluster import NODES, NatsCluster  # noqa: E402
 
 STUDY_ID = "01chaos3node00000000000000"
@@ -130,15 +131,23 @@ async def faults(cluster: NatsCluster, bus: Bus, args: argparse.Namespace, done:
 
 
 async def stored_ids(bus: Bus) -> dict[str, set[str]]:
-    """Per stream, the ``Nats-Msg-Id`` of every stored message."""
+    """Per stream, the ``Nats-Msg-Id`` of every stored message (a pull consumer of nats-py's: the headers are
+    what this needs, and ``stream_reader`` hands out sequence, subject and data only)."""
     out: dict[str, set[str]] = {}
     for spec in STREAMS:
         ids: set[str] = set()
+        config = api.ConsumerConfig(ack_policy=api.AckPolicy.NONE, inactive_threshold=30.0, max_ack_pending=-1)
+        sub = await bus.js.pull_subscribe("", stream=spec.name, config=config)
         try:
-            async for batch in bus.iter_stream(spec.name):
+            remaining = (await sub.consumer_info()).num_pending or 0
+            while remaining > 0:
+                batch = await sub.fetch(min(1024, remaining), timeout=5.0)
+                remaining -= len(batch)
                 ids.update(msg.headers.get("Nats-Msg-Id", "") for msg in batch if msg.headers)
         except TimeoutError:
             pass
+        finally:
+            await sub.unsubscribe()
         out[spec.name] = ids
     return out
 

@@ -5,9 +5,9 @@ Starts a fresh embedded nats-server in a temporary directory, publishes ``--even
 run, measures
 
 - raw consumption with nats-py, every message of the three streams, counting only, two ways: nats-py's own
-  ordered push consumer (``js.subscribe(ordered_consumer=True)``) and ``Bus.iter_stream`` (nats-py pull
-  ``fetch``). ``raw_consume_events_per_s`` is the faster of the two: the best a plain nats-py reader does;
-- ``replay_reader_events_per_s``: ``eventlog.read_stream`` counting only (the reader replay uses: its own
+  ordered push consumer (``js.subscribe(ordered_consumer=True)``) and its pull consumer (``fetch``, 4,096
+  at a time). ``raw_consume_events_per_s`` is the faster of the two: the best a plain nats-py reader does;
+- ``replay_reader_events_per_s``: ``stream_reader.read_stream`` counting only (the reader replay uses: its own
   minimal connection parsing a push consumer's deliveries in bulk, faster than nats-py), so
   ``replay_over_reader`` says what decoding and writing cost on top of reading;
 - ``stages_without_nats``: the same log read into memory, then the replay's decode, DuckDB writes and final
@@ -42,6 +42,8 @@ from infrarsi import eventlog
 from infrarsi import events as ev
 from infrarsi.bus import STREAMS, Bus
 from infrarsi.embedded import EmbeddedServer
+from infrarsi.stream_reader import read_stream
+from nats.js import api
 
 PHASES = ("data", "forward", "backward", "optimizer", "comm")
 KNOBS = {
@@ -182,16 +184,22 @@ async def _stream_totals(bus: Bus) -> dict[str, int]:
 async def raw_read_stream(bus: Bus) -> int:
     n = 0
     for stream in (await _stream_totals(bus)):
-        async for chunk in eventlog.read_stream(bus, stream):
+        async for chunk in read_stream(bus, stream):
             n += len(chunk)
     return n
 
 
-async def raw_iter_stream(bus: Bus) -> int:
+async def raw_pull_fetch(bus: Bus) -> int:
+    """nats-py's pull consumer: ``fetch`` of up to 4,096 messages at a time, no acks."""
     n = 0
-    for stream in (await _stream_totals(bus)):
-        async for msgs in bus.iter_stream(stream, batch=4096):
-            n += len(msgs)
+    for stream, total in (await _stream_totals(bus)).items():
+        config = api.ConsumerConfig(ack_policy=api.AckPolicy.NONE, inactive_threshold=30.0, max_ack_pending=-1)
+        sub = await bus.js.pull_subscribe("", stream=stream, config=config)
+        read = 0
+        while read < total:
+            read += len(await sub.fetch(min(4096, total - read), timeout=5.0))
+        await sub.unsubscribe()
+        n += read
     return n
 
 
@@ -249,7 +257,7 @@ async def stage_costs(bus: Bus, workdir: Path, repeat: int) -> dict:
     cheapest way to hand DuckDB these rows) plus the checkpoint. The best round of each is kept."""
     msgs = {}
     for stream in await _stream_totals(bus):
-        msgs[stream] = [m async for chunk in eventlog.read_stream(bus, stream) for m in chunk]
+        msgs[stream] = [m async for chunk in read_stream(bus, stream) for m in chunk]
     n = sum(len(v) for v in msgs.values())
     rounds = []
     for attempt in range(repeat):
@@ -307,12 +315,12 @@ async def run_bench(n_events: int, repeat: int, workdir: Path) -> dict:
             del log
             gc.collect()
             print(f"published {n_events:,} events ({steps / n_events:.0%} TrialStep) in {publish_s:.1f}s", file=sys.stderr)
-            raw: dict[str, list[dict]] = {"iter_stream": [], "ordered_consumer": []}
+            raw: dict[str, list[dict]] = {"pull_fetch": [], "ordered_consumer": []}
             reader: list[dict] = []
             replays: list[dict] = []
             for attempt in range(repeat):
                 reader.append(await _timed(raw_read_stream, bus))
-                raw["iter_stream"].append(await _timed(raw_iter_stream, bus))
+                raw["pull_fetch"].append(await _timed(raw_pull_fetch, bus))
                 raw["ordered_consumer"].append(await _timed(raw_ordered_consumer, bus))
                 db_path = workdir / f"replay-{attempt}.duckdb"
                 cpu = time.process_time()

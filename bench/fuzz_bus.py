@@ -43,6 +43,7 @@ from infrarsi import subjects  # noqa: E402
 from infrarsi.bus import MAX_EVENT_BYTES, Bus  # noqa: E402
 from infrarsi.credentials import ADMIN  # noqa: E402
 from infrarsi.stack import SERVICES, Stack, ping_services  # noqa: E402
+from infrarsi.stream_reader import read_stream  # noqa: E402
 
 STUDY_ID = "01fuzz00000000000000000000"
 KINDS = ("malformed", "truncated", "oversized", "wrong_typed", "deep", "wrong_owner")
@@ -145,9 +146,9 @@ async def fuzz_then_study(root: Path, args: argparse.Namespace, contract: Path) 
 
         async def letters() -> dict[tuple[str, str, int], str]:
             found = {}
-            async for batch in bus.iter_stream(subjects.LIFECYCLE_STREAM, subjects=f"{subjects.DEADLETTER_PREFIX}*"):
-                for msg in batch:
-                    letter = msgspec.json.decode(msg.data, type=ev.DeadLetter)
+            async for batch in read_stream(bus, subjects.LIFECYCLE_STREAM, subjects=f"{subjects.DEADLETTER_PREFIX}*"):
+                for _seq, _subject, data in batch:
+                    letter = msgspec.json.decode(data, type=ev.DeadLetter)
                     stream = (subjects.TELEMETRY_STREAM if letter.subject.startswith("irsi.telemetry.") else
                               subjects.BANK_STREAM if letter.subject.startswith("bank.") else subjects.LIFECYCLE_STREAM)
                     found[(letter.service, stream, letter.stream_seq)] = letter.error

@@ -23,10 +23,9 @@ with and without the integration, compared run against run, moved ±5% on this s
 1% target. The target is < 1% overhead.
 
 Beside the paired ratio, a direct figure with far less noise: the thread CPU time spent inside the
-integration's own calls on each integrated step (the callback's hooks as the gate forwards them; for
-``track``, the decorated call less the step function inside it), as a share of a plain step's CPU time. It
-leaves out the probe's model and optimiser hooks (a few attribute reads per micro-batch), which the paired
-ratio includes.
+integration's own code on each integrated step (the callback's hooks as the gate forwards them, or for
+``track`` the decorated call less the step function inside it, plus the probe's model and optimiser hooks
+while the step is integrated), as a share of a plain step's CPU time.
 
 Each step is timed twice: wall time (``perf_counter``) and the process's CPU time (``process_time``: user and
 system time of all its threads, the probe's record writing and any helper thread included). On a shared host
@@ -41,11 +40,13 @@ import argparse
 import contextlib
 import json
 import os
+import random
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -176,14 +177,48 @@ def _on(step: int, parity: int) -> bool:
     return step % 2 == parity
 
 
-def _run_torch(steps: int, parity: int, out_dir: Path, own: list[float]) -> list[Mark]:
-    from infrarsi.probe import Probe
+class OwnTime:
+    """The thread CPU time of the integration's own code on each integrated step: its calls (callback hooks,
+    the decorator around the step) and the probe's model and optimiser hooks while the step is integrated."""
+
+    def __init__(self) -> None:
+        self.steps: list[float] = []
+        self.active = False
+
+    def begin(self) -> None:
+        """An integrated step starts."""
+        self.steps.append(0.0)
+        self.active = True
+
+    def add(self, seconds: float) -> None:
+        if self.active:
+            self.steps[-1] += seconds
+
+    def timed(self, fn: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.add(time.thread_time() - t0)
+
+        return wrapper
+
+    def probe(self, out_dir: Path) -> Any:
+        """A probe whose model and optimiser hooks are timed (set before ``attach`` registers them)."""
+        probe = Probe(out_dir=out_dir)
+        for hook in ("_on_forward", "_before_optimizer_step", "_on_optimizer_step"):
+            setattr(probe, hook, self.timed(getattr(probe, hook)))
+        return probe
+
+
+def _run_torch(steps: int, parity: int, out_dir: Path, own: OwnTime) -> list[Mark]:
     from infrarsi.probe.integrations.torch import track
 
     model = _gpt2()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     loader = torch.utils.data.DataLoader(_rows(steps * MICRO * ACCUM), batch_size=MICRO * ACCUM)
-    tracked = track(model, opt, probe=Probe(out_dir=out_dir))
+    tracked = track(model, opt, probe=own.probe(out_dir))
 
     def train_step(batch: dict[str, torch.Tensor]) -> torch.Tensor:
         total = torch.zeros(())
@@ -210,17 +245,18 @@ def _run_torch(steps: int, parity: int, out_dir: Path, own: list[float]) -> list
     with tracked:
         for step, batch in enumerate(loader):
             if _on(step, parity):
+                own.begin()
                 t0 = time.thread_time()
                 tracked_step(batch)
-                own.append(time.thread_time() - t0 - inner[-1])  # the decorator's work around the step
+                own.add(time.thread_time() - t0 - inner[-1])  # the decorator's work around the step
             else:
+                own.active = False
                 train_step(batch)
             marks.append(_mark())
     return _intervals(marks)
 
 
-def _run_hf(steps: int, parity: int, out_dir: Path, own: list[float]) -> list[Mark]:
-    from infrarsi.probe import Probe
+def _run_hf(steps: int, parity: int, out_dir: Path, own: OwnTime) -> list[Mark]:
     from infrarsi.probe.integrations.hf import InfraRSICallback
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
@@ -242,9 +278,7 @@ def _run_hf(steps: int, parity: int, out_dir: Path, own: list[float]) -> list[Ma
 
         def _forward(self, hook: str, *a, **kw) -> None:  # noqa: ANN002, ANN003
             if self.active:
-                t0 = time.thread_time()
-                getattr(self.inner, hook)(*a, **kw)
-                own[-1] += time.thread_time() - t0
+                own.timed(getattr(self.inner, hook))(*a, **kw)
 
         def on_train_begin(self, *a, **kw):  # noqa: ANN002, ANN003
             self.inner.on_train_begin(*a, **kw)
@@ -252,7 +286,9 @@ def _run_hf(steps: int, parity: int, out_dir: Path, own: list[float]) -> list[Ma
         def on_step_begin(self, args, state, control, **kw):  # noqa: ANN001, ANN003
             self.active = _on(state.global_step, parity)
             if self.active:
-                own.append(0.0)
+                own.begin()
+            else:
+                own.active = False
             self._forward("on_step_begin", args, state, control, **kw)
 
         def on_pre_optimizer_step(self, *a, **kw):  # noqa: ANN002, ANN003
@@ -271,14 +307,13 @@ def _run_hf(steps: int, parity: int, out_dir: Path, own: list[float]) -> list[Ma
         output_dir=str(out_dir / "hf"), per_device_train_batch_size=MICRO, gradient_accumulation_steps=ACCUM,
         max_steps=steps, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True,
     )  # fmt: skip
-    callbacks = [StepClock(), EveryOtherStep(InfraRSICallback(Probe(out_dir=out_dir)))]
+    callbacks = [StepClock(), EveryOtherStep(InfraRSICallback(own.probe(out_dir)))]
     Trainer(model=_gpt2(), args=args, train_dataset=_rows(steps * MICRO * ACCUM), callbacks=callbacks).train()
     return _intervals(marks)
 
 
-def _run_lightning(steps: int, parity: int, out_dir: Path, own: list[float]) -> list[Mark]:
+def _run_lightning(steps: int, parity: int, out_dir: Path, own: OwnTime) -> list[Mark]:
     import lightning.pytorch as pl
-    from infrarsi.probe import Probe
     from infrarsi.probe.integrations.lightning import InfraRSICallback
 
     marks: list[Mark] = []
@@ -300,9 +335,7 @@ def _run_lightning(steps: int, parity: int, out_dir: Path, own: list[float]) -> 
 
         def _forward(self, hook: str, *a) -> None:  # noqa: ANN002
             if self.active:
-                t0 = time.thread_time()
-                getattr(self.inner, hook)(*a)
-                own[-1] += time.thread_time() - t0
+                own.timed(getattr(self.inner, hook))(*a)
 
         def on_train_start(self, trainer, pl_module):  # noqa: ANN001
             self.inner.on_train_start(trainer, pl_module)
@@ -311,7 +344,9 @@ def _run_lightning(steps: int, parity: int, out_dir: Path, own: list[float]) -> 
             if batch_idx % ACCUM == 0:
                 self.active = _on(batch_idx // ACCUM, parity)
                 if self.active:
-                    own.append(0.0)
+                    own.begin()
+                else:
+                    own.active = False
             self._forward("on_train_batch_start", trainer, pl_module, batch, batch_idx)
 
         def on_before_optimizer_step(self, trainer, pl_module, optimizer):  # noqa: ANN001
@@ -334,7 +369,7 @@ def _run_lightning(steps: int, parity: int, out_dir: Path, own: list[float]) -> 
         def configure_optimizers(self) -> torch.optim.Optimizer:
             return torch.optim.AdamW(self.parameters(), lr=1e-4)
 
-    callbacks = [StepClock(), EveryOtherStep(InfraRSICallback(Probe(out_dir=out_dir)))]
+    callbacks = [StepClock(), EveryOtherStep(InfraRSICallback(own.probe(out_dir)))]
     trainer = pl.Trainer(max_steps=steps, accumulate_grad_batches=ACCUM, accelerator="cpu", devices=1, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                          callbacks=callbacks)  # fmt: skip
@@ -354,10 +389,10 @@ def measure_integration(name: str, rounds: int, steps: int) -> dict[str, object]
     own_s: list[float] = []
     for r in range(rounds):
         parity = r % 2
-        own: list[float] = []
+        own = OwnTime()
         with tempfile.TemporaryDirectory() as tmp:
             durations = run(steps, parity, Path(tmp), own)
-        own_s += own[2:]  # after the first integrated step (FLOP counting) and the next
+        own_s += own.steps[2:]  # after the first integrated step (FLOP counting) and the next
         for step in range(WARMUP + 1, len(durations) - 1):
             if _on(step, parity):  # (integrated step, the mean of the plain steps before and after it)
                 for i, clock in enumerate(("wall", "cpu")):
@@ -368,21 +403,24 @@ def measure_integration(name: str, rounds: int, steps: int) -> dict[str, object]
         ratios = [w / o for w, o in pairs[clock]]
         paired = statistics.median(ratios)
         q = statistics.quantiles(ratios, n=4)
+        rng = random.Random(0)  # the median's 95% interval: 2,000 bootstrap resamples of the pairs
+        medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(2000))
         result[clock] = {
             "median_step_s_with_probe": statistics.median(w for w, _ in pairs[clock]),
             "median_step_s_without_probe": statistics.median(o for _, o in pairs[clock]),
             "median_paired_ratio": paired, "overhead_pct": (paired - 1) * 100,
-            "paired_ratio_quartiles": [q[0], q[2]],
+            "paired_ratio_quartiles": [q[0], q[2]], "median_ci95": [medians[49], medians[1949]],
         }  # fmt: skip
     own_median = statistics.median(own_s)
     result["probe_cpu_s_per_step"] = own_median
     result["probe_cpu_pct_of_step"] = 100 * own_median / result["cpu"]["median_step_s_without_probe"]  # type: ignore[index]
     wall, cpu = result["wall"], result["cpu"]
-    print(f"{name}: the integration's own calls {own_median * 1e3:.3f} ms CPU per step "
+    print(f"{name}: the integration's own code (calls and hooks) {own_median * 1e3:.3f} ms CPU per step "
           f"({result['probe_cpu_pct_of_step']:.2f}% of a plain step)", flush=True)
     print(f"{name}: {result['pairs']} step pairs in {rounds} runs; CPU time with {cpu['median_step_s_with_probe'] * 1e3:.1f} ms, "
           f"without {cpu['median_step_s_without_probe'] * 1e3:.1f} ms, median paired ratio {cpu['median_paired_ratio']:.4f} "
-          f"({cpu['overhead_pct']:+.2f}%; quartiles {cpu['paired_ratio_quartiles'][0]:.3f}–{cpu['paired_ratio_quartiles'][1]:.3f}); "
+          f"({cpu['overhead_pct']:+.2f}%; 95% CI {cpu['median_ci95'][0]:.4f}–{cpu['median_ci95'][1]:.4f}; quartiles "
+          f"{cpu['paired_ratio_quartiles'][0]:.3f}–{cpu['paired_ratio_quartiles'][1]:.3f}); "
           f"wall with {wall['median_step_s_with_probe'] * 1e3:.1f} ms, without {wall['median_step_s_without_probe'] * 1e3:.1f} ms, "
           f"median paired ratio {wall['median_paired_ratio']:.4f} ({wall['overhead_pct']:+.2f}%)", flush=True)  # fmt: skip
     return result

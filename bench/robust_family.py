@@ -256,8 +256,12 @@ def _place_cliff(model: FamilyModel, rng: np.random.Generator) -> Candidate:
     t = np.array([model.time_of(c.knobs) for c in cands])
     cap = float(np.quantile(mem, rng.uniform(0.25, 0.6)))
     best = int(np.argmin(np.where(mem <= cap, t, np.inf)))
-    # lowering the capacity to just above the optimum's peak keeps it the optimum (nothing faster fits)
+    # the capacity goes just above the optimum's peak, and stays below every faster candidate's (raising it by up
+    # to 3% must not let a faster one fit: the oracle would no longer be the optimum)
+    faster = mem[t < t[best]]
     cap = float(mem[best]) / (1 - rng.uniform(0.0, 0.03))
+    if faster.size:
+        cap = min(cap, float(faster.min()) * (1 - 1e-9))
     model.study = dataclasses.replace(model.study, capacity_bytes=cap)
     model.oracle, model.oracle_time = cands[best], float(t[best])
     model.oracle_memory_fraction = float(mem[best] / cap)

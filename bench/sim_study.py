@@ -18,7 +18,6 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import nats.errors
 import yaml
 from infrarsi import eventlog
@@ -29,7 +28,7 @@ from infrarsi.commands.init import prepare_study, publish_study
 from infrarsi.credentials import ADMIN
 from infrarsi.logs import setup_logging
 from infrarsi.stack import Stack
-from infrarsi.subjects import LIFECYCLE_STREAM
+from infrarsi.subjects import LIFECYCLE_STREAM, lifecycle_subject
 
 SCENARIO = "dense7b_h100x64"
 KNOBS = ["tp", "pp", "dp", "micro_batch", "recompute", "flash_attention"]
@@ -71,18 +70,8 @@ async def run_study(bus: Bus, study_id: str, *, trials: int, parallel: int, time
 
 async def lifecycle(bus: Bus, study_id: str | None = None) -> list[ev.Event]:
     """Every stored lifecycle message that decodes, duplicates included, in stream order."""
-    out = []
-    subject = f"irsi.{study_id}.*" if study_id else None
-    try:
-        async for batch in bus.iter_stream(LIFECYCLE_STREAM, subjects=subject):
-            for msg in batch:
-                try:
-                    out.append(ev.decode(msg.data))
-                except (msgspec.DecodeError, msgspec.ValidationError):
-                    continue
-    except TimeoutError:
-        pass  # caught up (a filtered read ends in a fetch timeout)
-    return out
+    subject = lifecycle_subject(study_id, "*") if study_id else None
+    return [event async for event in bus.events(LIFECYCLE_STREAM, subject)]
 
 
 def study_ledger(events: list[ev.Event]) -> dict[str, Any]:

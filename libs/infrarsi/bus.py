@@ -34,6 +34,7 @@ from infrarsi import subjects as _subjects  # event_batches' parameter shadows t
 from infrarsi.embedded import running_server_url
 from infrarsi.logs import get_logger
 from infrarsi.settings import Settings
+from infrarsi.stream_reader import read_stream
 
 log = get_logger(__name__)
 
@@ -175,6 +176,10 @@ class Bus:
         self.replicas = replicas
         self.lost: str | None = None
         """Why the connection was given up (see ``connect(data_dir=…)``); ``None`` while it is not."""
+        self.credentials: credentials.Credentials | None = None
+        """The principal's credentials the connection authenticated with (``None``: none)."""
+        self.tls = False
+        """Whether the connection runs over TLS."""
         self._follower: asyncio.Task[None] | None = None
         self.ack_journal: AckJournal | None = None
 
@@ -227,6 +232,7 @@ class Bus:
 
         # With reconnects allowed forever, nats-py also retries the *first* connect forever; bound it,
         # so a wrong URL or a stopped server fails within ``connect_timeout_s`` instead of hanging.
+        tls = credentials.tls_options()
         nc = NATS()
         try:
             await asyncio.wait_for(
@@ -240,7 +246,7 @@ class Bus:
                     reconnected_cb=on_reconnect,
                     error_cb=on_error,
                     **(creds.connect_options() if creds is not None else {}),
-                    **credentials.tls_options(),
+                    **tls,
                 ),
                 timeout=connect_timeout_s,
             )
@@ -260,6 +266,7 @@ class Bus:
                 )
             raise BusError(f"cannot reach NATS at {url}: {cause or type(cause).__name__}{hint}") from None
         bus = cls(nc, service, replicas if replicas is not None else replicas_from_env())
+        bus.credentials, bus.tls = creds, bool(tls)
         if ack_journal is not None:
             bus.ack_journal = AckJournal(Path(ack_journal), service)
         holder["bus"] = bus
@@ -365,7 +372,7 @@ class Bus:
         failures = [r for r in results if isinstance(r, BaseException)]
         if failures:
             raise BusError(f"{len(failures)} of {len(events)} publishes failed; first: {failures[0]!r}")
-        return list(results)  # type: ignore[arg-type]
+        return [r for r in results if not isinstance(r, BaseException)]  # all of them: none failed
 
     async def publish_raw(
         self, subject: str, data: bytes, msg_id: str | None = None, stream: str | None = None
@@ -443,41 +450,6 @@ class Bus:
             return []
         return [decode_delivery(m) for m in msgs]
 
-    async def iter_stream(
-        self, stream: str, start_seq: int = 1, batch: int = 1024, subjects: str | None = None
-    ) -> AsyncIterator[list[Msg]]:
-        """Read a stream in order from ``start_seq`` with an ephemeral ordered consumer, until caught up.
-
-        Used by replays (the eventlog, read-model rebuilds): no acks, no server-side state left behind.
-        """
-        info = await self.js.stream_info(stream)
-        if info.state.last_seq < start_seq or info.state.messages == 0:
-            return
-        config = api.ConsumerConfig(
-            deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
-            opt_start_seq=start_seq,
-            ack_policy=api.AckPolicy.NONE,
-            inactive_threshold=30.0,
-            filter_subject=subjects,
-            max_ack_pending=-1,
-        )
-        sub = await self.js.pull_subscribe(subjects or "", stream=stream, config=config)
-        try:
-            # The consumer knows how many messages match its filter right now: read exactly those,
-            # so a filtered read never waits for messages that belong to other subjects.
-            remaining = (await sub.consumer_info()).num_pending or 0
-            while remaining > 0:
-                try:
-                    msgs = await sub.fetch(min(batch, remaining), timeout=5.0)
-                except TimeoutError:  # nats-py raises nats.errors.TimeoutError or asyncio's; both are TimeoutError
-                    break
-                if not msgs:
-                    break
-                remaining -= len(msgs)
-                yield msgs
-        finally:
-            await sub.unsubscribe()
-
     async def event_batches(
         self,
         stream: str,
@@ -487,18 +459,19 @@ class Bus:
         start_seq: int = 1,
         owned_only: bool = False,
     ) -> AsyncIterator[list[tuple[int, ev.Event]]]:
-        """``iter_stream`` decoded: per fetched batch, the (stream sequence, event) of every message that decodes
-        and, given ``types``, has one of those payload types. Dead letters and foreign bytes are skipped;
-        ``owned_only`` also skips events their publisher may not own (``subjects.publisher_problem``)."""
-        async for msgs in self.iter_stream(stream, start_seq, subjects=subjects):
+        """``stream_reader.read_stream`` decoded: per chunk read, the (stream sequence, event) of every message that
+        decodes and, given ``types``, has one of those payload types, up to where the stream ended when the read
+        began. Dead letters and foreign bytes are skipped; ``owned_only`` also skips events their publisher may
+        not own (``subjects.publisher_problem``)."""
+        async for msgs in read_stream(self, stream, start_seq, subjects=subjects):
             batch = []
-            for msg in msgs:
-                event = ev.decode_or_none(msg.data, types)
-                problem = _subjects.publisher_problem(event, msg.subject) if event and owned_only else None
+            for seq, subject, data in msgs:
+                event = ev.decode_or_none(data, types)
+                problem = _subjects.publisher_problem(event, subject) if event and owned_only else None
                 if problem is not None:
                     log.warning("skipped an event its publisher may not own", problem=problem)
                 elif event is not None:
-                    batch.append((msg.metadata.sequence.stream, event))
+                    batch.append((seq, event))
             if batch:
                 yield batch
 

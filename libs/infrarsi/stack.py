@@ -284,7 +284,9 @@ class Stack:
             )
         data_dir.mkdir(parents=True, exist_ok=True)
         server = EmbeddedServer.start(data_dir, authorize=True) if nats_url is None else None
-        stack = cls(data_dir, nats_url or server.url, server, env or {})  # type: ignore[union-attr]
+        url = nats_url if server is None else server.url
+        assert url is not None  # one of the two: the given server's URL, or the one just started
+        stack = cls(data_dir, url, server, env or {})
         try:
             for name in names:
                 stack._spawn(name)

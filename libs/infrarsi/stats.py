@@ -267,6 +267,11 @@ class InvariantSpec:
 INTERFERENCE_RERUN = 0.25
 """Host CPU pressure (share of a trial's wall time in which some task waited for a CPU, ``TrialFinished.
 cpu_pressure``) at or above which a failed timing check says more about the host than about the candidate."""
+MAX_TIMING_ALLOWANCE = 0.35
+"""The timing allowance never exceeds this, however noisy the doctor found the host: the doctor's noise is
+between runs, while the probe/launcher ratio is within one run and stays near 1 under load (0.997–1.000 at a
+load average of 14 on 2 cores, issue 15's agent study) — uncapped, a doctor CV of 20 % allowed 70 % and a probe
+clock slowed to half speed was verified as a ×3.1 speed-up."""
 MEDIAN_SE = 1.2533
 """Standard error of a median = 1.2533 · σ / √n (normal samples)."""
 
@@ -299,7 +304,7 @@ def timing_check(
         return ev.InvariantResult(name="timing", ok=True, detail=f"not checked: {len(ratios)} comparable steady steps")
     observed = median(ratios)
     standard_error = MEDIAN_SE * robust_sigma(ratios) / math.sqrt(len(ratios))
-    allowed = tolerance + 3.0 * max(noise_cv, 0.0) + 3.0 * standard_error
+    allowed = min(tolerance + 3.0 * max(noise_cv, 0.0) + 3.0 * standard_error, max(tolerance, MAX_TIMING_ALLOWANCE))
     error = abs(observed - 1.0)
     ok = bool(error <= allowed)
     detail = (f"reported / launcher-seen step time {observed:.3f} (median of {len(ratios)} steady steps), "

@@ -353,13 +353,14 @@ class LauncherService(Service):
             nproc_per_node=contract.workload.launcher.nproc_per_node,
             memory_capacity_bytes=_emulated_capacity(study.cluster),
         )
-        backend = self.backend(contract.backend)
         stall_before = procs.cpu_stall_s()
         try:
+            backend = self.backend(contract.backend)
             handle = await asyncio.to_thread(backend.submit, spec)
         except (OSError, SubmitError) as exc:
             # e.g. a command item that is not an executable (``"{launch_file}; touch x"``: no shell, so one
-            # literal path), or a scheduler refusing the job: nothing ran, and retrying cannot help.
+            # literal path), a scheduler refusing the job, or a backend that cannot open (no kubeconfig):
+            # nothing ran, and retrying cannot help.
             raise Refused("crash", f"the job could not be started: {type(exc).__name__}: {exc} (argv {spec.argv[:4]!r})") from None
         (tdir / "submitted.json").write_text(
             json.dumps({"backend": contract.backend.model_dump(mode="json"), "job_id": handle.job_id,

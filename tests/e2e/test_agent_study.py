@@ -24,7 +24,7 @@ import pytest
 import yaml
 from infrarsi import events as ev
 from infrarsi.stack import Stack
-from support.agent_repo import GPT, diff_of, git_copy_of_gpt, proposals
+from support.agent_repo import GPT, commit, diff_of, git_copy_of_gpt, proposals
 from support.chat_server import ChatScript, Turn, chat_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,17 +64,29 @@ def model_answer(repo: Path) -> str:
     )
 
 
+def single_threaded(repo: Path) -> None:
+    """One intra-op thread in the golden launch file: two OpenMP threads spin against each other on a shared,
+    oversubscribed CPU (steps of a minute on this session's host); the agent's diffs are what is measured."""
+    launch = repo / "launch" / "dense-1node.yaml"
+    launch.write_text(launch.read_text().replace("intra_op_threads: 2", "intra_op_threads: 1"))
+    commit(repo)
+
+
 def agent_contract(tmp_path: Path, repo: Path, base_url: str) -> Path:
     contract = yaml.safe_load((GPT / "contracts" / "dense-1node.yaml").read_text())
-    contract["workload"].update(repo=str(repo), steps=15, verify_steps=20)
+    # 20 steps: the timing invariant needs three steady steps away from warm-up and evals; at 10 it says "not
+    # checked" and the slowed probe clock was verified and promoted (×3.1) in an earlier run of this test
+    contract["workload"].update(repo=str(repo), steps=20, verify_steps=20)
+    contract["workload"]["env"]["OMP_NUM_THREADS"] = "1"
+    contract["backend"]["timeout_s"] = 3000  # minutes per step when the shared host is loaded
     contract["search_space"]["knobs"] = {
         "knobs.micro_batch_size": {"type": "int", "choices": [4]},
         "knobs.dataloader_workers": {"type": "int", "choices": [0, 1]},
     }
     contract["search_space"]["patches"] = []
-    contract["budget"].update(trials=4, llm_tokens=20000)
+    contract["budget"].update(trials=4, llm_tokens=20000)  # the first trial starts before the answer: 1 + 3 diffs
     contract["doctor"]["repeats"] = 2
-    contract["verify"] = {"top_k": 1, "repeats": 2, "passes_required": 1}
+    contract["verify"] = {"top_k": 1, "repeats": 1, "passes_required": 1}
     contract["agent"] = {"base_url": base_url, "model": "scripted", "share": 1.0, "max_asks": 1,
                          "max_patches": 5, "timeout_s": 30, "retries": 1}
     path = tmp_path / "dense-agent.yaml"
@@ -92,6 +104,7 @@ def infrarsi(url: str, data_dir: Path, *args: str, timeout_s: float) -> subproce
 @pytest.mark.timeout(3600)
 async def test_agent_speedup_promoted_and_hacks_rejected_with_the_models_words(tmp_path: Path) -> None:
     repo = git_copy_of_gpt(tmp_path / "gpt")
+    single_threaded(repo)
     script = ChatScript([Turn(model_answer(repo), prompt_tokens=3000, completion_tokens=900)])
     data_dir = tmp_path / "data"
     with chat_server(script) as base_url:
@@ -99,7 +112,7 @@ async def test_agent_speedup_promoted_and_hacks_rejected_with_the_models_words(t
         stack = await asyncio.to_thread(Stack.start, data_dir)
         try:
             demo = await asyncio.to_thread(infrarsi, stack.url, data_dir, "demo", "--contract", str(contract),
-                                           "--trials", "4", "--json", timeout_s=3000)
+                                           "--trials", "4", "--json", timeout_s=3300)
             out = demo.stdout
             assert "{\n" in out, (demo.stdout + demo.stderr)[-4000:]
             summary = json.loads(out[out.index("{\n"):])

@@ -3,7 +3,8 @@
 ``test_short_real_run_through_all_six_services`` runs the demo on the real dense-1node workload with a
 shortened horizon and a three-trial budget (a few minutes on 2 cores): init → doctor → run → verify →
 report, every trial a real PyTorch job launched by the launcher service. ``test_demo_verifies_a_speedup``
-is the README's ``make demo`` itself (minutes; ``make test-slow``).
+is the README's ``make demo`` itself (minutes; ``make test-slow``). ``test_demo_through_slurm`` is the short
+run with ``--backend slurm``: every trial a batch job on the tests' own Slurm cluster (``make test-slow``).
 """
 
 from __future__ import annotations
@@ -22,11 +23,11 @@ ROOT = Path(__file__).resolve().parents[2]
 DENSE = ROOT / "workloads" / "gpt" / "contracts" / "dense-1node.yaml"
 
 
-def _demo(tmp_path: Path, contract: Path, trials: int, timeout_s: float) -> tuple[int, dict, str]:
+def _demo(tmp_path: Path, contract: Path, trials: int, timeout_s: float, *extra: str) -> tuple[int, dict, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("INFRARSI_")}
     proc = subprocess.run(
         [sys.executable, "-m", "infrarsi.cli", "--data-dir", str(tmp_path / "data"), "demo",
-         "--contract", str(contract), "--trials", str(trials), "--json"],
+         "--contract", str(contract), "--trials", str(trials), "--json", *extra],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s,
     )
     out = proc.stdout
@@ -39,20 +40,21 @@ def _no_stack_left(tmp_path: Path) -> None:
     assert not mine, f"processes left behind: {[p.info['cmdline'] for p in mine]}"
 
 
-@pytest.mark.timeout(1200)
-def test_short_real_run_through_all_six_services(tmp_path: Path) -> None:
+def _short_contract(tmp_path: Path, steps: int = 10, trials: int = 4) -> Path:
+    """dense-1node with a short horizon, a few trials, 2 doctor repeats and one verify round of one repeat."""
     contract = yaml.safe_load(DENSE.read_text())
     contract["workload"]["repo"] = str(DENSE.parent.parent)
-    contract["workload"]["steps"] = 10
-    contract["workload"]["verify_steps"] = 10
-    contract["budget"]["trials"] = 4
+    contract["workload"]["steps"] = steps
+    contract["workload"]["verify_steps"] = steps
+    contract["budget"]["trials"] = trials
     contract["doctor"]["repeats"] = 2
     contract["verify"] = {"top_k": 1, "repeats": 1, "passes_required": 1}
     path = tmp_path / "dense-short.yaml"
     path.write_text(yaml.safe_dump(contract, sort_keys=False))
+    return path
 
-    rc, summary, output = _demo(tmp_path, path, trials=4, timeout_s=1100)
 
+def _five_stages_ran(rc: int, summary: dict, output: str) -> None:
     assert rc in (0, 3), output[-4000:]  # 3: the flow completed but nothing was verified faster
     assert summary["finished"], output[-4000:]  # the proposer ended the study (StudyFinished)
     assert summary["baseline_step_s"] > 0  # doctor measured the baseline through launcher + telemetry
@@ -63,6 +65,31 @@ def test_short_real_run_through_all_six_services(tmp_path: Path) -> None:
     report = Path(summary["report"])
     assert report.is_file() and report.with_suffix(".pdf").is_file() and report.with_suffix(".md").is_file()
     assert "InfraRSI report" in report.read_text()
+
+
+@pytest.mark.timeout(1200)
+def test_short_real_run_through_all_six_services(tmp_path: Path) -> None:
+    rc, summary, output = _demo(tmp_path, _short_contract(tmp_path), trials=4, timeout_s=1100)
+    _five_stages_ran(rc, summary, output)
+    _no_stack_left(tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+@pytest.mark.timeout(3000)
+def test_demo_through_slurm(tmp_path: Path, slurm_cluster) -> None:
+    """``infrarsi demo --backend slurm``: the same five stages, every trial (doctor's baseline runs, the
+    search, the verifier's rounds) a batch job on the tests' own Slurm cluster. Shorter than the local short
+    run (3 steps, 2 trials): its jobs run in the namespaced nodes of a shared 2-core host."""
+    rc, summary, output = _demo(tmp_path, _short_contract(tmp_path, steps=3, trials=2), 2, 2900, "--backend", "slurm")
+    print(json.dumps(summary, indent=2))  # the run's figures (pytest -s)
+    _five_stages_ran(rc, summary, output)
+    trials = sorted((tmp_path / "data" / "launcher" / "trials").iterdir())
+    submitted = [json.loads((t / "slurm.json").read_text())["job_id"] for t in trials if (t / "slurm.json").exists()]
+    assert trials and len(submitted) == len(trials), "every trial went through sbatch"
+    accounted = subprocess.run(["sacct", "--completion", "-n", "-X", "-P", "-o", "JobIDRaw,State", "-j", ",".join(submitted)],
+                               capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert {line.split("|")[0] for line in accounted.splitlines()} >= set(submitted), accounted
     _no_stack_left(tmp_path)
 
 

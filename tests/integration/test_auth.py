@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import stat
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from infrarsi import credentials
@@ -12,6 +13,7 @@ from infrarsi import events as ev
 from infrarsi.bus import Bus, BusError
 from infrarsi.embedded import EmbeddedServer
 from infrarsi.stack import Stack
+from infrarsi.stream_reader import read_stream
 from infrarsi.subjects import LIFECYCLE_STREAM, lifecycle_subject
 
 pytestmark = pytest.mark.integration
@@ -119,8 +121,8 @@ async def test_consumers_refuse_an_event_its_publisher_may_not_own(bus: Bus) -> 
     smuggled = ev.make_event(finished, study_id=study, source="proposer")
     await bus.publish_raw(lifecycle_subject(study, "TrialProposed"), ev.encode(smuggled))
     seen = []
-    async for msgs in bus.iter_stream(LIFECYCLE_STREAM, subjects=lifecycle_subject(study, "*")):
-        seen += [decode_delivery(m) for m in msgs]
+    async for msgs in read_stream(bus, LIFECYCLE_STREAM, subjects=lifecycle_subject(study, "*")):
+        seen += [decode_delivery(SimpleNamespace(subject=subject, data=data)) for _seq, subject, data in msgs]
     assert [d.error for d in seen] == [
         None,
         "wrong owner: cli.apply does not publish StudyFinished (published by proposer)",

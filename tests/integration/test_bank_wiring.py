@@ -60,11 +60,8 @@ def finished_study(study_id: str, created: ev.Event) -> list[ev.Event]:
 
 async def study_created_events(bus: Bus) -> dict[str, ev.StudyCreated]:
     out = {}
-    async for batch in bus.iter_stream(LIFECYCLE_STREAM):
-        for msg in batch:
-            event = ev.decode(msg.data)
-            if isinstance(event.payload, ev.StudyCreated):
-                out[event.study_id] = event.payload
+    async for event in bus.events(LIFECYCLE_STREAM, types=(ev.StudyCreated,)):
+        out[event.study_id] = event.payload
     return out
 
 

@@ -21,6 +21,7 @@ from infrarsi import subjects
 from infrarsi.bus import DEADLETTER_RAW_MAX, Bus
 from infrarsi.commands.status import collect, render
 from infrarsi.service import Runner
+from infrarsi.stream_reader import read_stream
 from infrarsi_services.proposer.service import ProposerService
 from support.proposer_faults import answering_proposer, service_status, study_created
 
@@ -39,8 +40,8 @@ def _deeply_nested(study: str, payload_samples: dict[str, object], depth: int = 
 
 async def _letters(bus: Bus, service: str) -> list[ev.DeadLetter]:
     letters = []
-    async for batch in bus.iter_stream(subjects.LIFECYCLE_STREAM, subjects=subjects.deadletter_subject(service)):
-        letters += [msgspec.json.decode(m.data, type=ev.DeadLetter) for m in batch]
+    async for batch in read_stream(bus, subjects.LIFECYCLE_STREAM, subjects=subjects.deadletter_subject(service)):
+        letters += [msgspec.json.decode(data, type=ev.DeadLetter) for _seq, _subject, data in batch]
     return letters
 
 

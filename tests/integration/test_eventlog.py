@@ -12,7 +12,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from infrarsi import eventlog, subjects
+from infrarsi import eventlog, stream_reader, subjects
 from infrarsi import events as ev
 from infrarsi.bus import BANK_STREAM, LIFECYCLE_STREAM, TELEMETRY_STREAM, Bus
 from infrarsi.commands import UserError
@@ -113,12 +113,12 @@ async def test_raw_reader_and_nats_py_reader_read_the_same(bus: Bus, payload_sam
     await publish(bus, study_log("s1", payload_samples))
     for stream in eventlog.REPLAYED_STREAMS:
         for start in (1, 5):
-            raw = [m for chunk in [c async for c in eventlog.read_stream(bus, stream, start, direct=True)] for m in chunk]
-            ordered = [m for chunk in [c async for c in eventlog.read_stream(bus, stream, start, direct=False)]
+            raw = [m for chunk in [c async for c in stream_reader.read_stream(bus, stream, start, direct=True)] for m in chunk]
+            ordered = [m for chunk in [c async for c in stream_reader.read_stream(bus, stream, start, direct=False)]
                        for m in chunk]
             assert raw == ordered
             assert [m[0] for m in raw] == sorted({m[0] for m in raw}) and (raw[0][0] == start if raw else start > 1)
-    assert [c async for c in eventlog.read_stream(bus, LIFECYCLE_STREAM, 10_000, direct=True)] == []
+    assert [c async for c in stream_reader.read_stream(bus, LIFECYCLE_STREAM, 10_000, direct=True)] == []
 
 
 async def test_replay_after_new_events_appends_only_them(bus: Bus, tmp_path: Path, payload_samples) -> None:
@@ -156,7 +156,7 @@ async def test_replay_after_new_events_appends_only_them(bus: Bus, tmp_path: Pat
 
     # The same messages again — a repeated position — change nothing.
     whole = dump(path)
-    old = [batch async for batch in eventlog.read_stream(bus, TELEMETRY_STREAM)]
+    old = [batch async for batch in stream_reader.read_stream(bus, TELEMETRY_STREAM)]
     with eventlog.AnalystDB.open(path) as db:
         assert sum(db.apply_batch(TELEMETRY_STREAM, batch) for batch in old) == 0
         assert db.apply_batch(LIFECYCLE_STREAM, [(1, "irsi.s1.StudyCreated", ev.encode(new[0]))]) == 0
@@ -283,7 +283,7 @@ async def test_an_interrupted_read_resumes_from_the_stored_position(
     await publish(bus, study_log("s1", payload_samples, trials=6, steps=20) + study_log("s2", payload_samples))
     await eventlog.replay(bus, tmp_path / "clean.duckdb", batch_size=50)
 
-    real_read_stream = eventlog.read_stream
+    real_read_stream = stream_reader.read_stream
     failures: list[int] = []
 
     async def flaky(bus_, stream, start_seq=1, **kwargs):
@@ -294,9 +294,9 @@ async def test_an_interrupted_read_resumes_from_the_stored_position(
                 delivered += len(chunk[i:i + 25])
                 if stream == TELEMETRY_STREAM and not failures and delivered >= 150:
                     failures.append(start_seq)
-                    raise eventlog.StreamReadError("stalled (test)")
+                    raise stream_reader.StreamReadError("stalled (test)")
 
-    monkeypatch.setattr(eventlog, "read_stream", flaky)
+    monkeypatch.setattr(eventlog.catchup, "read_stream", flaky)
     stats = await eventlog.replay(bus, tmp_path / "resumed.duckdb", batch_size=50)
     assert failures == [1]
     assert dump(tmp_path / "resumed.duckdb") == dump(tmp_path / "clean.duckdb")

@@ -184,3 +184,25 @@ def test_a_refused_job_leaves_no_service_behind(cluster: tuple[Cluster, Path], t
         backend.close()
     assert [r["body"]["kind"] for r in api.requests if r["method"] == "POST"] == ["Service", "Job"]
     assert api.live("services") == [] and api.live("jobs") == []
+
+
+def test_no_cluster_configuration_is_a_clear_error(tmp_path: Path) -> None:
+    from infrarsi.backends import SubmitError
+
+    options = BackendSpec(kind="kubernetes", image="i", kubeconfig=str(tmp_path / "missing-kubeconfig"))
+    with pytest.raises(SubmitError, match="no usable cluster configuration"):
+        make_backend("kubernetes", tmp_path / "state", options).open()
+
+
+async def test_the_launcher_takes_kind_kubernetes_and_says_why_a_trial_cannot_start(tmp_path: Path) -> None:
+    """Through the launcher service: a contract of kind kubernetes whose cluster cannot be reached ends its
+    trial ``crash`` with the reason, nothing left running."""
+    from infrarsi_services.launcher.service import LauncherService
+    from test_launcher_helpers import make_workload, serving
+
+    backend = {"kind": "kubernetes", "image": "registry.example/train:1", "kubeconfig": str(tmp_path / "nope")}
+    async with serving(tmp_path, lambda h, url: LauncherService(h.data_dir, nats_url=url)) as h:
+        study = await h.create_study(make_workload(tmp_path, backend=backend))
+        trial = await h.propose(study, knobs={"knobs.mode": "ok"})
+        finished = await h.wait_for(trial, "TrialFinished", timeout_s=60)
+    assert finished.status == "crash" and "no usable cluster configuration" in finished.reason, finished

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.integration
 
 
 async def test_reporter_keeps_db_current_while_sql_reads(
-    fresh_nats_server: str, spawn_service, wait_answering, tmp_path: Path, payload_samples, capsys
+    fresh_nats_server: str, spawn_service, wait_answering, wait_for, tmp_path: Path, payload_samples, capsys
 ) -> None:
     bus = await Bus.connect(fresh_nats_server, service="test")
     try:
@@ -45,9 +45,17 @@ async def test_reporter_keeps_db_current_while_sql_reads(
         for study in ("s2", "s3", "s4"):
             await publish(bus, study_log(study, payload_samples, trials=4, steps=20))
             await asyncio.sleep(0.3)
+
+        async def lifecycle_handled() -> bool:
+            # The reporter publishes a study's bank entry while it handles the study's events (and acks after):
+            # once its lifecycle consumer has nothing pending or unacked, no entry is still on its way.
+            infos = [c for c in await bus.js.consumers_info(LIFECYCLE_STREAM) if c.name.startswith("reporter")]
+            return bool(infos) and all(c.num_pending == 0 and c.num_ack_pending == 0 for c in infos)
+
+        await wait_for(lifecycle_handled, timeout_s=60.0)
         counts = await bus.stream_counts()
-        await eventlog.wait_until(snapshot, TELEMETRY_STREAM, counts[TELEMETRY_STREAM]["last_seq"], timeout=30)
-        await eventlog.wait_until(snapshot, LIFECYCLE_STREAM, counts[LIFECYCLE_STREAM]["last_seq"], timeout=30)
+        for stream in eventlog.REPLAYED_STREAMS:
+            await eventlog.wait_until(snapshot, stream, counts[stream]["last_seq"], timeout=30)
         stop.set()
         seen = await reader
         assert len(seen) > 3 and seen == sorted(seen)  # every read saw a consistent, never shrinking DB

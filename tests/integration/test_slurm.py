@@ -3,7 +3,8 @@ network namespaces), with the real launcher and telemetry services on a real nat
 
 Covers: the reference dense workload on one node and on two nodes (rendezvous and gloo across the bridge), an
 emulated-capacity OOM reported ``oom`` from the Slurm job, a timeout ended with ``scancel``, a launcher killed
-mid-trial that re-attaches to its job, and a job cancelled from outside InfraRSI.
+mid-trial that re-attaches to its job, a job cancelled from outside InfraRSI, and a node lost mid-job
+(``NODE_FAIL``: an infrastructure failure).
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ def squeue(job_id: str) -> str:
     return subprocess.run(
         ["squeue", "-h", "-j", job_id, "--states=all", "-o", "%T"], capture_output=True, text=True
     ).stdout.strip()
+
+
+def node_state(node: str) -> str:
+    return subprocess.run(["sinfo", "-h", "-n", node, "-o", "%T"], capture_output=True, text=True).stdout.strip()
 
 
 def rx_bytes(ns: str) -> int:
@@ -168,3 +173,35 @@ def test_demo_backend_slurm_runs_the_reference_contract_on_slurm(slurm_cluster, 
     monkeypatch.setenv("SLURM_CONF", str(tmp_path / "no-such-slurm.conf"))
     with pytest.raises(UserError, match="make slurm-up"):
         with_backend(GPT.parent.parent / DEFAULT_CONTRACT, "slurm", tmp_path)
+
+
+async def test_a_node_lost_mid_job_is_an_infrastructure_failure(harness, tmp_path, slurm_cluster) -> None:
+    """An administrator sets the job's node DOWN (``scontrol update state=down``, as slurmctld does when a node
+    stops answering): Slurm ends the job ``NODE_FAIL``; the trial is ``cancelled``, marked ``infrastructure``
+    (it costs, says nothing of the candidate, and is run again)."""
+    study = await harness.create_study(make_workload(tmp_path, timeout_s=120.0, backend=SLURM))
+    trial = await harness.propose(study, knobs={"knobs.mode": "sleep"})
+    launched = await harness.wait_for(trial, "TrialLaunched", timeout_s=60)
+    deadline = time.monotonic() + 60
+    while squeue(launched.job_id) != "RUNNING" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    node = subprocess.run(["squeue", "-h", "-j", launched.job_id, "-o", "%N"], capture_output=True, text=True,
+                          check=True).stdout.strip()  # fmt: skip
+    assert node, "the job runs on a node"
+    time.sleep(3)  # a few seconds of running for Slurm's accounting to price
+    subprocess.run(["scontrol", "update", f"nodename={node}", "state=down", "reason=infrarsi test: node lost"],
+                   check=True)  # fmt: skip
+    try:
+        finished = await harness.wait_for(trial, "TrialFinished", timeout_s=120)
+    finally:
+        # the node is back for the next test: ReturnToService=2 may have returned it already (then
+        # "resume" is refused as an invalid state), else resume it
+        subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], capture_output=True)
+        deadline = time.monotonic() + 60
+        while node_state(node) not in ("idle", "mixed", "allocated") and time.monotonic() < deadline:
+            time.sleep(0.5)
+    assert squeue(launched.job_id) == "NODE_FAIL"
+    assert finished.status == "cancelled" and finished.infrastructure, finished
+    assert f"Slurm job {launched.job_id} ended NODE_FAIL" in finished.reason
+    assert finished.accelerator_s >= 1, "the lost node's time is still spent (Slurm's elapsed × ranks)"
+    assert node_state(node) == "idle", "the node is back for the next test"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from infrarsi import eventlog, subjects
+from infrarsi import eventlog, stream_reader, subjects
 from infrarsi import events as ev
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)
@@ -64,8 +64,8 @@ def test_fast_step_decoder_accepts_exactly_what_events_decode_accepts(data: byte
 
 
 def test_reply_subject_sequences_v1_and_v2() -> None:
-    assert eventlog._sequences("$JS.ACK.IRSI.c1.1.42.7.1764690000000000000.3") == (42, 7)
-    assert eventlog._sequences("$JS.ACK.hub.ACC.IRSI.c1.1.42.7.1764690000000000000.3.tok") == (42, 7)
+    assert stream_reader._sequences("$JS.ACK.IRSI.c1.1.42.7.1764690000000000000.3") == (42, 7)
+    assert stream_reader._sequences("$JS.ACK.hub.ACC.IRSI.c1.1.42.7.1764690000000000000.3.tok") == (42, 7)
 
 
 def test_apply_batch_is_idempotent_and_independent_of_batch_boundaries(tmp_path: Path) -> None:

@@ -49,8 +49,10 @@ def make_backend(
     if cls is LocalBackend:
         return LocalBackend(owner, netns=options.netns if options else None)
     if kind == "slurm":
+        from infrarsi.backends.slurm import SlurmBackend
+
         completion = settings.slurm_sacct_completion if settings is not None else None
-        return cls(owner, options, sacct_completion=completion)  # type: ignore[call-arg]
+        return SlurmBackend(owner, options, sacct_completion=completion)
     if kind == "kubernetes":
-        return cls(owner, options)  # type: ignore[call-arg]
-    return cls(owner)  # type: ignore[call-arg]
+        return cls(owner, options)  # type: ignore[call-arg]  # KubernetesBackend(owner, options)
+    return cls(owner)  # type: ignore[call-arg]  # the ABC declares no constructor; the others take their owner

@@ -157,18 +157,23 @@ class KubernetesBackend(Backend):
             from kubernetes import client, config
         except ImportError:
             raise SubmitError("backend kind kubernetes needs the kubernetes client: pip install 'infrarsi[kubernetes]'") from None
-        if self.options.kubeconfig:
-            self._client = config.new_client_from_config(config_file=self.options.kubeconfig)
-        else:
-            try:
-                configuration = client.Configuration()
-                config.load_incluster_config(client_configuration=configuration)
-                self._client = client.ApiClient(configuration)
-            except config.ConfigException:
-                self._client = config.new_client_from_config()
+        try:
+            if self.options.kubeconfig:
+                self._client = config.new_client_from_config(config_file=os.path.expanduser(self.options.kubeconfig))
+            else:
+                try:
+                    configuration = client.Configuration()
+                    config.load_incluster_config(client_configuration=configuration)
+                    self._client = client.ApiClient(configuration)
+                except config.ConfigException:  # not in a pod: the user's kubeconfig
+                    self._client = config.new_client_from_config()
+        except (config.ConfigException, OSError, ValueError) as exc:
+            raise SubmitError(f"backend kind kubernetes: no usable cluster configuration: {exc}") from None
 
     def close(self) -> None:
-        for handle in list(self._live.values()):
+        with self._lock:
+            live = list(self._live.values())
+        for handle in live:
             self.cancel(handle, "backend closed")
             self.collect(handle)
         if self._client is not None:
@@ -178,7 +183,8 @@ class KubernetesBackend(Backend):
 
     def submit(self, spec: JobSpec) -> JobHandle:
         spec.state_dir.mkdir(parents=True, exist_ok=True)
-        (spec.state_dir / "cancel.json").unlink(missing_ok=True)
+        for stale in ("cancel.json", "pods.json"):  # a previous life of the same trial directory
+            (spec.state_dir / stale).unlink(missing_ok=True)
         started = time.time()
         manifests = render(spec, self.options, self.owner, self.host_env)
         created: list[Manifest] = []
@@ -225,7 +231,8 @@ class KubernetesBackend(Backend):
         pods = self._keep_pods(handle) if not job.deleted else self._kept_pods(spec)
         for manifest in handle.private.objects:
             self._delete(manifest)
-        self._live.pop(spec.name, None)
+        with self._lock:
+            self._live.pop(spec.name, None)
         output = "\n".join(f"--- pod {p.name} ---\n{p.log}" if len(pods) > 1 else p.log for p in pods)
         ours = _read_json(spec.state_dir / "cancel.json")
         kind = handle.private.objects[-1]["kind"]

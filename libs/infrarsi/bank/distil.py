@@ -109,7 +109,7 @@ def _winners(facts: StudyFacts) -> list[ev.Candidate]:
     for t in measured:
         if len(out) >= MAX_WINNERS:
             break
-        if facts.baseline_step_s is not None and t.step_time_s >= facts.baseline_step_s:  # type: ignore[operator]
+        if facts.baseline_step_s is not None and (t.step_time_s or 0.0) >= facts.baseline_step_s:  # set: see above
             break
         key = t.candidate.key()
         if key not in rejected:

@@ -35,9 +35,17 @@ from nats.js import api
 
 from infrarsi import events as ev
 from infrarsi.bus import Bus
-from infrarsi.subjects import ALL_BANK, ALL_IRSI, BANK_STREAM, bank_subject
-from infrarsi.subjects import BANK_HUB_STREAM as HUB_STREAM
-from infrarsi.subjects import BANK_SHARED_STREAM as SHARED_STREAM
+from infrarsi.subjects import (
+    ALL_BANK,
+    ALL_IRSI,
+    BANK_HUB_STREAM,
+    BANK_SHARED_STREAM,
+    BANK_STREAM,
+    bank_subject,
+)
+
+HUB_STREAM = BANK_HUB_STREAM  # the subjects table's names, re-exported as federation spells them
+SHARED_STREAM = BANK_SHARED_STREAM
 
 HUB_DOMAIN = "hub"
 LEAF_DENY = (ALL_BANK, ALL_IRSI)
@@ -230,4 +238,4 @@ async def read_bank_events(bus: Bus, streams: Sequence[str] | None = None) -> li
 async def read_bank_entries(bus: Bus, streams: Sequence[str] | None = None) -> list[ev.BankEntry]:
     """The bank as this cluster sees it: local ∪ shared, one (latest) entry per ``entry_id``, sorted by id."""
     latest = latest_by_entry(await read_bank_events(bus, streams))
-    return [latest[k].payload for k in sorted(latest)]  # type: ignore[misc]
+    return [entry for k in sorted(latest) if isinstance(entry := latest[k].payload, ev.BankEntry)]  # all are

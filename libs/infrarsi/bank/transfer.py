@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from infrarsi import events as ev
 from infrarsi.bank.similarity import (
@@ -74,7 +74,7 @@ class FeaturePrior:
     similarity: float = 0.0
     """Highest similarity among the contributing entries."""
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"mean": self.mean, "std": self.std, "source": self.source, "entries": list(self.entries),
                 "similarity": self.similarity}
 
@@ -93,7 +93,7 @@ class BankPriors:
         table = self.time if target == "time" else self.memory
         return {name: (p.mean, p.std) for name, p in table.items()}
 
-    def as_dicts(self, target: Target) -> dict[str, dict]:
+    def as_dicts(self, target: Target) -> dict[str, dict[str, Any]]:
         """``{feature: {"mean", "std", "source": "bank", ...}}``."""
         table = self.time if target == "time" else self.memory
         return {name: p.as_dict() for name, p in table.items()}

@@ -17,6 +17,7 @@ from typing import Any
 import duckdb
 import msgspec
 
+from infrarsi import events as ev
 from infrarsi.bank.federation import HUB_DOMAIN, ensure_bank_federation
 from infrarsi.bank.store import export_bank, load_events, parse_import_file, replay_bank
 from infrarsi.bus import Bus
@@ -91,7 +92,8 @@ async def _run(args: argparse.Namespace) -> int:
         case "show":
             async with cli_bus(args, SOURCE, ensure=False) as bus:
                 events = load_events(await _table(bus))
-            found = [e for e in events if e.payload.entry_id.startswith(args.entry_id)]  # type: ignore[union-attr]
+            found = [e for e in events
+                     if isinstance(e.payload, ev.BankEntry) and e.payload.entry_id.startswith(args.entry_id)]
             if len(found) != 1:
                 raise UserError(f"{len(found)} entries match {args.entry_id!r}", EXIT_FAILED)
             print(json.dumps(msgspec.to_builtins(found[0]), indent=2))

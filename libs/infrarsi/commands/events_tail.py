@@ -14,6 +14,7 @@ import json
 import signal
 import sys
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 import nats.js.errors
 from nats.aio.msg import Msg
@@ -23,6 +24,10 @@ from infrarsi import events as ev
 from infrarsi.commands import UserError
 from infrarsi.stack import connect_for_cli
 from infrarsi.subjects import LIFECYCLE_STREAM, filter_for, lifecycle_subject, stream_for_type
+
+if TYPE_CHECKING:
+    from infrarsi.bus import Bus
+
 
 FETCH_BATCH = 256
 
@@ -88,7 +93,9 @@ async def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _tail(bus, stream: str, filters: list[str], args: argparse.Namespace, fmt: str, stopping) -> None:
+async def _tail(
+    bus: Bus, stream: str, filters: list[str], args: argparse.Namespace, fmt: str, stopping: asyncio.Event
+) -> None:
     try:
         await bus.js.stream_info(stream)
     except nats.js.errors.NotFoundError:
@@ -137,12 +144,12 @@ def _single(filters: list[str]) -> str:
 
 def _of_study(msg: Msg, study: str) -> bool:
     try:
-        return json.loads(msg.data).get("study_id") == study
+        return bool(json.loads(msg.data).get("study_id") == study)
     except (ValueError, AttributeError):
         return False
 
 
-async def _start_of_last(bus, stream: str, filters: list[str], last: int) -> int:
+async def _start_of_last(bus: Bus, stream: str, filters: list[str], last: int) -> int:
     """The stream sequence from which the last ``last`` messages matching ``filters`` start."""
     config = api.ConsumerConfig(
         ack_policy=api.AckPolicy.NONE,
@@ -153,7 +160,7 @@ async def _start_of_last(bus, stream: str, filters: list[str], last: int) -> int
     )
     sub = await bus.js.pull_subscribe(_single(filters), stream=stream, config=config)
     try:
-        pending = (await sub.consumer_info()).num_pending
+        pending = (await sub.consumer_info()).num_pending or 0
         skip = max(0, pending - last)
         if skip == 0:
             return 1

@@ -15,7 +15,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgspec
 
@@ -24,6 +24,10 @@ from infrarsi.commands import UserError, data_dir_of
 from infrarsi.commands.init_ask import add_ask_arguments, draft_contract, split_command
 from infrarsi.contract import Contract, load_contract
 from infrarsi.workspace import Workspace, WorkspaceError, discard_workspace, prepare_workspace
+
+if TYPE_CHECKING:
+    from infrarsi.bus import Bus
+
 
 SOURCE = "cli.init"
 
@@ -74,7 +78,7 @@ def prepare_study(
     return PreparedStudy(study_id, created, workspace, contract, notes)
 
 
-async def publish_study(bus, prepared: PreparedStudy, created: ev.StudyCreated | None = None) -> ev.Event:
+async def publish_study(bus: Bus, prepared: PreparedStudy, created: ev.StudyCreated | None = None) -> ev.Event:
     """Publish the study's ``StudyCreated`` (``created`` replacing the prepared one); if the publish fails, the
     study does not exist, and its golden tag or snapshot is removed again."""
     event = study_created_event(prepared._replace(created=created) if created is not None else prepared)
@@ -100,7 +104,7 @@ def with_bank(created: ev.StudyCreated, bank_entries: Sequence[ev.BankEntry]) ->
     return msgspec.structs.replace(created, bank=resolution, bank_seeds=[m.entry_id for m in resolution.matches]), ()
 
 
-def bank_summary(created: ev.StudyCreated, entries_seen: int) -> dict:
+def bank_summary(created: ev.StudyCreated, entries_seen: int) -> dict[str, Any]:
     """What ``init`` says about the bank (``--json``): the entries that inform the study and why, how many
     feature priors they give, and the seeds."""
     bank = created.bank

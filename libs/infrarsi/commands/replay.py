@@ -16,8 +16,12 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
 
 from infrarsi.commands import UserError
+
+if TYPE_CHECKING:
+    from infrarsi.bus import Bus
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 class ProgressBar:
     """``[#####.....]  52%  52,000/100,000  48,211 ev/s`` redrawn on one stderr line, at most 10×/s."""
 
-    def __init__(self, stream=sys.stderr, width: int = 30) -> None:
+    def __init__(self, stream: TextIO = sys.stderr, width: int = 30) -> None:
         self.stream = stream
         self.width = width
         self.started = time.perf_counter()
@@ -59,7 +63,7 @@ class ProgressBar:
             self.stream.flush()
 
 
-async def connect(args: argparse.Namespace, service: str):
+async def connect(args: argparse.Namespace, service: str) -> Bus:
     """A bus for a read-only CLI command (streams are not created or changed)."""
     try:
         from infrarsi.stack import connect_for_cli

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import duckdb
 
@@ -24,16 +25,20 @@ from infrarsi.errors import UserError
 from infrarsi.report import build_report, render_all
 from infrarsi.report.source import ReportSourceError, snapshot_lifecycle
 
+if TYPE_CHECKING:
+    from infrarsi.bus import Bus
+
+
 SOURCE = "cli.report"
 
 
-async def refresh_db(bus, db_path: Path) -> str:
+async def refresh_db(bus: Bus, db_path: Path) -> str:
     """Replay the bus into the analyst DB at ``db_path``; returns which path did it."""
     try:
         from infrarsi.eventlog import replay
     except ImportError:
-        replay = None
-    if replay is not None:
+        pass
+    else:
         await replay(bus, db_path)
         return "eventlog"
     con = duckdb.connect(str(db_path))

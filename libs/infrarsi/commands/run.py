@@ -17,11 +17,16 @@ import argparse
 import json
 import sys
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from infrarsi import events as ev
 from infrarsi.commands.study_log import cli_bus, follow_study, open_study
 from infrarsi.errors import UserError
-from infrarsi.trial_ledger import TrialLedger
+from infrarsi.trial_ledger import TrialLedger, TrialOutcome
+
+if TYPE_CHECKING:
+    from infrarsi.bus import Bus
+
 
 SOURCE = "cli.run"
 BAR_WIDTH = 24
@@ -66,7 +71,7 @@ class RunProgress:
             case _:
                 pass
 
-    def _count(self, outcome) -> None:
+    def _count(self, outcome: TrialOutcome | None) -> None:
         if outcome is None or outcome.trial_id not in self.search_trials:
             return
         self.done += 1
@@ -128,7 +133,7 @@ async def run(args: argparse.Namespace) -> int:
         return await _run(bus, args)
 
 
-async def _run(bus, args: argparse.Namespace) -> int:
+async def _run(bus: Bus, args: argparse.Namespace) -> int:
     events, next_seq, created, contract = await open_study(bus, args.study)
     budget = contract.budget.trials
     if args.trials is not None and not 1 <= args.trials <= budget:

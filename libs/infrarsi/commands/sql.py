@@ -15,7 +15,7 @@ import asyncio
 import csv
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from infrarsi.commands import UserError
 
@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=("table", "csv", "json"), default="table", help="output format")
 
 
-def query(path: Path, sql: str) -> tuple[list[str], list[tuple]]:
+def query(path: Path, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
     """Open ``path`` read-only and run ``sql``; ``UserError`` (exit 2) for an unopenable file or bad SQL."""
     import duckdb
 
@@ -52,7 +52,7 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def format_table(columns: list[str], rows: list[tuple]) -> str:
+def format_table(columns: list[str], rows: list[tuple[Any, ...]]) -> str:
     cells = [[_cell(v) for v in row] for row in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
     numeric = [all(isinstance(row[i], int | float) or row[i] is None for row in rows) for i in range(len(columns))]
@@ -66,13 +66,13 @@ def format_table(columns: list[str], rows: list[tuple]) -> str:
     return "\n".join(out)
 
 
-def write_csv(columns: list[str], rows: list[tuple], stream) -> None:
+def write_csv(columns: list[str], rows: list[tuple[Any, ...]], stream: TextIO) -> None:
     writer = csv.writer(stream, lineterminator="\n")
     writer.writerow(columns)
     writer.writerows([_cell(v) for v in row] for row in rows)
 
 
-def format_json(columns: list[str], rows: list[tuple]) -> str:
+def format_json(columns: list[str], rows: list[tuple[Any, ...]]) -> str:
     import msgspec
 
     return msgspec.json.encode([dict(zip(columns, row, strict=True)) for row in rows], enc_hook=str).decode()

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import nats.js.errors
 
 from infrarsi.bus import STREAMS
 from infrarsi.stack import PING_WINDOW_S, SERVICES, connect_for_cli, ping_services
+
+if TYPE_CHECKING:
+    from infrarsi.bus import Bus
+
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=PING_WINDOW_S, help="seconds to collect ping replies")
 
 
-async def collect(bus, timeout_s: float = PING_WINDOW_S) -> dict[str, Any]:
+async def collect(bus: Bus, timeout_s: float = PING_WINDOW_S) -> dict[str, Any]:
     """The status document ``--json`` prints."""
     replies = await ping_services(bus.nc, timeout_s)
     services: dict[str, Any] = {name: {"alive": False} for name in SERVICES}

@@ -48,14 +48,11 @@ async def read_study(
     act on who published what (``apply``)."""
     out: list[ev.Event] = []
     next_seq = start_seq
-    # A filtered read ends in a fetch timeout when the stream's last message is another study's; nats-py
-    # raises asyncio's TimeoutError there, which Bus.iter_stream does not catch: it only means "caught up".
-    with contextlib.suppress(asyncio.TimeoutError):
-        async for batch in bus.event_batches(
-            LIFECYCLE_STREAM, lifecycle_subject(study_id, "*"), start_seq=start_seq, owned_only=owned_only
-        ):
-            out.extend(event for _, event in batch)
-            next_seq = batch[-1][0] + 1
+    async for batch in bus.event_batches(
+        LIFECYCLE_STREAM, lifecycle_subject(study_id, "*"), start_seq=start_seq, owned_only=owned_only
+    ):
+        out.extend(event for _, event in batch)
+        next_seq = batch[-1][0] + 1
     return out, next_seq
 
 
@@ -63,10 +60,9 @@ async def read_steps(bus: Bus, study_id: str, trial_ids: Iterable[str]) -> dict[
     """Per-step samples of the given trials from the telemetry stream, in one pass over the study's
     subjects (a trial's list is empty when retention dropped its samples)."""
     steps: dict[str, list[ev.TrialStep]] = {t: [] for t in trial_ids}
-    with contextlib.suppress(asyncio.TimeoutError):  # caught up (see read_study)
-        async for event in bus.events(TELEMETRY_STREAM, telemetry_subject(study_id, "*")):
-            if isinstance(event.payload, ev.TrialStep) and event.trial_id in steps:
-                steps[event.trial_id].append(event.payload)
+    async for event in bus.events(TELEMETRY_STREAM, telemetry_subject(study_id, "*"), (ev.TrialStep,)):
+        if isinstance(event.payload, ev.TrialStep) and event.trial_id in steps:
+            steps[event.trial_id].append(event.payload)
     return steps
 
 

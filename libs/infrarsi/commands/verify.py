@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -19,6 +20,10 @@ from infrarsi import events as ev
 from infrarsi import verification as vf
 from infrarsi.commands.study_log import cli_bus, follow_study, open_study
 from infrarsi.errors import EXIT_FAILED, UserError
+
+if TYPE_CHECKING:
+    from infrarsi.bus import Bus
+
 
 SOURCE = "cli.verify"
 
@@ -71,7 +76,7 @@ async def run(args: argparse.Namespace) -> int:
         return await _verify(bus, args)
 
 
-async def _verify(bus, args: argparse.Namespace) -> int:
+async def _verify(bus: Bus, args: argparse.Namespace) -> int:
     study_id = args.study
     events, next_seq, created, contract = await open_study(bus, study_id)
     top = args.top or contract.verify.top_k

@@ -374,24 +374,25 @@ class Searcher:
         assert sd is not None
         p_oom = self._p_oom(idx)
         p_hold = self._p_hold(idx)
-        usable = (p_oom <= self.config.oom_exclude) & (p_hold >= self.config.invariant_exclude)
+        cutoff = self.config.oom_exclude
+        usable = (p_oom <= cutoff) & (p_hold >= self.config.invariant_exclude)
         lifted = False
         if not usable.any():
             probe = p_hold >= self.config.invariant_exclude
             if not probe.any():
                 return out
             if not any(o.status == "ok" for o in self.observations):
-                # nothing has fitted yet and the prior puts every candidate above the exclusion: probe the least
-                # risky one (the shortlist holds no known-OOM region) rather than stall the study before its
-                # first measurement
-                j = int(np.argmin(np.where(probe, p_oom, np.inf)))
+                # nothing has fitted yet and the prior puts every candidate above the exclusion: rather than stall
+                # the study before its first measurement, probe the least risky candidate (ties: the smallest
+                # predicted peak) among those far from every OOM so far
+                j = self._escape_probe(idx, probe, p_oom)
                 out.append(Suggestion(self.pool.candidates[idx[j]], "prior", f"every candidate has P(oom) > "
-                                      f"{self.config.oom_exclude}: the least risky probes the memory model",
+                                      f"{cutoff:.2f}: the least risky far from the OOMs probes the memory model",
                                       float(mu[j]), float(p_oom[j])))
                 return out
-            # after a success the cut-off would end the study while should_stop() still expects a gain: lift
-            # it and let the acquisition, which prices the risk (P(no OOM)^power), choose
-            usable, lifted = probe, True
+            # after a success the cut-off would end the study while should_stop() still expects a gain: lift it
+            # just enough to admit the least risky candidates, and let the acquisition choose among them
+            usable, lifted = probe & (p_oom <= float(np.min(np.where(probe, p_oom, np.inf))) + 0.05), True
 
         # initial design: the prior's best guess, then space-filling seeds among likely-fitting candidates
         while len(out) < n and n_done + len(out) < 1 + self.config.n_seeds:
@@ -450,11 +451,33 @@ class Searcher:
                     reason = (f"memory saver paired with {self.pool.candidates[idx[r]]} "
                               f"(P(oom)={p_oom[r]:.2f}) -> P(oom)={p_oom[j]:.2f}; " + reason)
             if lifted:
-                reason = f"every candidate has P(oom) > the cut-off {self.config.oom_exclude}; " + reason
+                reason = f"every candidate has P(oom) > the cut-off {cutoff:.2f}; " + reason
             out.append(Suggestion(self.pool.candidates[idx[j]], origin, reason, float(mu[j]), float(p_oom[j])))
             usable[j] = False
             believer_rows.append(self.pool.x_time[idx[j]])
         return out
+
+    def _escape_probe(self, idx: np.ndarray, probe: np.ndarray, p_oom: np.ndarray) -> int:
+        """The shortlist row to try when nothing has fitted yet: the least risky among the candidates farthest
+        from every OOM so far (at least ¾ of the largest such distance in the shortlist).
+
+        Censored by OOMs alone, the memory model cannot tell which knob to blame: its fit raises the level of
+        everything it saw just above the capacity and keeps the prior's directions, so a prior that has a memory
+        saver backwards (or knobs it has never heard of) keeps picking near copies of the OOMs, each at P(OOM)
+        ≈ 0.5. Moving far from them is what finds a first fitting configuration: a capacity that any sizeable
+        share of the space fits under is then a few probes away whatever the prior says."""
+        mem_mu, _ = self._memory_arrays(idx)
+        far = probe
+        if self._ooms and self.pool.codes is not None:
+            # distance: value positions scaled to [0, 1] per knob, so the far end of an ordered knob (the largest
+            # tp, the fullest recompute) counts as farther than its neighbour value
+            codes = self.pool.codes
+            span = np.maximum(codes.max(axis=0) - codes.min(axis=0), 1.0)
+            rows = np.array([self.pool.index[c.key] for c in self._ooms], dtype=int)
+            d = (np.abs(codes[idx][:, None, :] - codes[rows][None, :, :]) / span).sum(axis=2).min(axis=1)
+            far = probe & (d >= 0.75 * float(d[probe].max()))
+        order = np.lexsort((mem_mu, np.round(np.where(far, p_oom, np.inf), 3)))
+        return int(order[0])
 
     def _pair(self, idx: np.ndarray, r: int, mu: np.ndarray, sd: np.ndarray, p_oom: np.ndarray,
               p_hold: np.ndarray, usable: np.ndarray, best: float, cost: np.ndarray) -> int | None:

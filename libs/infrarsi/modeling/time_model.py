@@ -50,6 +50,8 @@ class TimeModel:
         self.noise_floor = noise_floor
         self.robust = robust
         self.nu = student_nu
+        self.min_robust = 4
+        """Measured rows needed before any of them is down-weighted as a straggler."""
         self.prior_nu = prior_nu
         """Student-t degrees of freedom of each effect's prior (``None``: Gaussian). A prior the measurements
         contradict by k prior stds keeps weight (ν+1)/(ν+k²) of its precision, so a wrong knowledge-base entry
@@ -165,16 +167,32 @@ class TimeModel:
         xc = np.array(self._cens_rows)  # (m, p)
         bounds = np.array(self._cens_bounds)  # (m,)
         yc = bounds.copy()
+        # the noise comes from the measured rows alone: an imputed value is no sample of the noise, and letting it
+        # in let one surprising timeout be explained as noise instead of by the setting that caused it
+        log_noise = math.log(self.noise_floor)
+        if self.n:
+            self._fit_rows(self._x, self._y, irls_iterations)
+            log_noise = self.log_noise
         for _ in range(censored_iterations):
-            self._fit_rows(np.vstack([self._x, xc]), np.concatenate([self._y, yc]), irls_iterations)
+            self._fit_rows(np.vstack([self._x, xc]), np.concatenate([self._y, yc]), irls_iterations,
+                           n_robust=self.n, log_noise=log_noise)
             m, sd_latent = self.predict_encoded(xc)
             assert sd_latent is not None
             sd = np.sqrt(sd_latent**2 + self.noise_std**2)
             z = (bounds - m) / sd
             yc = np.maximum(bounds, m + sd * np.exp(-0.5 * z**2 - 0.5 * math.log(2 * math.pi) - log_ndtr(-z)))
 
-    def _fit_rows(self, x: np.ndarray, y: np.ndarray, irls_iterations: int) -> None:
+    def _fit_rows(self, x: np.ndarray, y: np.ndarray, irls_iterations: int, n_robust: int | None = None,
+                  log_noise: float | None = None) -> None:
+        """Posterior from rows (x, y); the first ``n_robust`` rows (all by default) get Student-t weights. Rows
+        after them are imputed censored bounds: a trial stopped as too slow is exactly the surprise the data
+        must be allowed to make, so it is never discounted as a straggler. ``log_noise`` fixes the noise instead
+        of estimating it."""
         n = x.shape[0]
+        n_robust = n if n_robust is None else n_robust
+        # a straggler stands out only against a few measurements: one or two are the data, not outliers (with a
+        # single measurement beside a timed-out trial, its Student-t weight made the timeout set the level)
+        robust_rows = np.arange(n) < (n_robust if n_robust >= self.min_robust else 0)
         w = np.ones(n)
         self._eff_prior_std = self.prior_std.copy()
         iterations = irls_iterations if self.robust else 1
@@ -183,10 +201,13 @@ class TimeModel:
         for _ in range(iterations):
             xw = x * w[:, None]
             xtx, xty, yty = xw.T @ x, xw.T @ y, float((w * y) @ y)
-            res = minimize_scalar(self._neg_log_evidence, bounds=(math.log(0.002), math.log(2.0)), method="bounded",
-                                  args=(xtx, xty, yty, float(n), float(np.log(w).sum())),
-                                  options={"xatol": 0.02})
-            self.log_noise = float(res.x)
+            if log_noise is None:
+                res = minimize_scalar(self._neg_log_evidence, bounds=(math.log(0.002), math.log(2.0)),
+                                      method="bounded", args=(xtx, xty, yty, float(n), float(np.log(w).sum())),
+                                      options={"xatol": 0.02})
+                self.log_noise = float(res.x)
+            else:
+                self.log_noise = log_noise
             noise_var = self.noise_std**2
             self.mean, la = self._posterior(xtx, xty, noise_var)
             self._weights = w  # the weights this posterior was computed with
@@ -204,7 +225,7 @@ class TimeModel:
                 break
             # Student-t weights: an outlier (straggler) gets weight (ν+1)/(ν+r²); its information is kept
             r2 = ((y - x @ self.mean) ** 2) / noise_var
-            w_new = (self.nu + 1) / (self.nu + r2) if self.robust else w
+            w_new = np.where(robust_rows, (self.nu + 1) / (self.nu + r2), 1.0) if self.robust else w
             if np.allclose(w_new, w, atol=1e-3) and not moved:
                 break
             w = w_new

@@ -19,6 +19,7 @@ import duckdb
 import msgspec
 
 from infrarsi import events as ev
+from infrarsi.bus import Bus
 from infrarsi.subjects import LIFECYCLE_STREAM
 
 VIEW = "report_events"
@@ -87,7 +88,7 @@ def load_events(con: duckdb.DuckDBPyConnection, events: Iterable[tuple[int, ev.E
     return len(rows)
 
 
-async def snapshot_lifecycle(bus, con: duckdb.DuckDBPyConnection) -> int:
+async def snapshot_lifecycle(bus: Bus, con: duckdb.DuckDBPyConnection) -> int:
     """Copy the lifecycle stream into the minimal ``events`` table (the fallback when eventlog is missing)."""
     n = 0
     async for decoded in bus.event_batches(LIFECYCLE_STREAM):  # dead letters are not part of the report

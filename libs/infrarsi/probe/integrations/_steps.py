@@ -47,6 +47,19 @@ def scalar(value: Any) -> torch.Tensor | float | None:
     return None
 
 
+def _sum(parts: list[torch.Tensor | float]) -> torch.Tensor | float:
+    """The sum of a step's loss parts: one stacked sum for same-shaped tensors, else added one by one."""
+    if len(parts) > 1 and all(isinstance(p, torch.Tensor) for p in parts):
+        try:
+            return torch.stack(parts).sum()  # type: ignore[arg-type]
+        except RuntimeError:  # shapes or devices differ
+            pass
+    total = parts[0]
+    for part in parts[1:]:
+        total = total + part
+    return total
+
+
 class StepTracker:
     """Drives one ``Probe`` from begin/end hooks; see the module docstring for the rules."""
 
@@ -60,7 +73,9 @@ class StepTracker:
         self._began = 0.0
         self._optimizer_at: float | None = None
         self._wait_loss = self._wait_eval = self._hold = False
-        self._micro_loss: torch.Tensor | float | None = None
+        self._micro_losses: list[torch.Tensor | float] = []
+        """The step's micro-batch losses × their weights, summed once at ``end`` (one tensor op per step, not
+        one or two per micro-batch: on a small CPU step each op is a measurable share of the probe's cost)."""
         self._flops = None
         if count_flops and probe.flops_per_step is None:
             from torch.utils.flop_counter import FlopCounterMode
@@ -77,7 +92,7 @@ class StepTracker:
         now = time.perf_counter()
         s = self.probe.begin_step(started_at=self._idle_since)
         s.add_phase("data", max(0.0, now - self._idle_since))
-        self._began, self._optimizer_at, self._micro_loss = now, None, None
+        self._began, self._optimizer_at, self._micro_losses = now, None, []
         self.current = s
         if self._flops is not None:
             self._flops.__enter__()
@@ -91,8 +106,7 @@ class StepTracker:
         """Add one micro-batch's loss × ``weight`` to the step's loss (sum the parts of the step's mean)."""
         loss = scalar(value)
         if loss is not None and self.current is not None:
-            part = loss * weight
-            self._micro_loss = part if self._micro_loss is None else self._micro_loss + part
+            self._micro_losses.append(loss if weight == 1.0 else loss * weight)
 
     def end(self, *, loss_follows: bool = False, eval_follows: bool = False, hold: bool = False) -> None:
         """The optimiser step is over: stop the clock; write now unless a loss or an evaluation follows, or
@@ -110,8 +124,8 @@ class StepTracker:
         split = self._optimizer_at if self._optimizer_at is not None else now
         s.add_phase("forward_backward", split - self._began)
         s.add_phase("optimizer", now - split)
-        if self._micro_loss is not None:
-            s.loss(self._micro_loss)
+        if self._micro_losses:
+            s.loss(_sum(self._micro_losses))
         self.current, self.pending = None, s
         self._wait_loss, self._wait_eval, self._hold = loss_follows, eval_follows, hold
         if eval_follows:

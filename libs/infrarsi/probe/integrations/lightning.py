@@ -79,8 +79,9 @@ class InfraRSICallback(Callback):
         if tracker is None:
             return
         step = tracker.current or tracker.begin()
-        step.add_tokens(*self._count_tokens(*as_call(batch)))
-        tracker.probe.saw_inputs(model_inputs(*as_call(batch)))
+        call = as_call(batch)
+        step.add_tokens(*self._count_tokens(*call))
+        tracker.probe.saw_inputs(model_inputs(*call))
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         if self.tracker is not None:
