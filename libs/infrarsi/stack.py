@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -445,3 +446,32 @@ def ensure_stack(
         return url, None
     stack = Stack.start(data_dir, services=services, env=env)
     return stack.url, stack
+
+
+async def ensure_stack_for_verb(
+    nats_url: str | None,
+    data_dir: Path | str,
+    *,
+    services: Iterable[str] = SERVICES,
+    env: Mapping[str, str] | None = None,
+) -> tuple[str, Stack | None]:
+    """``ensure_stack`` off the event loop, for a verb that stops the stack in its ``finally``.
+
+    A verb interrupted while its stack starts (Ctrl-C, SIGTERM, SIGHUP: its task is cancelled) never gets the
+    stack to stop, yet the worker thread goes on starting it: the services then stop with their parent, but
+    the nats-server, in its own session, outlived the verb (``infrarsi demo`` did). Interrupted here, the start
+    is awaited to its end and whatever it started is stopped before the interruption goes on.
+    """
+    # A plain executor future, not a task: asyncio.run cancels every *task* when interrupted, and a cancelled
+    # wrapper would lose the stack the thread still returns.
+    start = asyncio.get_running_loop().run_in_executor(
+        None, functools.partial(ensure_stack, nats_url, data_dir, services=services, env=env)
+    )
+    try:
+        return await asyncio.shield(start)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            _url, stack = await start
+            if stack is not None:
+                await asyncio.to_thread(stack.stop)
+        raise

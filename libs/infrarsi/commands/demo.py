@@ -136,7 +136,7 @@ def _print_summary(summary: dict[str, object]) -> None:
 
 async def run(args: argparse.Namespace) -> int:
     from infrarsi.bus import Bus
-    from infrarsi.stack import ensure_stack
+    from infrarsi.stack import ensure_stack_for_verb
 
     data_dir = data_dir_of(args)
     if not args.contract.exists():
@@ -146,7 +146,7 @@ async def run(args: argparse.Namespace) -> int:
         contract = with_backend(args.contract, args.backend, data_dir)
     started = time.monotonic()
     print(f"InfraRSI demo on {contract} (data under {data_dir})", flush=True)
-    url, stack = await asyncio.to_thread(ensure_stack, nats_url_of(args), data_dir)
+    url, stack = await ensure_stack_for_verb(nats_url_of(args), data_dir)
     print(f"bus: {url} ({'embedded stack started' if stack else 'existing server'})", flush=True)
     try:
         _stage("init: lock the contract", started)

@@ -86,11 +86,9 @@ async def run(args: argparse.Namespace) -> int:
         raise UserError("--repeats and --steps must be positive")
 
     from infrarsi.bus import Bus
-    from infrarsi.stack import ensure_stack
+    from infrarsi.stack import ensure_stack_for_verb
 
-    url, stack = await asyncio.to_thread(
-        ensure_stack, nats_url_of(args), data_dir, services=("launcher", "telemetry")
-    )
+    url, stack = await ensure_stack_for_verb(nats_url_of(args), data_dir, services=("launcher", "telemetry"))
     try:
         bus = await Bus.connect(url, service=SOURCE, data_dir=data_dir)
         try:
