@@ -42,6 +42,13 @@ def squeue(job_id: str) -> str:
     ).stdout.strip()
 
 
+def wait_until_running(job_id: str, timeout_s: float = 60.0) -> None:
+    """Slurm starts a submitted job when a node takes it; the caller's next assertion says if it never did."""
+    deadline = time.monotonic() + timeout_s
+    while squeue(job_id) != "RUNNING" and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
 def node_state(node: str) -> str:
     return subprocess.run(["sinfo", "-h", "-n", node, "-o", "%T"], capture_output=True, text=True).stdout.strip()
 
@@ -126,9 +133,7 @@ async def test_job_cancelled_from_outside_is_cancelled(harness, tmp_path) -> Non
     study = await harness.create_study(make_workload(tmp_path, timeout_s=120.0, backend=SLURM))
     trial = await harness.propose(study, knobs={"knobs.mode": "sleep"})
     launched = await harness.wait_for(trial, "TrialLaunched", timeout_s=60)
-    deadline = time.monotonic() + 60
-    while squeue(launched.job_id) != "RUNNING" and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_until_running(launched.job_id)
     subprocess.run(["scancel", launched.job_id], check=True)  # an operator, not InfraRSI
     finished = await harness.wait_for(trial, "TrialFinished", timeout_s=60)
     assert finished.status == "cancelled", finished
@@ -182,9 +187,7 @@ async def test_a_node_lost_mid_job_is_an_infrastructure_failure(harness, tmp_pat
     study = await harness.create_study(make_workload(tmp_path, timeout_s=120.0, backend=SLURM))
     trial = await harness.propose(study, knobs={"knobs.mode": "sleep"})
     launched = await harness.wait_for(trial, "TrialLaunched", timeout_s=60)
-    deadline = time.monotonic() + 60
-    while squeue(launched.job_id) != "RUNNING" and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_until_running(launched.job_id)
     node = subprocess.run(["squeue", "-h", "-j", launched.job_id, "-o", "%N"], capture_output=True, text=True,
                           check=True).stdout.strip()  # fmt: skip
     assert node, "the job runs on a node"
