@@ -35,7 +35,6 @@ import shutil
 import tempfile
 import time
 from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +43,10 @@ import numpy as np
 from infrarsi import events as ev
 from infrarsi.commands.init import prepare_study
 from infrarsi.logs import setup_logging
-from infrarsi.modeling.search import CandidatePool, Status
+from infrarsi.modeling.search import CandidatePool
 from infrarsi.modeling.space import Candidate
 from infrarsi.service import Outbox, Service
+from infrarsi.sim.scenarios import SimOutcome
 from infrarsi.study_space import StudySpace, load_study_space
 from infrarsi.trial_ledger import TrialLedger
 from infrarsi_services.launcher.service import LauncherService
@@ -62,20 +62,6 @@ DEFAULT_STEPS = 12
 the loss invariant still has two checkpoints (after steps 10 and 12)."""
 DEFAULT_TIMEOUT_S = 300.0
 """Per trial (the contract allows 600 s): a 12-step trial takes seconds, ``torch.compile`` tens of seconds."""
-
-
-@dataclass(frozen=True)
-class RealOutcome:
-    """One measured trial, in the terms ``bench/search_vs_peers.py`` and ``Searcher.observe`` use."""
-
-    status: Status
-    step_time_s: float | None
-    """Steady-state median (warm-up excluded, as telemetry measures it); ``None`` when nothing was measured."""
-    peak_bytes: float | None
-    """Peak RSS of the job; for an OOM the censoring bound."""
-    cost_seconds: float
-    """Wall seconds of the job (one rank: its accelerator-seconds)."""
-    detail: str = ""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -155,8 +141,8 @@ class RealTrials:
         self.telemetry = TelemetryService()
         self.bus = _MemoryBus([self.launcher, self.telemetry])
         self.ledger = TrialLedger()
-        self.cache: dict[str, RealOutcome] = {}
-        self.baseline: RealOutcome | None = None
+        self.cache: dict[str, SimOutcome] = {}
+        self.baseline: SimOutcome | None = None
         self.trials_run = 0
         self.cache_hits = 0
         self.trial_wall_s: list[float] = []
@@ -205,7 +191,7 @@ class RealTrials:
 
     # ---------------------------------------------------------------- trials
 
-    def measure(self, candidate: Candidate) -> RealOutcome:
+    def measure(self, candidate: Candidate) -> SimOutcome:
         """The candidate's outcome: measured now, or the earlier measurement of the same candidate."""
         self.start()
         key = self.study.event_key(candidate)
@@ -216,7 +202,7 @@ class RealTrials:
         self.cache[key] = outcome
         return outcome
 
-    def _run(self, candidate: ev.Candidate, *, kind: ev.TrialKind) -> RealOutcome:
+    def _run(self, candidate: ev.Candidate, *, kind: ev.TrialKind) -> SimOutcome:
         trial_id = ev.new_id()
         proposed = ev.TrialProposed(candidate=candidate, candidate_key=candidate.key(), kind=kind,
                                     origin="baseline" if kind == "baseline" else "manual",
@@ -240,8 +226,8 @@ class RealTrials:
                     outcome = self.ledger.measured(trial_id, measured) or outcome
         if outcome is None:
             raise RuntimeError(f"trial {trial_id} of {candidate} produced no outcome")
-        result = RealOutcome(outcome.status, outcome.step_time_s, outcome.peak_bytes,  # type: ignore[arg-type]
-                             outcome.accelerator_s, outcome.detail)
+        result = SimOutcome(outcome.status, outcome.step_time_s, outcome.peak_bytes,  # type: ignore[arg-type]
+                            outcome.accelerator_s, simulated=False, detail=outcome.detail)
         log.info("real trial %d (%s, %.1f s): %s %s", self.trials_run, kind, wall, result.status,
                  f"{1e3 * result.step_time_s:.1f} ms/step" if result.step_time_s else result.detail[:120])
         return result
@@ -274,7 +260,7 @@ def bench_space(trials: RealTrials, name: str):  # -> search_vs_peers.BenchSpace
         trials.close()
         raise
 
-    def evaluate(c: Candidate, _rng: np.random.Generator) -> RealOutcome:
+    def evaluate(c: Candidate, _rng: np.random.Generator) -> SimOutcome:
         return trials.measure(c)
 
     return BenchSpace(
