@@ -16,7 +16,7 @@ from infrarsi.commands.approve_apply import ApplyRefused, evidence_text, execute
 from infrarsi.commands.init import prepare_study
 from infrarsi.workspace import WorkspaceError, git
 from support import verified_study
-from support.small_workload import numbered_lines, write_workload
+from support.small_workload import WORKLOAD_SECTION, numbered_lines, write_workload
 
 FRIDAY = datetime(2026, 1, 2, 12, 0, tzinfo=UTC)
 MONDAY = datetime(2026, 1, 5, 12, 0, tzinfo=UTC)
@@ -41,14 +41,7 @@ def contract_dict() -> dict:
     return {
         "name": "apply-test",
         "goal": "faster",
-        "workload": {
-            "repo": "wl",
-            "command": ["{python}", "train.py", "--launch", "{launch_file}"],
-            "launch_file": "launch/dense.yaml",
-            "steps": 30,
-            "steps_key": "run.steps",
-            "verify_steps": 60,
-        },
+        "workload": {"repo": "wl", **WORKLOAD_SECTION},
         "cluster": {"id": "local-cpu", "accelerator": "cpu", "memory_capacity_bytes": 10**9},
         "scope": {
             "files": ["model.py"],

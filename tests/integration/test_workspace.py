@@ -19,7 +19,7 @@ from infrarsi.workspace import (
     remove,
     scope_problem,
 )
-from support.small_workload import numbered_lines, write_workload
+from support.small_workload import WORKLOAD_SECTION, numbered_lines, write_workload
 
 MODEL = numbered_lines(20)
 
@@ -36,14 +36,7 @@ def contract_for(wl: Path, files: list[str] | None = None) -> Contract:
         {
             "name": "t",
             "goal": "g",
-            "workload": {
-                "repo": str(wl),
-                "command": ["{python}", "train.py", "--launch", "{launch_file}"],
-                "launch_file": "launch/dense.yaml",
-                "steps": 30,
-                "steps_key": "run.steps",
-                "verify_steps": 60,
-            },
+            "workload": {"repo": str(wl), **WORKLOAD_SECTION},
             "cluster": {"id": "local", "accelerator": "cpu", "memory_capacity_bytes": 10**9},
             "scope": {
                 "files": files if files is not None else ["model.py", "train.py", "kernels/**"],

@@ -21,6 +21,16 @@ knobs:
 """
 
 
+WORKLOAD_SECTION = {
+    "command": ["{python}", "train.py", "--launch", "{launch_file}"],
+    "launch_file": "launch/dense.yaml",
+    "steps": 30,
+    "steps_key": "run.steps",
+    "verify_steps": 60,
+}
+"""A contract's ``workload`` section for this workload, but for its ``repo``."""
+
+
 def numbered_lines(n: int) -> str:
     """``line 1`` … ``line n``, one a line."""
     return "".join(f"line {i}\n" for i in range(1, n + 1))
