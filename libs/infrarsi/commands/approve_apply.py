@@ -36,7 +36,7 @@ from infrarsi import verification as vf
 from infrarsi.bus import Bus
 from infrarsi.commands.study_log import read_study, recording_bus
 from infrarsi.contract import Contract, PatchIndex, PatchInfo, locked_contract
-from infrarsi.errors import EXIT_FAILED, EXIT_REFUSED, UserError
+from infrarsi.errors import EXIT_FAILED, EXIT_REFUSED, Refused, UserError
 from infrarsi.policy import ACTION_CLASSES, Operation, check
 from infrarsi.signing import SigningError
 from infrarsi.workspace import (
@@ -67,12 +67,8 @@ __all__ = [
 ]
 
 
-class ApplyRefused(Exception):
+class ApplyRefused(Refused):
     """Apply may not go ahead; ``reasons`` says why (one line each)."""
-
-    def __init__(self, reasons: Sequence[str]) -> None:
-        self.reasons = list(reasons)
-        super().__init__("; ".join(self.reasons))
 
 
 @dataclass(frozen=True)
