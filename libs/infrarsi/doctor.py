@@ -23,11 +23,15 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from scipy import stats
 
-from infrarsi.stats import detect_warmup, robust_sigma
+from infrarsi.stats import FloatSeries, detect_warmup, robust_sigma
+
+if TYPE_CHECKING:
+    import torch
 
 ALPHA = 0.05
 POWER = 0.8
@@ -72,7 +76,8 @@ class RunSeries:
         """Per step, the slowest rank's time (steps,): a synchronous step ends when its last rank does."""
         ranks = sorted(self.step_s)
         n = min(len(self.step_s[r]) for r in ranks)
-        return np.max(np.stack([self.step_s[r][:n] for r in ranks]), axis=0)  # (steps,)
+        slowest: np.ndarray = np.max(np.stack([self.step_s[r][:n] for r in ranks]), axis=0)  # (steps,)
+        return slowest
 
 
 # --------------------------------------------------------------------------------------------------
@@ -244,7 +249,7 @@ noise: calibrating on it would inflate the noise and with it every repeat count 
 docs/stages.md, "interfered runs")."""
 
 
-def interfered_runs(medians: Sequence[float], ratio: float = INTERFERENCE_RATIO) -> list[int]:
+def interfered_runs(medians: FloatSeries, ratio: float = INTERFERENCE_RATIO) -> list[int]:
     """Runs whose median is ``ratio``× off the median of all runs; never more than leaves two runs to compare
     (with two runs, or two halves disagreeing, nothing says which is the odd one: none is dropped)."""
     m = np.asarray(medians, dtype=float)
@@ -407,10 +412,10 @@ def measure_cpu_peak(
             share = (budget_s - (t_dtype - started)) / (len(dtypes) - i)
             dtype = getattr(torch, dtype_name)
             # grow the matrix while the timed runs at the next size still fit this dtype's share
-            n, last_s = 256, min(_time_mm(torch, dtype, 256) for _ in range(2))
+            n, last_s = 256, min(_time_mm(dtype, 256) for _ in range(2))
             while n < size and last_s * 8 * (warmup + repeats) <= share - (time.perf_counter() - t_dtype):
                 n *= 2
-                last_s = _time_mm(torch, dtype, n)
+                last_s = _time_mm(dtype, n)
             if last_s * (warmup + repeats) > share:
                 sizing[dtype_name] = (2.0 * n**3 / last_s, n)
                 skipped[dtype_name] = (f"not measured: {warmup + repeats} products of {n}×{n} ({last_s:.2f} s each) "
@@ -443,7 +448,9 @@ def measure_cpu_peak(
     return PeakMeasurement(per_dtype[best_dtype], best_dtype, per_dtype, skipped, time.perf_counter() - started)
 
 
-def _time_mm(torch, dtype, n: int) -> float:  # noqa: ANN001 — torch is imported lazily by the caller
+def _time_mm(dtype: torch.dtype, n: int) -> float:
+    import torch  # already loaded by the caller (measure_cpu_peak), which imports it lazily
+
     a = torch.randn(n, n).to(dtype)
     b = torch.randn(n, n).to(dtype)
     t0 = time.perf_counter()
@@ -451,6 +458,6 @@ def _time_mm(torch, dtype, n: int) -> float:  # noqa: ANN001 — torch is import
     return time.perf_counter() - t0
 
 
-def measure_cpu_peak_flops(threads: int, **kwargs: object) -> float:
-    """``measure_cpu_peak(...).flops``."""
-    return measure_cpu_peak(threads, **kwargs).flops  # type: ignore[arg-type]
+def measure_cpu_peak_flops(threads: int, **kwargs: Any) -> float:
+    """``measure_cpu_peak(...).flops`` (``kwargs``: ``measure_cpu_peak``'s keywords)."""
+    return measure_cpu_peak(threads, **kwargs).flops

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, TypedDict
 
 import numpy as np
 from scipy import stats
@@ -170,7 +170,8 @@ class SpeedupCI:
 
 def _ratio_of_medians(baseline: np.ndarray, candidate: np.ndarray) -> np.ndarray:
     """Row-wise median(baseline) / median(candidate); inputs (B, n)."""
-    return np.median(baseline, axis=-1) / np.median(candidate, axis=-1)
+    ratios: np.ndarray = np.median(baseline, axis=-1) / np.median(candidate, axis=-1)  # (B,)
+    return ratios
 
 
 def bootstrap_speedup_ci(
@@ -364,6 +365,27 @@ class Round:
         return len(self.runs) >= 2 * self.repeats
 
 
+class VerifyFields(TypedDict):
+    """The fields of one ``events.VerifyCompleted`` as ``decide`` computes them (``VerifyCompleted(**fields)``)."""
+
+    verify_id: str
+    candidate: ev.Candidate
+    candidate_key: str
+    passes: int
+    promotable: bool
+    speedup: float
+    ci_low: float
+    ci_high: float
+    baseline_step_s: float
+    candidate_step_s: float
+    mfu_before: float | None
+    mfu_after: float | None
+    invariants: list[ev.InvariantResult]
+    failed_invariants: list[str]
+    trial_ids: list[str]
+    unchecked_invariants: list[str]
+
+
 def decide(
     round_: Round,
     *,
@@ -372,7 +394,7 @@ def decide(
     loss_rule: LossRule,
     resamples: int = BOOTSTRAP_RESAMPLES,
     seed: int = BOOTSTRAP_SEED,
-) -> dict[str, object]:
+) -> VerifyFields:
     """The ``VerifyCompleted`` fields of one finished round.
 
     Round passes ⇔ every run finished ok, every invariant holds on every run (telemetry's verdicts and the
@@ -400,12 +422,16 @@ def decide(
         for result in run.invariants:
             if run.arm == "candidate" or result.name in _BASELINE_ARM_INVARIANTS:
                 note(where, result)
-    a_times, b_times, a_mfu, b_mfu = [], [], [], []
+    a_times: list[float] = []
+    b_times: list[float] = []
+    a_mfu: list[float] = []
+    b_mfu: list[float] = []
     for pair in sorted(by_pair):
         arms = by_pair[pair]
         base, cand = arms.get("baseline"), arms.get("candidate")
         if base is None or cand is None or not (base.usable and cand.usable):
             continue
+        assert base.step_time_s is not None and cand.step_time_s is not None  # both usable
         for result in pair_invariants(base, cand, loss_rule):
             note(f"pair {pair + 1}", result)
         a_times.append(base.step_time_s)

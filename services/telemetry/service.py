@@ -102,7 +102,7 @@ class TelemetryService(Service):
         self.studies: dict[str, StudyState] = {}
         self.trials: dict[str, TrialState] = {}
         self.measured: set[str] = set()
-        self._sweeper: asyncio.Task | None = None
+        self._sweeper: asyncio.Task[None] | None = None
 
     # ---------------------------------------------------------------- lifecycle
 

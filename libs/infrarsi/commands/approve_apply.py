@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
+from typing import TypeVar
 
 import msgspec
 import yaml
@@ -48,6 +49,8 @@ from infrarsi.workspace import (
     golden_tag,
     launch_changes,
 )
+
+P = TypeVar("P")
 
 SOURCE_APPROVE = "cli.approve"
 SOURCE_APPLY = "cli.apply"
@@ -95,7 +98,7 @@ class ApplyPlan:
     branch: str
 
 
-def _payloads(events: Sequence[ev.Event], kind: type) -> list:
+def _payloads(events: Sequence[ev.Event], kind: type[P]) -> list[P]:
     return [e.payload for e in events if isinstance(e.payload, kind)]
 
 
@@ -240,7 +243,7 @@ def measured_verification(
                 case _:
                     raise ApplyRefused([f"verification {done.verify_id}: trial {p.trial_id} was never measured"])
         fields = vf.decide(round_, passes_before=passes, passes_required=contract.verify.passes_required, loss_rule=rule)
-        derived = ev.VerifyCompleted(**fields)  # type: ignore[arg-type]
+        derived = ev.VerifyCompleted(**fields)
         passes = derived.passes
         if derived != done:
             raise ApplyRefused([

@@ -386,12 +386,13 @@ def _build(con: duckdb.DuckDBPyConnection, study_id: str) -> Report:
         baseline_s = doctor.step_time_s
         doctor_ids = list(doctor.baseline_trial_ids)
     else:
-        baseline_s = con.execute(
+        (median_row,) = con.execute(  # an aggregate: exactly one row
             f"""SELECT median(CAST(m.payload->>'step_time_s' AS DOUBLE)) FROM {VIEW} m
                 WHERE m.study_id = $study AND m.type = 'TrialMeasured' AND m.payload->>'status' = 'ok'
                   AND m.payload->>'kind' IN ('baseline', 'doctor')""",
             params,
-        ).fetchone()[0]
+        ).fetchall()
+        baseline_s = median_row[0]
         doctor_ids = [t.trial_id for t in trials if t.kind == "doctor"]
     doctor_runs = [t.step_time_s for t in trials if t.trial_id in set(doctor_ids) and t.step_time_s]
 
@@ -498,7 +499,7 @@ def _workload_dir(created: ev.StudyCreated, contract: Contract) -> Path | None:
     return None
 
 
-def _verdicts(con, study_id: str, workload_dir: Path | None, patch_dir: str, origins: _PatchOrigins) -> list[Verdict]:
+def _verdicts(con: duckdb.DuckDBPyConnection, study_id: str, workload_dir: Path | None, patch_dir: str, origins: _PatchOrigins) -> list[Verdict]:
     rows = con.execute(
         f"""SELECT payload->>'verify_id' AS verify_id, count(*) AS rounds, CAST(arg_max(payload, seq) AS VARCHAR) AS last
             FROM {VIEW} WHERE study_id = $study AND type = 'VerifyCompleted'
