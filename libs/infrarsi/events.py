@@ -69,11 +69,14 @@ TrialStatus = Literal[
     "oom",
     "crash",
     "timeout",
+    "stopped_slow",
     "cancelled",
     "scope_violation",
     "patch_conflict",
     "invariant_violation",
 ]
+"""How a trial ended. ``stopped_slow``: a search trial whose steady steps were already far slower than the
+study's incumbent, stopped early at telemetry's request (``TrialStopRequested``); its steps are a measurement."""
 
 
 class Candidate(msgspec.Struct, frozen=True, kw_only=True):
@@ -345,6 +348,24 @@ class TrialFinished(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     output_steps: list[OutputStep] = []
     """Coarse measurement only: each new step count the job's output showed (``steps_completed`` is the
     last), for a job without a probe."""
+
+
+class TrialStopRequested(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """Telemetry asks the launcher to stop a running search trial whose steady steps are already far slower
+    than the study's incumbent (docs/trials.md, "Stopped early as slow"). At most one per trial."""
+
+    steady_step_s: float
+    """Median of the trial's steady steps so far (rank 0, after its warm-up)."""
+    steady_steps: int
+    """Steady steps that median is over."""
+    warmup_steps: int
+    incumbent_step_s: float
+    """The study's fastest measured step time so far (a trial that ran ``ok`` with every invariant held)."""
+    incumbent_trial: str
+    threshold_step_s: float
+    """The bar the last steady steps all exceeded: the incumbent × the contract's ``budget.stop_slow_factor``,
+    or more where the doctor's noise floor is wider."""
+    reason: str
 
 
 class TrialMeasured(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -685,6 +706,7 @@ Payload = (
     | TrialLaunched
     | TrialStep
     | TrialFinished
+    | TrialStopRequested
     | TrialMeasured
     | ModelUpdated
     | VerifyRequested

@@ -35,7 +35,8 @@ from infrarsi.report.source import VIEW, ReportSourceError, ensure_view
 
 P = TypeVar("P", bound=msgspec.Struct)
 
-OUTCOMES = ("ok", "oom", "crash", "timeout", "violation")
+OUTCOMES = ("ok", "oom", "crash", "timeout", "slow", "violation")
+"""How a trial is counted in the report; ``slow``: stopped early as far slower than the incumbent (``stopped_slow``)."""
 
 OUTCOME_SQL = """
 CASE
@@ -43,6 +44,7 @@ CASE
   WHEN f.status = 'ok' THEN 'violation'
   WHEN f.status = 'oom' THEN 'oom'
   WHEN f.status = 'timeout' THEN 'timeout'
+  WHEN f.status = 'stopped_slow' THEN 'slow'
   WHEN f.status IN ('scope_violation', 'invariant_violation') THEN 'violation'
   ELSE 'crash'
 END
@@ -469,6 +471,8 @@ def _outcome(status: str, invariants_ok: bool | None) -> str:
         return "ok" if invariants_ok is not False else "violation"
     if status in ("oom", "timeout"):
         return status
+    if status == "stopped_slow":
+        return "slow"
     if status in ("scope_violation", "invariant_violation"):
         return "violation"
     return "crash"
