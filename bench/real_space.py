@@ -69,24 +69,12 @@ DEFAULT_TIMEOUT_S = 300.0
 # --------------------------------------------------------------------------------------------------
 
 
-class _MemoryJetStream:
-    """The launcher re-publishes the probe's records with ``bus.js.publish``: decoded onto the same queue."""
-
-    def __init__(self, bus: _MemoryBus) -> None:
-        self._bus = bus
-
-    async def publish(self, subject: str, payload: bytes, **_kwargs: Any) -> None:
-        with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
-            await self._bus.publish(ev.decode(payload))
-
-
 class _MemoryBus:
     """Stands in for ``infrarsi.bus.Bus``: keeps what is published and delivers it, in order, to every service
     that consumes its type (what ``service.Runner`` does with durable consumers)."""
 
     def __init__(self, services: list[Service]) -> None:
         self.services = services
-        self.js = _MemoryJetStream(self)
         self.queue: deque[ev.Event] = deque()
         self.log: list[ev.Event] = []
         for service in services:
@@ -95,6 +83,13 @@ class _MemoryBus:
     async def publish(self, event: ev.Event) -> None:
         self.queue.append(event)
         self.log.append(event)
+
+    async def publish_raw(self, subject: str, data: bytes, msg_id: str | None = None, stream: str | None = None
+                          ) -> None:
+        """The launcher re-publishes the probe's records with ``publish_raw``: decoded onto the same queue (a
+        torn or foreign line is dropped, as the telemetry service's decoder would dead-letter it)."""
+        with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
+            await self.publish(ev.decode(data))
 
     async def drain(self) -> None:
         while self.queue:
