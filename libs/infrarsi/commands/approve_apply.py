@@ -238,8 +238,7 @@ def measured_verification(
                     round_.runs[p.trial_id] = vf.RunMeasurement.from_finished(p.trial_id, p.arm, p.pair, f)
                 case _:
                     raise ApplyRefused([f"verification {done.verify_id}: trial {p.trial_id} was never measured"])
-        fields = vf.decide(round_, passes_before=passes, passes_required=contract.verify.passes_required, loss_rule=rule)
-        derived = ev.VerifyCompleted(**fields)
+        derived = vf.decide(round_, passes_before=passes, passes_required=contract.verify.passes_required, loss_rule=rule)
         passes = derived.passes
         if derived != done:
             raise ApplyRefused([
