@@ -23,7 +23,7 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 from scipy import stats
@@ -147,6 +147,25 @@ class RunSummary:
     per_rank_step_s: dict[int, float]
 
 
+class DoctorFields(TypedDict):
+    """The fields of ``events.DoctorCompleted`` a ``DoctorReport`` fills (``DoctorCompleted(**fields, ...)``)."""
+
+    repeats: int
+    step_time_s: float
+    run_to_run_cv: float
+    step_to_step_cv: float
+    warmup_steps: int
+    phase_fractions: dict[str, float]
+    per_rank_step_s: list[float]
+    stragglers: list[int]
+    min_detectable_speedup: float
+    interfered_runs: list[int]
+    repeats_per_trial: int
+    repeats_for_effect: dict[str, int]
+    peak_flops_measured: float | None
+    mfu: float | None
+
+
 @dataclass(frozen=True)
 class DoctorReport:
     repeats: int
@@ -173,7 +192,7 @@ class DoctorReport:
     interfered_runs: list[int] = field(default_factory=list)
     """Indices of runs left out of the noise estimate: their median is ``INTERFERENCE_RATIO``× off the others."""
 
-    def as_event_fields(self) -> dict[str, object]:
+    def as_event_fields(self) -> DoctorFields:
         """The fields of ``events.DoctorCompleted`` this report fills (trial ids and loss curve are the caller's)."""
         return {
             "repeats": self.repeats,
