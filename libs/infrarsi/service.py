@@ -140,9 +140,10 @@ class Service(ABC):
     name: ClassVar[str]
     consumes: ClassVar[tuple[type, ...]]
     """Payload types this service reacts to."""
-    concurrency: ClassVar[int] = 1
-    """How many events may be handled at once (the launcher's parallel trial slots)."""
-    ack_wait_s: ClassVar[float] = 30.0
+    concurrency: int = 1
+    """How many events may be handled at once (the launcher's parallel trial slots; set per instance)."""
+    ack_wait_s: float = 30.0
+    """Redelivery wait of the service's consumer (the launcher's comes from its settings, per instance)."""
     retry_delay_s: ClassVar[float] = 1.0
     """Delay before the first retry of a failed handler; it doubles with each try (1, 2, 4, 8 s)."""
 
