@@ -733,6 +733,10 @@ class Budget(_Model):
     """Language-model tokens (prompt + completion) the agent may spend on this study; 0 = no agent."""
     llm_usd: float | None = Field(default=None, ge=0)
     """Cost cap in US dollars for the agent, at ``agent.usd_per_1k_tokens``; ``None`` = tokens only."""
+    stop_slow_factor: float | None = Field(default=2.0, gt=1)
+    """A search trial whose steady steps are already this many times the incumbent's step time (and beyond
+    the doctor's noise floor) is stopped early as ``stopped_slow``, its steps kept as a measurement;
+    ``None``: never stop one (docs/trials.md). Baselines, doctor runs and verify repeats are never stopped."""
 
 
 class DoctorSpec(_Model):
