@@ -17,6 +17,11 @@ Per trial, in this order, nothing running before the checks pass:
 5. every probe record re-published with the probe's own ``Nats-Msg-Id`` (dedup makes it idempotent);
 6. ``TrialFinished`` with the status, cost and evidence; the worktree is removed.
 
+A ``TrialStopRequested`` (telemetry's: the trial's steady steps are already far slower than the incumbent)
+is read beside the trial slots (``Service.control``) and cancels the running job; the trial ends
+``stopped_slow`` with the cost it ran up and the steps it reported. A request for a trial not running here
+(finished already, or a previous life's) changes nothing.
+
 State lives under ``<data_dir>/launcher/trials/<trial>/`` (job.json, pids.json, node logs, probe files,
 finished.json). On start the launcher reaps what a previous life left: every tagged process is killed,
 every worktree removed, and a trial that was running is marked abandoned; when its ``TrialProposed`` is
@@ -67,6 +72,8 @@ TAIL_MAX_S = 0.05
 WATCH_TIMEOUT_S = 0.25
 """With inotify, a safety net: read the probe file at least this often even if no change was signalled."""
 OUTPUT_TAIL_CHARS = 4000
+SLOW_PREFIX = "stopped_slow: "
+"""The cancel reason of a job stopped at telemetry's ``TrialStopRequested`` (and the start of its ``reason``)."""
 
 
 @dataclass(frozen=True)
@@ -114,7 +121,8 @@ class ProbeTail:
 
 class LauncherService(Service):
     name = "launcher"
-    consumes = (ev.StudyCreated, ev.TrialProposed, ev.AgentAnswered)
+    consumes = (ev.StudyCreated, ev.TrialProposed, ev.AgentAnswered, ev.TrialStopRequested)
+    control = (ev.TrialStopRequested,)
     ack_wait_s = Settings().launcher_ack_wait_s
     """A TrialProposed left unacked by a dead launcher is redelivered after this long (``INFRARSI_LAUNCHER_ACK_WAIT_S``)."""
 
@@ -195,6 +203,8 @@ class LauncherService(Service):
         match event.payload:
             case ev.TrialProposed() as proposed:
                 await self._trial(event, proposed, out)
+            case ev.TrialStopRequested(reason=reason):
+                await self._stop_slow(event.trial_id or "", reason)
             case _:
                 self._remember(event)
 
@@ -210,6 +220,15 @@ class LauncherService(Service):
         finished = ev.TrialFinished(status="crash", reason=reason, memory_capacity_bytes=capacity, infrastructure=True)
         await self._finish(out, tdir, finished, republish_from=tdir / "probe", trial_id=event.trial_id,
                            study_id=event.study_id)  # fmt: skip
+
+    async def _stop_slow(self, trial_id: str, reason: str) -> None:
+        running = self.running.get(trial_id)
+        if running is None:
+            log.info("stop request for a trial not running here; nothing to stop", trial_id=trial_id)
+            return
+        backend, handle = running
+        await asyncio.to_thread(backend.cancel, handle, f"{SLOW_PREFIX}{reason}")
+        log.info("stopping a slow trial", trial_id=trial_id, reason=reason)
 
     def _remember(self, event: ev.Event) -> None:
         match event.payload:
@@ -505,6 +524,8 @@ class LauncherService(Service):
                 censored = max(capacity, probe_peak)
         elif job.cancelled is not None and job.cancelled.startswith("timeout"):
             status, reason = "timeout", job.cancelled
+        elif job.cancelled is not None and job.cancelled.startswith(SLOW_PREFIX):
+            status, reason = "stopped_slow", job.cancelled
         elif job.cancelled is not None:
             status, reason = "cancelled", job.cancelled
         elif job.exit_code == 0:

@@ -170,12 +170,12 @@ class KubernetesBackend(Backend):
         except (config.ConfigException, OSError, ValueError) as exc:
             raise SubmitError(f"backend kind kubernetes: no usable cluster configuration: {exc}") from None
 
-    def close(self) -> None:
+    def live_jobs(self) -> list[JobHandle]:
         with self._lock:
-            live = list(self._live.values())
-        for handle in live:
-            self.cancel(handle, "backend closed")
-            self.collect(handle)
+            return list(self._live.values())
+
+    def close(self) -> None:
+        super().close()
         if self._client is not None:
             self._client.close()
 

@@ -200,11 +200,9 @@ async def _doctor(bus, args: argparse.Namespace) -> int:
         peak_flops=peak,
         devices=max(1, len(series[0].step_s)),
     )
-    fields = report.as_event_fields()
-    fields["peak_flops_measured"] = measured_peak
-    done = ev.DoctorCompleted(
-        **fields,
-        baseline_trial_ids=ordered_ok,
+    done = msgspec.structs.replace(
+        report.completed,
+        peak_flops_measured=measured_peak,
         baseline_loss_curve=median_loss_curve([list(ok[t].loss_curve) for t in ordered_ok]),
     )
     await bus.publish(

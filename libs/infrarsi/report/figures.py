@@ -16,7 +16,8 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from infrarsi.report.model import OUTCOMES, Report  # noqa: E402
 
-OUTCOME_COLOURS = {"ok": "#2b8a3e", "oom": "#c92a2a", "crash": "#862e9c", "timeout": "#e67700", "violation": "#1864ab"}
+OUTCOME_COLOURS = {"ok": "#2b8a3e", "oom": "#c92a2a", "crash": "#862e9c", "timeout": "#e67700", "slow": "#f59f00",
+                   "violation": "#1864ab"}
 GIB = 1024**3
 
 

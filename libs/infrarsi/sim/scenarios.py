@@ -12,11 +12,11 @@ import math
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
 
 import numpy as np
 
 from infrarsi.modeling.memory_model import TransformerMeta
+from infrarsi.modeling.search import Status
 from infrarsi.modeling.space import (
     BoolKnob,
     Candidate,
@@ -38,17 +38,19 @@ from infrarsi.sim.hardware import (
 )
 from infrarsi.sim.physics import Breakdown, Hidden, Setting, step_time
 
-Status = Literal["ok", "oom", "crash", "invariant_violation"]
 STARTUP_S = 120.0
 MEASURED_STEPS = 30
 
 
 @dataclass(frozen=True)
 class SimOutcome:
-    """What a simulated trial reports, shaped like a real trial's result."""
+    """What a simulated trial reports, shaped like a real trial's result (``bench/real_space.py`` reports its
+    real trials in it too, ``simulated=False``)."""
 
     status: Status
+    """A simulated trial ends ``ok``, ``oom``, ``crash`` or ``invariant_violation``."""
     step_time_s: float | None
+    """Steady-state median (warm-up excluded, as telemetry measures it); ``None`` when nothing was measured."""
     peak_bytes: float | None
     """Observed peak; for an OOM the last peak seen before the kill (a lower bound: the censoring bound)."""
     cost_seconds: float
