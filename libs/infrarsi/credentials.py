@@ -125,7 +125,8 @@ def _ensure_seed(path: Path) -> str:
 
     if not path.exists():
         _write_private(path, nkeys.encode_seed(secrets.token_bytes(32), nkeys.PREFIX_BYTE_USER))
-    return nkeys.from_seed(path.read_bytes().strip()).public_key.decode()
+    public: str = nkeys.from_seed(path.read_bytes().strip()).public_key.decode()
+    return public
 
 
 LEAF_SEED = "leaf-link"
