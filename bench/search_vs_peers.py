@@ -112,12 +112,20 @@ class Trial:
 # ------------------------------------------------------------------------------------------------ tuners
 
 
+def design_done(s: Searcher) -> bool:
+    """The proposer's rule for when ``should_stop`` is asked: the initial design measured and something fitted
+    (services/proposer/logic.py, ``_design_done``)."""
+    return len(s.observations) >= 1 + s.config.n_seeds and any(o.status == "ok" for o in s.observations)
+
+
 def run_infrarsi(bs: BenchSpace, seed: int, budget: int) -> list[Trial]:
     # what a study gives the proposer: the contract's knowledge base and golden baseline, where the space has them
     s = Searcher(bs.space, bs.capacity_bytes, meta=bs.meta, kb=bs.kb, baseline=bs.baseline, seed=seed, pool=bs.pool)
     rng = np.random.default_rng(10_000 + seed)
     out: list[Trial] = []
     for _ in range(budget):
+        if design_done(s) and s.should_stop()[0]:
+            break  # what the proposer does: no more expected gain ends the study (a tiny space runs out of fits)
         sug = s.suggest(1)
         if not sug:
             break
