@@ -101,6 +101,10 @@ class SearchConfig:
     cost_power: float = 1.0
     stop_ei_fraction: float = 0.05
     """Stop when max expected improvement (log units) < this × the noise std."""
+    memory_interaction_std: float | None = 0.1
+    """Without a workload shape: prior std of the memory model's knob-pair columns (``None``: none). A peak is
+    a sum of terms (activations growing with the batch beside states split by sharding), which per-knob factors
+    alone misfit by 10-20% near the capacity; the measurements on the robustness family: docs/modeling.md."""
     prior_nu: float | None = None
     """Student-t degrees of freedom of the time model's effect priors (``TimeModel.prior_nu``): a knowledge-base
     prior the measurements contradict loses its weight. ``None`` (the default until the search benchmarks are
@@ -193,7 +197,8 @@ class Searcher:
         self._dom = DominationIndex(space, self.pool.candidates)
         self.time_model = TimeModel(space, self.kb, encoder=self.pool.encoder, noise_floor=noise_floor,
                                     prior_nu=self.config.prior_nu)
-        self.memory_model = MemoryModel(space, capacity_bytes, meta=meta, kb=self.kb)
+        self.memory_model = MemoryModel(space, capacity_bytes, meta=meta, kb=self.kb,
+                                        interaction_std=self.config.memory_interaction_std)
         self.invariants = InvariantModel({p.id: p.invariant_prior for p in space.patches})
         self.cost_model = CostModel()
         self.capacity_bytes = capacity_bytes
@@ -262,9 +267,17 @@ class Searcher:
             self._dirty = False
 
     # --------------------------------------------------------------------------------------- predictions
+    def _memory_x(self) -> np.ndarray:
+        """The pool's rows as the memory model encodes them (with the knob-pair columns when it has them)."""
+        enc = self.memory_model.encoder
+        if enc.dim == enc.n_main:
+            return self.pool.x_main
+        assert enc.dim == self.pool.x_time.shape[1], "the memory model's pair columns are the time model's"
+        return self.pool.x_time
+
     def _memory_arrays(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         mm = self.memory_model
-        x = self.pool.x_main[idx]
+        x = self._memory_x()[idx]
         cands = [self.pool.candidates[i] for i in idx]
         if mm.structured and self.pool.mem_components is not None:
             sa = self.pool.mem_components[idx]
@@ -328,7 +341,7 @@ class Searcher:
         if mm.structured and self.pool.mem_components is not None:
             mem_mu, _ = mm.log_mean_grad(mm.theta, self.pool.x_main, self.pool.mem_components)
         else:
-            mem_mu = self.pool.x_main @ mm.theta
+            mem_mu = self._memory_x() @ mm.theta
         cap = math.log(self.capacity_bytes)
         blocked = self._domination().mask.copy()
         for key in exclude:
