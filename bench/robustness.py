@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 from infrarsi.modeling.priors import KnowledgeBase
-from infrarsi.modeling.search import CandidatePool
+from infrarsi.modeling.search import CandidatePool, SearchConfig
 from robust_family import FamilyModel, draw_model  # bench/ is the script's directory
 from search_vs_peers import TUNERS, BenchSpace, Trial, _cell, score
 
@@ -60,21 +60,35 @@ def arm_kb(kb: KnowledgeBase, arm: str) -> KnowledgeBase:
     return kb
 
 
-def bench_space(model: FamilyModel, pool: CandidatePool, arm: str = "default") -> BenchSpace:
+def bench_space(model: FamilyModel, pool: CandidatePool, arm: str = "default", config: SearchConfig | None = None
+                ) -> BenchSpace:
     study = model.study
     return BenchSpace(f"robust-{model.seed}", study.space, study.capacity_bytes, model.evaluate, model.true_time,
                       model.oracle_time, None, pool, kind="family", kb=arm_kb(study.kb, arm),
-                      baseline=study.baseline)
+                      baseline=study.baseline, search_config=config)
 
 
-def run_model(model: FamilyModel, tuners: Sequence[str], arms: Sequence[str], seeds: int, budget: int
-              ) -> dict[str, Any]:
+def search_config(pairs: Sequence[str]) -> SearchConfig:
+    """``SearchConfig`` with ``FIELD=VALUE`` overrides (``None``, numbers, ``true``/``false``): to measure a
+    setting against the defaults on the same models."""
+    fields = {f.name for f in dataclasses.fields(SearchConfig)}
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, text = pair.partition("=")
+        if not sep or name not in fields:
+            raise SystemExit(f"--search-config {pair!r}: expected FIELD=VALUE with FIELD one of {sorted(fields)}")
+        out[name] = json.loads(text.replace("None", "null"))
+    return dataclasses.replace(SearchConfig(), **out)
+
+
+def run_model(model: FamilyModel, tuners: Sequence[str], arms: Sequence[str], seeds: int, budget: int,
+              config: SearchConfig | None = None) -> dict[str, Any]:
     pool = CandidatePool.build(model.study.space)
     runs: dict[str, list[list[Trial]]] = {}
     for tuner in tuners:
         if tuner == "infrarsi":
             for arm in arms:
-                bs = bench_space(model, pool, arm)
+                bs = bench_space(model, pool, arm, config)
                 runs[f"infrarsi[{arm}]"] = [TUNERS[tuner](bs, seed, budget) for seed in range(seeds)]
         else:
             bs = bench_space(model, pool)
@@ -183,11 +197,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--budget", type=int, default=40)
     ap.add_argument("--tuners", nargs="*", default=list(TUNERS))
     ap.add_argument("--arms", nargs="*", default=list(ARMS), help="InfraRSI prior arms")
+    ap.add_argument("--search-config", nargs="*", default=[], metavar="FIELD=VALUE",
+                    help="InfraRSI SearchConfig overrides, e.g. oom_exclude=0.35 memory_interaction_std=None")
     ap.add_argument("--json", dest="json_out", default=None)
     ap.add_argument("--merge", nargs="*", default=None, metavar="PART.json",
                     help="summarise the per-model results of earlier runs (e.g. the family split over processes, "
                          "or the tuners run apart on the same models) instead of running")
     args = ap.parse_args(argv)
+    config = search_config(args.search_config)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     log = logging.getLogger("bench")
     models: list[dict[str, Any]] = []
@@ -210,7 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for i in range(args.first_model, args.first_model + args.models) if args.merge is None else ():
         t0 = time.perf_counter()
         model = draw_model(i)
-        m = run_model(model, args.tuners, args.arms, args.seeds, args.budget)
+        m = run_model(model, args.tuners, args.arms, args.seeds, args.budget, config)
         m["model"] = i
         models.append(m)
         cells = "  ".join(f"{n} {np.median(v['best_over_oracle']):.3f}/{np.mean(v['oom_fraction']):.2f}"
@@ -239,6 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump({"simulated": True, "family": "bench/robust_family.py", "models": args.models,
+                       "search_config": dataclasses.asdict(config),
                        "seeds": args.seeds, "budget": args.budget, "summary": summary, "targets": checks,
                        "per_model": models}, f, indent=2, default=str)
     return 0

@@ -8,6 +8,7 @@ import os
 from types import ModuleType
 
 import numpy as np
+import pytest
 from infrarsi.modeling.search import CandidatePool, Observation, Searcher
 from support.bench_spaces import load_bench
 
@@ -76,4 +77,22 @@ def test_merge_joins_tuners_run_apart_on_the_same_models(tmp_path, capsys) -> No
     assert data["models"] == 1
     assert set(data["per_model"][0]["tuners"]) == {"random", "infrarsi[default]"}
     assert set(data["summary"]) == {"random", "infrarsi[default]"}
+    capsys.readouterr()
+
+
+def test_search_config_overrides_reach_the_searcher_and_the_json(tmp_path, capsys) -> None:
+    out = tmp_path / "r.json"
+    assert robustness.main(["--models", "1", "--first-model", "100", "--seeds", "1", "--budget", "6",
+                            "--tuners", "infrarsi", "--arms", "default", "--json", str(out),
+                            "--search-config", "oom_exclude=0.35", "memory_interaction_std=None"]) == 0
+    recorded = json.loads(out.read_text())["search_config"]
+    assert recorded["oom_exclude"] == 0.35 and recorded["memory_interaction_std"] is None
+    config = robustness.search_config(["n_seeds=5"])
+    assert config.n_seeds == 5
+    model = robustness.draw_model(100)
+    bs = robustness.bench_space(model, CandidatePool.build(model.study.space), config=config)
+    trials = bench.run_infrarsi(bs, 0, 6)
+    assert [t.origin for t in trials[1:]] == ["seed"] * 5  # the default design has three seeds
+    with pytest.raises(SystemExit, match="no_such_field"):
+        robustness.search_config(["no_such_field=1"])
     capsys.readouterr()
