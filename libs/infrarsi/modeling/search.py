@@ -86,6 +86,10 @@ class SearchConfig:
     """Candidates with P(OOM) above this are never proposed (known-OOM region). 0.25, not the earlier 0.35,
     since the memory model without a shape has knob-pair columns: on the robustness family's development
     models the OOM share fell 22.6% -> 17.8% at the same median best/oracle (docs/modeling.md)."""
+    design_oom_exclude: float = 0.35
+    """The cut-off while the initial design is drawn. Before the first trial the memory model's prior puts a
+    typical candidate near P(OOM) 0.3 (without a shape it knows the level only to a factor e), so the
+    acquisition's cut-off would leave no design, only least-risky probes."""
     seed_max_p_oom: float = 0.2
     """The initial design draws only from candidates with P(OOM) below this."""
     oom_risk_power: float = 2.0
@@ -398,7 +402,7 @@ class Searcher:
         assert sd is not None
         p_oom = self._p_oom(idx)
         p_hold = self._p_hold(idx)
-        cutoff = self.config.oom_exclude
+        cutoff = self.config.design_oom_exclude if n_done < 1 + self.config.n_seeds else self.config.oom_exclude
         usable = (p_oom <= cutoff) & (p_hold >= self.config.invariant_exclude)
         lifted = False
         if not usable.any():
