@@ -155,7 +155,8 @@ def test_enqueued_bank_suggestions_come_first():
 
 def test_a_prior_that_fears_every_candidate_still_probes_the_least_risky_one():
     # with the exclusion at 0 every candidate is "too risky": the study must not stall before its first measurement
-    s = Searcher(SPACE, CAP, seed=0, kb=default_knowledge_base(), config=SearchConfig(oom_exclude=0.0))
+    s = Searcher(SPACE, CAP, seed=0, kb=default_knowledge_base(),
+                 config=SearchConfig(oom_exclude=0.0, design_oom_exclude=0.0))
     first = s.suggest(1)
     assert len(first) == 1 and first[0].origin == "prior" and "least risky" in first[0].reason
     assert first[0].p_oom == min(p.p_oom for p in s.predict(s.pool.candidates))
