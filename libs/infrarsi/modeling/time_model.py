@@ -60,6 +60,7 @@ class TimeModel:
         self._rows: list[np.ndarray] = []
         self._ys: list[float] = []
         self._x = np.zeros((0, p))
+        self._buf = np.zeros((0, p))
         self._y = np.zeros(0)
         self.log_noise = math.log(noise_floor)
         self.mean = self.prior_mean.copy()
@@ -71,6 +72,10 @@ class TimeModel:
         self._cens_bounds: list[float] = []
         self._stop_rows: list[np.ndarray] = []
         self._stop_ys: list[float] = []
+        self._normal: tuple[np.ndarray, np.ndarray] | None = None
+        """XᵀWX and XᵀWy of the current posterior (``update`` adds rows to them)."""
+        self._fitted: tuple[int, int, int] = (0, 0, 0)
+        """(measured, stopped, censored) rows in the current posterior."""
 
     def _scale_interactions(self) -> None:
         """An interaction column is a product of two factors; divide its prior std by both factors' ranges so
@@ -123,8 +128,16 @@ class TimeModel:
         return self.n == 0 and not self._cens_bounds and not self._stop_ys
 
     def _materialise(self) -> None:
-        if self._y.size != len(self._ys):
-            self._x = np.vstack([self._x, *self._rows[self._y.size:]]) if self._rows else self._x
+        """``_x``/``_y`` as arrays of every measured row; the rows live in a buffer that doubles when full, so
+        one new row costs O(p), not a copy of all of them."""
+        n, have = len(self._ys), self._y.size
+        if n != have:
+            if n > self._buf.shape[0]:
+                grown = np.zeros((max(2 * self._buf.shape[0], n, 64), self.encoder.dim))
+                grown[:have] = self._buf[:have]
+                self._buf = grown
+            self._buf[have:n] = self._rows[have:n]
+            self._x = self._buf[:n]
             self._y = np.asarray(self._ys)
 
     @property
@@ -173,6 +186,7 @@ class TimeModel:
         mean E[y | y > bound] under the current fit, refitted a few times (Buckley–James style imputation):
         a bound above what the model expects pulls the candidate's features up; one below it says little."""
         self._materialise()
+        self._fitted = (self.n, self.n_stopped, self.n_censored)
         if self._empty():
             self.mean = self.prior_mean.copy()
             return
@@ -205,6 +219,32 @@ class TimeModel:
             z = (bounds - m) / sd
             yc = np.maximum(bounds, m + sd * np.exp(-0.5 * z**2 - 0.5 * math.log(2 * math.pi) - log_ndtr(-z)))
 
+    def update(self) -> bool:
+        """Fold the measured rows observed since the last ``fit`` into its posterior, at the fitted noise, prior
+        widths and straggler rule (a new row's Student-t weight from its residual under the current mean): a
+        rank-k update of XᵀWX, O(k·p² + p³), instead of a full fit's evidence search and reweighting, which
+        cost O(n·p²) per iteration. ``False`` (nothing changed) when only a full fit will do: no fit yet, or a
+        censored or stopped row arrived (imputation and the noise split need the whole fit)."""
+        self._materialise()
+        n_fit, stopped, censored = self._fitted
+        if self._normal is None or (stopped, censored) != (self.n_stopped, self.n_censored) or n_fit == 0:
+            return False
+        if self.n == n_fit:
+            return True
+        x, y = self._x[n_fit:], self._y[n_fit:]
+        noise_var = self.noise_std**2
+        w = np.ones(len(y))
+        if self.robust and self.n >= self.min_robust:
+            w = (self.nu + 1) / (self.nu + (y - x @ self.mean) ** 2 / noise_var)
+        xtx, xty = self._normal
+        xtx, xty = xtx + (x * w[:, None]).T @ x, xty + (x * w[:, None]).T @ y
+        self.mean, self._prec_chol = self._posterior(xtx, xty, noise_var)
+        self._normal = (xtx, xty)
+        if not stopped and not censored:  # the weights line up with the measured rows (``posterior_direct``)
+            self._weights = np.concatenate([self._weights, w])
+        self._fitted = (self.n, stopped, censored)
+        return True
+
     def _fit_rows(self, x: np.ndarray, y: np.ndarray, irls_iterations: int, n_robust: int | None = None,
                   log_noise: float | None = None) -> None:
         """Posterior from rows (x, y); the first ``n_robust`` rows (all by default) get Student-t weights. Rows
@@ -233,6 +273,7 @@ class TimeModel:
                 self.log_noise = log_noise
             noise_var = self.noise_std**2
             self.mean, la = self._posterior(xtx, xty, noise_var)
+            self._normal = (xtx, xty)
             self._weights = w  # the weights this posterior was computed with
             moved = False
             if self.prior_nu is not None:
