@@ -215,8 +215,10 @@ class Searcher:
         """Pool rows of the observations that ran ok (incumbent candidates)."""
         self._best_ok: list[tuple[float, int, int]] = []
         """(measured step time, observation number, pool row) of the three fastest ok observations."""
-        self._full_fit_at = 0
-        """Observations at the last full refit (``SearchConfig.refit_every``)."""
+        self._rows_at: list[tuple[int, int]] = []
+        """(time-model rows, memory-model rows) after each observation: a checkpoint's prefix of each model."""
+        self._fitted_at: dict[str, int] = {}
+        """Checkpoint (observations) each model was last fitted in full at (``SearchConfig.refit_every``)."""
         self._cache: dict[str, object] = {}
         self._neighbours: tuple[int, dict[int, list[int]]] = (0, {})
         """(pool size, row → its neighbour rows): the incumbents' neighbourhoods, kept while the pool stays."""
@@ -273,6 +275,7 @@ class Searcher:
                 self.time_model.observe_censored_encoded(self.pool.x_time[self.pool.index[c.key]], obs.step_time_s)
             case _:
                 pass  # crash/scope, or a timeout with no step seen: no time or memory information; dedup only
+        self._rows_at.append((self.time_model.n, self.memory_model.n))
         self._dirty = True
 
     def enqueue(self, candidates: Iterable[Candidate], origin: Origin, reason: str) -> None:
@@ -293,15 +296,36 @@ class Searcher:
         if not self._dirty:
             return
         n = len(self.observations)
-        if n <= self.config.refit_all_until or n - self._full_fit_at >= self.config.refit_every * n:
-            self.time_model.fit()
-            self.memory_model.fit()
-            self._full_fit_at = n
-        elif not self.time_model.update():  # a censored or stopped row arrived: it needs the full fit
-            self.time_model.fit()
+        k = self.checkpoint(n)
+        tm, mm = self.time_model, self.memory_model
+        if k == n:
+            tm.fit()
+            mm.fit()
+        else:  # between checkpoints: the models of the last one, the time model updated with the rows since
+            time_rows, memory_rows = self._rows_at[k - 1]
+            if self._fitted_at.get("memory") != k:
+                mm.fit(upto=memory_rows)
+            if tm.n_censored or tm.n_stopped:
+                tm.fit()  # imputation and the noise split need every row
+            else:
+                if self._fitted_at.get("time") != k:
+                    tm.fit(upto=time_rows)
+                tm.update()
+        self._fitted_at = {"time": k, "memory": k}
         self.invariants.fit()
         self._dirty = False
         self._cache.clear()
+
+    def checkpoint(self, n: int) -> int:
+        """The observation count the models are fitted in full at, for ``n`` observations: ``n`` itself up to
+        ``SearchConfig.refit_all_until``, then a sequence growing by ``refit_every`` each step. A function of
+        ``n`` alone, so a searcher rebuilt by replay holds the same models as the one that lived through it."""
+        k = self.config.refit_all_until
+        if n <= k:
+            return n
+        while (step := k + max(1, math.ceil(self.config.refit_every * k))) <= n:
+            k = step
+        return k
 
     def _pool_means(self) -> tuple[np.ndarray, np.ndarray]:
         """Latent log time and mean log peak of every pool row under the current fit (cached until a refit)."""
@@ -542,8 +566,11 @@ class Searcher:
         in their memory-decreasing direction, at most two of them), the best one with low P(OOM)."""
         base = self.pool.candidates[idx[r]]
         savers = self._saver_moves(base)
+        rows = np.flatnonzero(usable & (p_oom < self.config.pairing_target))
+        if self.pool.codes is not None and all(k.values() is not None for k in self.space.knobs):
+            return self._pair_by_codes(idx, r, rows, savers, mu, sd, p_hold, best, cost)
         best_j, best_val = None, -np.inf
-        for j in np.flatnonzero(usable & (p_oom < self.config.pairing_target)):
+        for j in rows:
             c = self.pool.candidates[idx[j]]
             if c.patches != base.patches:
                 continue
@@ -555,6 +582,30 @@ class Searcher:
             if val > best_val:
                 best_j, best_val = int(j), val
         return best_j
+
+    def _pair_by_codes(self, idx: np.ndarray, r: int, rows: np.ndarray, savers: set[tuple[str, object]],
+                       mu: np.ndarray, sd: np.ndarray, p_hold: np.ndarray, best: float,
+                       cost: np.ndarray) -> int | None:
+        """``_pair``'s loop over the pool's value codes at once (every knob enumerable): the same pick."""
+        assert self.pool.codes is not None
+        base = self.pool.candidates[idx[r]]
+        nk = len(self.space.knobs)
+        codes = self.pool.codes[idx[rows]]
+        base_codes = self.pool.codes[idx[r]]
+        moved = codes[:, :nk] != base_codes[:nk]
+        same_patches = np.all(codes[:, nk:] == base_codes[nk:], axis=1)
+        allowed = np.ones(moved.shape, dtype=bool)
+        for col, k in enumerate(self.space.knobs):
+            values = k.values()
+            assert values is not None
+            saves = np.array([(k.name, v) in savers or self._is_saver(k, base[k.name], v) for v in values])
+            allowed[:, col] = saves[codes[:, col].astype(int)]
+        n_moved = moved.sum(axis=1)
+        ok = same_patches & (n_moved >= 1) & (n_moved <= 3) & np.all(~moved | allowed, axis=1)
+        if not ok.any():
+            return None
+        val = expected_improvement(mu[rows], sd[rows], best) * p_hold[rows] / cost[rows]
+        return int(rows[int(np.argmax(np.where(ok, val, -np.inf)))])
 
     def _saver_moves(self, base: Candidate) -> set[tuple[str, object]]:
         """Single knob changes from ``base`` that the memory model (its prior, or what it learnt) prices below

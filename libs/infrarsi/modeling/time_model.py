@@ -73,9 +73,9 @@ class TimeModel:
         self._stop_rows: list[np.ndarray] = []
         self._stop_ys: list[float] = []
         self._normal: tuple[np.ndarray, np.ndarray] | None = None
-        """XᵀWX and XᵀWy of the current posterior (``update`` adds rows to them)."""
-        self._fitted: tuple[int, int, int] = (0, 0, 0)
-        """(measured, stopped, censored) rows in the current posterior."""
+        """XᵀWX and XᵀWy of the last ``_fit_rows`` posterior."""
+        self._anchor: tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+        """(rows, XᵀWX, XᵀWy, mean, weights) of a ``fit(upto=rows)``: what ``update`` adds the later rows to."""
 
     def _scale_interactions(self) -> None:
         """An interaction column is a product of two factors; divide its prior std by both factors' ranges so
@@ -181,17 +181,23 @@ class TimeModel:
         nll += 0.5 * ((log_s - math.log(self.noise_floor)) / 0.5) ** 2
         return float(nll)
 
-    def fit(self, irls_iterations: int = 3, censored_iterations: int = 4) -> None:
+    def fit(self, irls_iterations: int = 3, censored_iterations: int = 4, upto: int | None = None) -> None:
         """Posterior given every observation. Censored ones (step time ≥ bound) enter as their conditional
         mean E[y | y > bound] under the current fit, refitted a few times (Buckley–James style imputation):
-        a bound above what the model expects pulls the candidate's features up; one below it says little."""
+        a bound above what the model expects pulls the candidate's features up; one below it says little.
+
+        ``upto``: only the first ``upto`` measured rows (when there is no censored or stopped row), kept as the
+        anchor that ``update`` adds the later rows to."""
         self._materialise()
-        self._fitted = (self.n, self.n_stopped, self.n_censored)
+        self._anchor = None
         if self._empty():
             self.mean = self.prior_mean.copy()
             return
         if not self._cens_bounds and not self._stop_ys:
-            self._fit_rows(self._x, self._y, irls_iterations)
+            m = self.n if upto is None else min(upto, self.n)
+            self._fit_rows(self._x[:m], self._y[:m], irls_iterations)
+            assert self._normal is not None
+            self._anchor = (m, *self._normal, self.mean.copy(), self._weights.copy())
             return
         from scipy.special import log_ndtr
 
@@ -220,29 +226,24 @@ class TimeModel:
             yc = np.maximum(bounds, m + sd * np.exp(-0.5 * z**2 - 0.5 * math.log(2 * math.pi) - log_ndtr(-z)))
 
     def update(self) -> bool:
-        """Fold the measured rows observed since the last ``fit`` into its posterior, at the fitted noise, prior
-        widths and straggler rule (a new row's Student-t weight from its residual under the current mean): a
-        rank-k update of XᵀWX, O(k·p² + p³), instead of a full fit's evidence search and reweighting, which
-        cost O(n·p²) per iteration. ``False`` (nothing changed) when only a full fit will do: no fit yet, or a
-        censored or stopped row arrived (imputation and the noise split need the whole fit)."""
+        """The posterior of the last ``fit(upto=…)`` with every measured row after it folded in, at that fit's
+        noise, prior widths and straggler rule (a later row's Student-t weight from its residual under the
+        anchor's mean): a rank-k update of XᵀWX, O(k·p² + p³), instead of a full fit's evidence search and
+        reweighting at O(n·p²) per iteration. It depends only on the rows, not on how often it is called (a
+        replayed model equals the live one). ``False`` (nothing changed) when only a full fit will do: no
+        anchor, or a censored or stopped row (imputation and the noise split need the whole fit)."""
         self._materialise()
-        n_fit, stopped, censored = self._fitted
-        if self._normal is None or (stopped, censored) != (self.n_stopped, self.n_censored) or n_fit == 0:
+        if self._anchor is None or self._cens_bounds or self._stop_ys:
             return False
-        if self.n == n_fit:
-            return True
-        x, y = self._x[n_fit:], self._y[n_fit:]
+        m, xtx, xty, mean, weights = self._anchor
+        x, y = self._x[m:], self._y[m:]
         noise_var = self.noise_std**2
         w = np.ones(len(y))
         if self.robust and self.n >= self.min_robust:
-            w = (self.nu + 1) / (self.nu + (y - x @ self.mean) ** 2 / noise_var)
-        xtx, xty = self._normal
-        xtx, xty = xtx + (x * w[:, None]).T @ x, xty + (x * w[:, None]).T @ y
-        self.mean, self._prec_chol = self._posterior(xtx, xty, noise_var)
-        self._normal = (xtx, xty)
-        if not stopped and not censored:  # the weights line up with the measured rows (``posterior_direct``)
-            self._weights = np.concatenate([self._weights, w])
-        self._fitted = (self.n, stopped, censored)
+            w = (self.nu + 1) / (self.nu + (y - x @ mean) ** 2 / noise_var)
+        xw = x * w[:, None]
+        self.mean, self._prec_chol = self._posterior(xtx + xw.T @ x, xty + xw.T @ y, noise_var)
+        self._weights = np.concatenate([weights, w])  # lines up with the measured rows (``posterior_direct``)
         return True
 
     def _fit_rows(self, x: np.ndarray, y: np.ndarray, irls_iterations: int, n_robust: int | None = None,
