@@ -70,25 +70,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"refit at {n} trials, warm, after one new trial: {timed['scheduled']:.3f} s as scheduled "
               f"(rank-k update between full refits), {timed['full']:.3f} s in full")
     decisions: dict[str, list[float]] = {"scheduled": [], "full": []}
+    cpu: dict[str, list[float]] = {"scheduled": [], "full": []}  # on a loaded host wall time is mostly waiting
     for _ in range(25):
         sug = []
         for name, searcher in (("scheduled", s), ("full", full)):  # the same trial, each searcher in turn
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             searcher.observe(Observation(c, o.status, o.step_time_s, o.peak_bytes, o.cost_seconds))
             searcher.should_stop()
             sug = searcher.suggest(1)
             searcher.predict([sug[0].candidate])
             decisions[name].append((time.perf_counter() - t0) * 1000)
+            cpu[name].append((time.process_time() - c0) * 1000)
         c = sug[0].candidate
         o = sc.evaluate(c, rng)
     n_obs = len(s.observations)
-    result["decision_latency_ms"] = {name: {"p50": float(np.percentile(v, 50)), "p95": float(np.percentile(v, 95))}
-                                     for name, v in decisions.items()} | {"observed_trials": n_obs}
+    result["decision_latency_ms"] = {name: {"p50": float(np.percentile(v, 50)), "p95": float(np.percentile(v, 95)),
+                                            "cpu_p50": float(np.percentile(cpu[name], 50))}
+                                     for name, v in decisions.items()} | {"observed_trials": n_obs,
+                                                                          "load_average": os.getloadavg()[0]}
     lat = result["decision_latency_ms"]
     print(f"decision latency (measured -> next proposed) at {n_obs} observed trials: p50 "
           f"{lat['scheduled']['p50']:.1f} ms, p95 {lat['scheduled']['p95']:.1f} ms as scheduled; every refit in "
           f"full: p50 {lat['full']['p50']:.1f} ms, p95 {lat['full']['p95']:.1f} ms "
-          f"(ratio {lat['full']['p50'] / lat['scheduled']['p50']:.2f}x)")
+          f"(ratio {lat['full']['p50'] / lat['scheduled']['p50']:.2f}x); CPU time p50 {lat['scheduled']['cpu_p50']:.1f} "
+          f"vs {lat['full']['cpu_p50']:.1f} ms; load average {lat['load_average']:.1f}")
     s = Searcher(sc.space, sc.capacity_bytes, meta=meta, pool=pool, seed=1)
     lat = []
     for k in range(130):
