@@ -16,7 +16,7 @@ import secrets
 import time
 from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 import msgspec
 
@@ -724,8 +724,13 @@ PAYLOAD_TYPES: tuple[type, ...] = Payload.__args__
 EVENT_TYPES: tuple[str, ...] = tuple(t.__name__ for t in PAYLOAD_TYPES)
 
 
-class Event(msgspec.Struct, frozen=True, kw_only=True):
-    """The envelope of every message on the bus."""
+PayloadT = TypeVar("PayloadT")
+
+
+class Envelope(msgspec.Struct, Generic[PayloadT], frozen=True, kw_only=True):
+    """The envelope of every message on the bus, over a payload type: ``Event`` is the one services use; the
+    event log's fast paths decode ``Envelope[msgspec.Raw]`` (payload kept as JSON text) and an envelope whose
+    payload can only be a ``TrialStep`` (``eventlog.decoding``)."""
 
     event_id: str
     type: str
@@ -737,7 +742,11 @@ class Event(msgspec.Struct, frozen=True, kw_only=True):
     """The service or command that published it."""
     ts: datetime
     schema_version: int = SCHEMA_VERSION
-    payload: Payload
+    payload: PayloadT
+
+
+class Event(Envelope[Payload], frozen=True, kw_only=True):
+    """The envelope of every message on the bus."""
 
 
 class DeadLetter(msgspec.Struct, frozen=True, kw_only=True):

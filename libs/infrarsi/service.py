@@ -140,13 +140,14 @@ class Service(ABC):
     name: ClassVar[str]
     consumes: ClassVar[tuple[type, ...]]
     """Payload types this service reacts to."""
-    concurrency: ClassVar[int] = 1
-    """How many events may be handled at once (the launcher's parallel trial slots)."""
+    concurrency: int = 1
+    """How many events may be handled at once (the launcher's parallel trial slots; set per instance)."""
     control: ClassVar[tuple[type, ...]] = ()
     """Payload types (among ``consumes``) read by a consumer of their own (``<name>-control``) and handled as
     they come, beside the slots: a request about work in progress (the launcher's ``TrialStopRequested``)
     must not wait for that work to end. Their handlers must be quick."""
-    ack_wait_s: ClassVar[float] = 30.0
+    ack_wait_s: float = 30.0
+    """Redelivery wait of the service's consumer (the launcher's comes from its settings, per instance)."""
     retry_delay_s: ClassVar[float] = 1.0
     """Delay before the first retry of a failed handler; it doubles with each try (1, 2, 4, 8 s)."""
 

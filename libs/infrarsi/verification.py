@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, TypedDict
+from typing import Literal
 
 import numpy as np
 from scipy import stats
@@ -365,27 +365,6 @@ class Round:
         return len(self.runs) >= 2 * self.repeats
 
 
-class VerifyFields(TypedDict):
-    """The fields of one ``events.VerifyCompleted`` as ``decide`` computes them (``VerifyCompleted(**fields)``)."""
-
-    verify_id: str
-    candidate: ev.Candidate
-    candidate_key: str
-    passes: int
-    promotable: bool
-    speedup: float
-    ci_low: float
-    ci_high: float
-    baseline_step_s: float
-    candidate_step_s: float
-    mfu_before: float | None
-    mfu_after: float | None
-    invariants: list[ev.InvariantResult]
-    failed_invariants: list[str]
-    trial_ids: list[str]
-    unchecked_invariants: list[str]
-
-
 def decide(
     round_: Round,
     *,
@@ -394,8 +373,8 @@ def decide(
     loss_rule: LossRule,
     resamples: int = BOOTSTRAP_RESAMPLES,
     seed: int = BOOTSTRAP_SEED,
-) -> VerifyFields:
-    """The ``VerifyCompleted`` fields of one finished round.
+) -> ev.VerifyCompleted:
+    """The ``VerifyCompleted`` of one finished round.
 
     Round passes ⇔ every run finished ok, every invariant holds on every run (telemetry's verdicts and the
     paired checks), and the CI's lower bound > 1. ``passes`` counts passed rounds so far; the candidate is
@@ -467,24 +446,24 @@ def decide(
         speedup = low = high = base_s = cand_s = 0.0  # nothing comparable: reads as "no speed-up shown"
     passed = not failed and low > 1.0
     passes = passes_before + (1 if passed else 0)
-    return {
-        "verify_id": round_.verify_id,
-        "candidate": round_.candidate,
-        "candidate_key": round_.candidate.key(),
-        "passes": passes,
-        "promotable": passed and passes >= passes_required,
-        "speedup": speedup,
-        "ci_low": low,
-        "ci_high": high,
-        "baseline_step_s": base_s,
-        "candidate_step_s": cand_s,
-        "mfu_before": float(np.median(a_mfu)) if a_mfu else None,
-        "mfu_after": float(np.median(b_mfu)) if b_mfu else None,
-        "invariants": invariants,
-        "failed_invariants": failed,
-        "trial_ids": sorted(round_.runs, key=lambda t: (round_.runs[t].pair, round_.runs[t].arm)),
-        "unchecked_invariants": sorted(unchecked - set(verdicts)),
-    }
+    return ev.VerifyCompleted(
+        verify_id=round_.verify_id,
+        candidate=round_.candidate,
+        candidate_key=round_.candidate.key(),
+        passes=passes,
+        promotable=passed and passes >= passes_required,
+        speedup=speedup,
+        ci_low=low,
+        ci_high=high,
+        baseline_step_s=base_s,
+        candidate_step_s=cand_s,
+        mfu_before=float(np.median(a_mfu)) if a_mfu else None,
+        mfu_after=float(np.median(b_mfu)) if b_mfu else None,
+        invariants=invariants,
+        failed_invariants=failed,
+        trial_ids=sorted(round_.runs, key=lambda t: (round_.runs[t].pair, round_.runs[t].arm)),
+        unchecked_invariants=sorted(unchecked - set(verdicts)),
+    )
 
 
 def round_passed(done: ev.VerifyCompleted) -> bool:

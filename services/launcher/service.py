@@ -42,6 +42,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import yaml
@@ -394,7 +395,7 @@ class LauncherService(Service):
         return await self._follow_job(backend, handle, time.monotonic(), stall_before, candidate, study)
 
     async def _reattach(
-        self, submitted: dict, candidate: ev.Candidate, study: Study, tdir: Path
+        self, submitted: dict[str, Any], candidate: ev.Candidate, study: Study, tdir: Path
     ) -> ev.TrialFinished | None:
         """Follow the job a previous life submitted to a scheduler; ``None`` when there is none to follow
         (the trial is then marked abandoned, as a local job would be)."""
@@ -402,7 +403,7 @@ class LauncherService(Service):
         backend = self.backend(options)
         spec = _spec_from_json(submitted["spec"]) if backend.survives_launcher else None
         handle = await asyncio.to_thread(backend.attach, spec) if spec is not None else None
-        if handle is None:
+        if spec is None or handle is None:
             started = float(submitted.get("started_at", time.time()))
             (tdir / "abandoned.json").write_text(json.dumps({"wall_s": max(0.0, time.time() - started), "launched": True}))
             return None
@@ -577,7 +578,7 @@ class LauncherService(Service):
             rank = path.stem.removeprefix("probe-rank")
             for line in path.read_bytes().splitlines():
                 record = ev.decode_or_none(line, (ev.TrialStep,))  # None: a torn last line of a killed job
-                if record is None:
+                if record is None or not isinstance(record.payload, ev.TrialStep):
                     continue
                 await self.bus.publish_raw(
                     subject, line, msg_id=step_msg_id(trial_id, rank, record.payload.step), stream=TELEMETRY_STREAM
@@ -632,17 +633,18 @@ def _emulated_capacity(cluster: ev.ClusterInfo) -> int | None:
     return None
 
 
-def _spec_to_json(spec: JobSpec) -> dict:
+def _spec_to_json(spec: JobSpec) -> dict[str, Any]:
     return {**dataclasses.asdict(spec), "workdir": str(spec.workdir), "state_dir": str(spec.state_dir)}
 
 
-def _spec_from_json(data: dict) -> JobSpec:
+def _spec_from_json(data: dict[str, Any]) -> JobSpec:
     return JobSpec(**{**data, "workdir": Path(data["workdir"]), "state_dir": Path(data["state_dir"])})
 
 
-def _read_json(path: Path) -> dict | None:
+def _read_json(path: Path) -> dict[str, Any] | None:
     try:
-        return json.loads(path.read_text())
+        record: dict[str, Any] = json.loads(path.read_text())
+        return record
     except (OSError, ValueError):
         return None
 

@@ -159,13 +159,12 @@ class VerifierLogic(Fold):
         verification.round.runs[trial_id] = make(trial_id, planned.arm, planned.pair)
         if not verification.round.complete():
             return []
-        fields = vf.decide(
+        done = vf.decide(
             verification.round,
             passes_before=verification.passes,
             passes_required=verification.rules.passes_required,
             loss_rule=verification.rules.loss_rule,
         )
-        done = ev.VerifyCompleted(**fields)
         verification.history.append(done)
         verification.passes = done.passes
         out = [Emission(done, verification.study_id, None, f"{verify_id}:round{verification.round.round_no}")]

@@ -80,10 +80,8 @@ class LocalBackend(Backend):
                             found.setdefault(proc.pid, proc)
         return procs.kill_all(found.values(), grace_s=self.term_grace_s) if found else 0
 
-    def close(self) -> None:
-        for handle in list(self._live.values()):
-            self.cancel(handle, "backend closed")
-            self.collect(handle)
+    def live_jobs(self) -> list[JobHandle]:
+        return list(self._live.values())
 
     # ---------------------------------------------------------------- jobs
 

@@ -199,10 +199,8 @@ class SimBackend(Backend):
         self.publish = publish
         self._live: dict[str, JobHandle] = {}
 
-    def close(self) -> None:
-        for handle in list(self._live.values()):
-            self.cancel(handle, "backend closed")
-            self.collect(handle)
+    def live_jobs(self) -> list[JobHandle]:
+        return list(self._live.values())
 
     def submit(self, spec: JobSpec) -> JobHandle:
         from infrarsi.sim.scenarios import get_scenario

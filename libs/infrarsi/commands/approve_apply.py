@@ -37,7 +37,7 @@ from infrarsi import verification as vf
 from infrarsi.bus import Bus
 from infrarsi.commands.study_log import read_study, recording_bus
 from infrarsi.contract import Contract, PatchIndex, PatchInfo, locked_contract
-from infrarsi.errors import EXIT_FAILED, EXIT_REFUSED, UserError
+from infrarsi.errors import EXIT_FAILED, EXIT_REFUSED, Refused, UserError
 from infrarsi.policy import ACTION_CLASSES, Operation, check
 from infrarsi.signing import SigningError
 from infrarsi.workspace import (
@@ -70,12 +70,8 @@ __all__ = [
 ]
 
 
-class ApplyRefused(Exception):
+class ApplyRefused(Refused):
     """Apply may not go ahead; ``reasons`` says why (one line each)."""
-
-    def __init__(self, reasons: Sequence[str]) -> None:
-        self.reasons = list(reasons)
-        super().__init__("; ".join(self.reasons))
 
 
 @dataclass(frozen=True)
@@ -242,8 +238,7 @@ def measured_verification(
                     round_.runs[p.trial_id] = vf.RunMeasurement.from_finished(p.trial_id, p.arm, p.pair, f)
                 case _:
                     raise ApplyRefused([f"verification {done.verify_id}: trial {p.trial_id} was never measured"])
-        fields = vf.decide(round_, passes_before=passes, passes_required=contract.verify.passes_required, loss_rule=rule)
-        derived = ev.VerifyCompleted(**fields)
+        derived = vf.decide(round_, passes_before=passes, passes_required=contract.verify.passes_required, loss_rule=rule)
         passes = derived.passes
         if derived != done:
             raise ApplyRefused([

@@ -193,29 +193,15 @@ class AgentSummary:
     """(candidate key, the model's reason) of each checked candidate it proposed."""
 
 
-@dataclass(frozen=True)
-class Verdict:
+class Verdict(ev.VerifyCompleted, frozen=True, kw_only=True):
     """The final ``VerifyCompleted`` of one verification, with its audit trail."""
 
-    verify_id: str
-    candidate_key: str
-    knobs: dict[str, Any]
     patches: list[PatchAudit]
-    promotable: bool
-    passes: int
-    speedup: float
-    ci_low: float
-    ci_high: float
-    baseline_step_s: float
-    candidate_step_s: float
-    mfu_before: float | None
-    mfu_after: float | None
-    invariants: list[ev.InvariantResult]
-    failed_invariants: list[str]
     rounds: int
-    trial_ids: list[str]
-    unchecked_invariants: list[str] = field(default_factory=list)
-    """Invariants no run of the final round could check (coarse measurement)."""
+
+    @property
+    def knobs(self) -> dict[str, Any]:
+        return dict(self.candidate.knobs)
 
     @property
     def files_changed(self) -> list[str]:
@@ -507,20 +493,9 @@ def _verdicts(con: duckdb.DuckDBPyConnection, study_id: str, workload_dir: Path 
         {"study": study_id},
     ).fetchall()
     out = []
-    for verify_id, rounds, last_json in rows:
+    for _verify_id, rounds, last_json in rows:
         last = msgspec.json.decode(last_json, type=ev.VerifyCompleted)
-        out.append(
-            Verdict(
-                verify_id=verify_id, candidate_key=last.candidate_key, knobs=dict(last.candidate.knobs),
-                patches=[_patch_audit(workload_dir, patch_dir, p, origins) for p in last.candidate.patches],
-                promotable=last.promotable, passes=last.passes, speedup=last.speedup,
-                ci_low=last.ci_low, ci_high=last.ci_high,
-                baseline_step_s=last.baseline_step_s, candidate_step_s=last.candidate_step_s,
-                mfu_before=last.mfu_before, mfu_after=last.mfu_after,
-                invariants=list(last.invariants), failed_invariants=list(last.failed_invariants),
-                rounds=int(rounds), trial_ids=list(last.trial_ids),
-                unchecked_invariants=list(last.unchecked_invariants),
-            )
-        )
+        patches = [_patch_audit(workload_dir, patch_dir, p, origins) for p in last.candidate.patches]
+        out.append(Verdict(**msgspec.structs.asdict(last), patches=patches, rounds=int(rounds)))
     out.sort(key=lambda v: (not v.promotable, -v.speedup))
     return out
