@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -44,12 +44,16 @@ PLAIN_CANDIDATES = 4
 
 @dataclass(frozen=True)
 class TrialRow:
+    """One trial of a study as the log tells it (``TrialProposed`` + ``TrialFinished`` + ``TrialMeasured``)."""
+
     trial_id: str
-    kind: str
-    knobs: dict[str, object]
-    status: str
-    accelerator_s: float
-    step_time_s: float | None
+    kind: str = "search"
+    knobs: dict[str, object] = field(default_factory=dict)
+    """The candidate's launch keys (empty: the golden baseline)."""
+    status: str = "ok"
+    accelerator_s: float = 0.0
+    step_time_s: float | None = None
+    """Telemetry's steady step time (``None``: nothing measured)."""
 
 
 @dataclass(frozen=True)
