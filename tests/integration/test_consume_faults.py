@@ -2,7 +2,8 @@
 
 Covers: a 7 MB malformed message and a 5,000-deep nested one are dead-lettered (a bounded copy and a digest)
 and the next valid event is handled; a restarted service replays past them instead of crash-looping; a
-consumer deleted under a running service is bound again; a consume loop that stops pulling is reported
+consumer deleted under a running service is bound again, and so is a subscription that fetches nothing while
+its consumer has pending messages (orphaned by a cluster leader change); a consume loop that stops pulling is reported
 ``stalled`` by the heartbeat and by ``infrarsi status``; a comma-separated server list connects.
 """
 
@@ -97,6 +98,43 @@ async def test_a_deleted_consumer_is_bound_again_and_the_next_event_handled(
         runner.stopping.set()
         await asyncio.wait_for(task, 20)
         await runner.bus.close()
+        await bus.close()
+
+
+async def test_a_subscription_that_fetches_nothing_while_its_consumer_has_pending_is_bound_again(
+    fresh_nats_server, wait_for, payload_samples, monkeypatch
+) -> None:
+    """The 3-node finding: after the stream leader was killed, a pull subscription fetched nothing (no error)
+    while its consumer's pending count grew, and the service went on "up". Here the first subscription is made
+    to fetch nothing, as the orphaned one did; the loop must notice the pending messages and bind again.
+    Without the re-check (``RECHECK_EMPTY_FETCHES``) the event is never handled."""
+    service_bus = await Bus.connect(fresh_nats_server, service="proposer")
+    real_fetch = service_bus.fetch
+    orphaned: list[object] = []
+
+    async def fetch(sub, batch=64, timeout_s=1.0):
+        if not orphaned:
+            orphaned.append(sub)  # the first binding goes deaf, as the orphaned subscription on the cluster
+        if sub is orphaned[0]:
+            await asyncio.sleep(timeout_s)
+            return []
+        return await real_fetch(sub, batch=batch, timeout_s=timeout_s)
+
+    monkeypatch.setattr(service_bus, "fetch", fetch)
+    runner = Runner(ProposerService(), service_bus, grace_s=2.0)
+    task = asyncio.create_task(runner.run())
+    bus = await Bus.connect(fresh_nats_server, service="test")
+    try:
+        await wait_for(lambda: orphaned)
+        study = ev.new_id()
+        await bus.publish(_study_created(study, payload_samples))
+        await wait_for(lambda: study in runner.service.status()["studies"], timeout_s=60.0)
+        assert runner.consumers["proposer"].rebinds >= 1 and not task.done()
+    finally:
+        runner.stopping.set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, 20)
+        await service_bus.close()
         await bus.close()
 
 
