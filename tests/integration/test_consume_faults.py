@@ -101,6 +101,23 @@ async def test_a_deleted_consumer_is_bound_again_and_the_next_event_handled(
         await bus.close()
 
 
+@contextlib.asynccontextmanager
+async def _proposer_running(url: str, service_bus: Bus):
+    """A proposer ``Runner`` on ``service_bus`` and a test bus, yielded as (runner, its task, test bus); the runner
+    is stopped and both buses closed on every path."""
+    runner = Runner(ProposerService(), service_bus, grace_s=2.0)
+    task = asyncio.create_task(runner.run())
+    bus = await Bus.connect(url, service="test")
+    try:
+        yield runner, task, bus
+    finally:
+        runner.stopping.set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, 20)
+        await service_bus.close()
+        await bus.close()
+
+
 async def test_a_subscription_that_fetches_nothing_while_its_consumer_has_pending_is_bound_again(
     fresh_nats_server, wait_for, payload_samples, monkeypatch
 ) -> None:
@@ -121,21 +138,12 @@ async def test_a_subscription_that_fetches_nothing_while_its_consumer_has_pendin
         return await real_fetch(sub, batch=batch, timeout_s=timeout_s)
 
     monkeypatch.setattr(service_bus, "fetch", fetch)
-    runner = Runner(ProposerService(), service_bus, grace_s=2.0)
-    task = asyncio.create_task(runner.run())
-    bus = await Bus.connect(fresh_nats_server, service="test")
-    try:
+    async with _proposer_running(fresh_nats_server, service_bus) as (runner, task, bus):
         await wait_for(lambda: orphaned)
         study = ev.new_id()
         await bus.publish(_study_created(study, payload_samples))
         await wait_for(lambda: study in runner.service.status()["studies"], timeout_s=60.0)
         assert runner.consumers["proposer"].rebinds >= 1 and not task.done()
-    finally:
-        runner.stopping.set()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(task, 20)
-        await service_bus.close()
-        await bus.close()
 
 
 async def test_a_consumer_that_stops_pulling_is_reported_stalled(fresh_nats_server, wait_for, monkeypatch) -> None:
@@ -147,10 +155,7 @@ async def test_a_consumer_that_stops_pulling_is_reported_stalled(fresh_nats_serv
         hung.set()
         await asyncio.sleep(3600)
 
-    runner = Runner(ProposerService(), service_bus, grace_s=2.0)
-    task = asyncio.create_task(runner.run())
-    bus = await Bus.connect(fresh_nats_server, service="test")
-    try:
+    async with _proposer_running(fresh_nats_server, service_bus) as (runner, _task, bus):
         await wait_for(lambda: runner.consumers)
         monkeypatch.setattr(service_bus, "fetch", hanging_fetch)
         await hung.wait()
@@ -164,12 +169,6 @@ async def test_a_consumer_that_stops_pulling_is_reported_stalled(fresh_nats_serv
         heartbeat = await bus.nc.subscribe(subjects.heartbeat_subject("proposer"))
         beat = json.loads((await heartbeat.next_msg(timeout=5.0)).data)
         assert beat["stalled"] == ["proposer"]
-    finally:
-        runner.stopping.set()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(task, 20)
-        await service_bus.close()
-        await bus.close()
 
 
 async def test_a_comma_separated_server_list_connects(fresh_nats_server) -> None:
