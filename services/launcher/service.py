@@ -49,6 +49,7 @@ import yaml
 from infrarsi import credentials, fswatch, procs, stats, tracing, workspace
 from infrarsi import events as ev
 from infrarsi.backends import Backend, JobHandle, JobResult, JobSpec, SubmitError, backend_class, make_backend
+from infrarsi.backends.base import read_json_record
 from infrarsi.contract import (
     BackendSpec,
     Contract,
@@ -186,12 +187,12 @@ class LauncherService(Service):
                 with contextlib.suppress(workspace.WorkspaceError, OSError):
                     _remove_worktree(tdir / "worktree")
                 continue
-            submitted = _read_json(tdir / "submitted.json")
+            submitted = read_json_record(tdir / "submitted.json")
             if submitted is not None and backend_class(submitted["backend"]["kind"]).survives_launcher:
                 continue
             with contextlib.suppress(workspace.WorkspaceError, OSError):
                 _remove_worktree(tdir / "worktree")
-            job = _read_json(tdir / "job.json")
+            job = read_json_record(tdir / "job.json")
             started = float(job.get("started_at", time.time())) if job else time.time()
             (tdir / "abandoned.json").write_text(
                 json.dumps({"wall_s": max(0.0, time.time() - started), "launched": job is not None})
@@ -270,14 +271,14 @@ class LauncherService(Service):
             return
         launcher = study.contract.workload.launcher
         ranks = launcher.nnodes * launcher.nproc_per_node
-        if (submitted := _read_json(tdir / "submitted.json")) is not None and not (tdir / "abandoned.json").exists():
+        if (submitted := read_json_record(tdir / "submitted.json")) is not None and not (tdir / "abandoned.json").exists():
             finished = await self._reattach(submitted, proposed.candidate, study, tdir)
             if finished is not None:
                 with contextlib.suppress(workspace.WorkspaceError, OSError):
                     await asyncio.to_thread(_remove_worktree, tdir / "worktree")
                 await self._finish(out, tdir, finished, republish_from=tdir / "probe", trial_id=trial_id, study_id=event.study_id)
                 return
-        if (abandoned := _read_json(tdir / "abandoned.json")) is not None:
+        if (abandoned := read_json_record(tdir / "abandoned.json")) is not None:
             wall = float(abandoned.get("wall_s", 0.0))
             await self._finish(
                 out, tdir, ev.TrialFinished(
@@ -639,14 +640,6 @@ def _spec_to_json(spec: JobSpec) -> dict[str, Any]:
 
 def _spec_from_json(data: dict[str, Any]) -> JobSpec:
     return JobSpec(**{**data, "workdir": Path(data["workdir"]), "state_dir": Path(data["state_dir"])})
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        record: dict[str, Any] = json.loads(path.read_text())
-        return record
-    except (OSError, ValueError):
-        return None
 
 
 def _all_records(probe_dir: Path) -> list[ev.TrialStep]:

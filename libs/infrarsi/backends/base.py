@@ -25,6 +25,7 @@ Slurm (sbatch/squeue/scancel) and Kubernetes (Job manifests) fit the same five c
 
 from __future__ import annotations
 
+import json
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -43,6 +44,16 @@ def device_oom_line(output: str) -> str | None:
     line_start = output.rfind("\n", 0, match.start()) + 1
     line_end = output.find("\n", match.end())
     return output[line_start : line_end if line_end != -1 else None].strip()[:300]
+
+
+def read_json_record(path: Path) -> dict[str, Any] | None:
+    """A JSON object a job or the launcher wrote to a state directory (a cancel note, a node's OOM, a submitted
+    job), or ``None`` when it is missing or unreadable (not written yet, or torn by a kill)."""
+    try:
+        record: dict[str, Any] = json.loads(path.read_text())
+        return record
+    except (OSError, ValueError):
+        return None
 
 
 class SubmitError(Exception):

@@ -36,7 +36,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from infrarsi.backends.base import Backend, JobHandle, JobResult, JobSpec, SubmitError, device_oom_line
+from infrarsi.backends.base import (
+    Backend,
+    JobHandle,
+    JobResult,
+    JobSpec,
+    SubmitError,
+    device_oom_line,
+    read_json_record,
+)
 from infrarsi.backends.kubernetes_manifests import (
     CONTAINER,
     PYTORCHJOB,
@@ -234,7 +242,7 @@ class KubernetesBackend(Backend):
         with self._lock:
             self._live.pop(spec.name, None)
         output = "\n".join(f"--- pod {p.name} ---\n{p.log}" if len(pods) > 1 else p.log for p in pods)
-        ours = _read_json(spec.state_dir / "cancel.json")
+        ours = read_json_record(spec.state_dir / "cancel.json")
         kind = handle.private.objects[-1]["kind"]
         cancelled = None
         if ours is not None:
@@ -450,14 +458,6 @@ def _api_message(exc: Any) -> str:
         return str(json.loads(exc.body)["message"])
     except (TypeError, ValueError, KeyError):
         return str(exc.reason)
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        record: dict[str, Any] = json.loads(path.read_text())
-        return record
-    except (OSError, ValueError):
-        return None
 
 
 def _read_json_list(path: Path) -> list[dict[str, Any]]:

@@ -30,10 +30,17 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
-from infrarsi.backends.base import Backend, JobHandle, JobResult, JobSpec, SubmitError, device_oom_line
+from infrarsi.backends.base import (
+    Backend,
+    JobHandle,
+    JobResult,
+    JobSpec,
+    SubmitError,
+    device_oom_line,
+    read_json_record,
+)
 from infrarsi.backends.local import TAIL_BYTES, tail_of
 from infrarsi.contract import BackendSpec
 
@@ -261,14 +268,14 @@ class SlurmBackend(Backend):
         output = "\n".join(t for t in tails if t)
         state = record.state if record else (job.state or "UNKNOWN")
         raw_state = record.raw_state if record else state
-        node_ooms = [_read_json(p) for p in sorted(spec.state_dir.glob("oom-node*.json"))]
+        node_ooms = [read_json_record(p) for p in sorted(spec.state_dir.glob("oom-node*.json"))]
         end = slurm_end(
-            job.job_id, state, raw_state, ours=_read_json(spec.state_dir / "cancel.json"),
+            job.job_id, state, raw_state, ours=read_json_record(spec.state_dir / "cancel.json"),
             node_oom=node_ooms[0] if node_ooms else None, output=output, time_limit=self.options.time_limit,
         )  # fmt: skip
         peaks: dict[int, int] = {}
         for path in spec.state_dir.glob("peaks-node*.json"):
-            peaks.update({int(k): int(v) for k, v in (_read_json(path) or {}).items()})
+            peaks.update({int(k): int(v) for k, v in (read_json_record(path) or {}).items()})
         ended = job.ended_at or time.time()
         accelerator_s = None
         if record is not None:
@@ -342,9 +349,3 @@ def _slurm(argv: list[str]) -> str:
     return proc.stdout.strip()
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        record: dict[str, Any] = json.loads(path.read_text())
-        return record
-    except (OSError, ValueError):
-        return None
