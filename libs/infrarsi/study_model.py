@@ -271,7 +271,7 @@ def single_changes(study: StudySpace) -> list[tuple[str, Candidate, str | None, 
         for v in values:
             if v == base[k.name]:
                 continue
-            out.append((f"{k.name}={v}", base.replace(**{k.name: v}), k.name, v))
+            out.append((f"{k.name}={v}", base.with_knob(k.name, v), k.name, v))
     for p in study.space.patches:
         out.append((f"patch:{p.id}", Candidate.of(base.knobs, base.patches | {p.id}), None, p.id))
     return out

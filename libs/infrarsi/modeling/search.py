@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -30,7 +30,15 @@ from infrarsi.modeling.acquisition import (
 )
 from infrarsi.modeling.memory_model import MemoryModel, TransformerMeta, structural_components
 from infrarsi.modeling.priors import KnowledgeBase, default_knowledge_base
-from infrarsi.modeling.space import Candidate, Categorical, FeatureEncoder, SearchSpace, maximin_select
+from infrarsi.modeling.space import (
+    Candidate,
+    Categorical,
+    FeatureEncoder,
+    Knob,
+    KnobValue,
+    SearchSpace,
+    maximin_select,
+)
 from infrarsi.modeling.time_model import TimeModel
 
 Status = Literal["ok", "oom", "crash", "invariant_violation", "timeout", "stopped_slow", "scope_violation"]
@@ -208,9 +216,9 @@ class Searcher:
     # ------------------------------------------------------------------------------------------- events
     @classmethod
     def replay(cls, space: SearchSpace, capacity_bytes: float, observations: Iterable[Observation],
-               **kwargs: object) -> Searcher:
-        """Rebuild from the ordered event log (the services are event-sourced)."""
-        s = cls(space, capacity_bytes, **kwargs)  # type: ignore[arg-type]
+               **kwargs: Any) -> Searcher:
+        """Rebuild from the ordered event log (the services are event-sourced); ``kwargs``: the constructor's."""
+        s = cls(space, capacity_bytes, **kwargs)
         for o in observations:
             s.observe(o)
         return s
@@ -319,7 +327,8 @@ class Searcher:
         base = len(self.space.knobs)
         for j, p in enumerate(self.space.patches):
             logp += codes[:, base + j] * math.log(max(1.0 - inv.p_bad(p.id), 1e-12))
-        return np.exp(logp)
+        p_hold: np.ndarray = np.exp(logp)
+        return p_hold
 
     def _incumbent(self) -> float | None:
         """Best posterior mean log time among observed candidates that kept every invariant."""
@@ -358,7 +367,8 @@ class Searcher:
             near.extend(self.pool.neighbour_indices(self.pool.index[o.candidate.key]).tolist())
         near_arr = np.array([i for i in near if i < n and not blocked[i]], dtype=int)
         idx = np.unique(np.concatenate([top_any, top_fit, rand, near_arr]).astype(int))
-        return idx[~blocked[idx]]
+        shortlist: np.ndarray = idx[~blocked[idx]]
+        return shortlist
 
     # ---------------------------------------------------------------------------------------- suggest
     def suggest(self, n: int = 1, pending: Sequence[Candidate] = ()) -> list[Suggestion]:
@@ -514,20 +524,20 @@ class Searcher:
         moves = [(k.name, v) for k in self.space.knobs for v in (k.values() or ()) if v != base[k.name]]
         if not moves:
             return set()
-        mu, _ = self.memory_model.predict_log([base, *(base.replace(**{name: v}) for name, v in moves)])
+        mu, _ = self.memory_model.predict_log([base, *(base.with_knob(name, v) for name, v in moves)])
         return {m for m, d in zip(moves, mu[1:] - mu[0], strict=True) if d < 0}
 
-    def _is_saver(self, k: object, old: object, new: object) -> bool:
+    def _is_saver(self, k: Knob, old: KnobValue, new: KnobValue) -> bool:
         """A move the space declares memory-saving (a categorical's memory order, a knob's memory direction)."""
         if isinstance(k, Categorical):
             if k.memory_order is None:
                 return False
-            return k.memory_order.index(new) < k.memory_order.index(old)  # type: ignore[arg-type]
-        name = k.name  # type: ignore[attr-defined]
+            return k.memory_order.index(new) < k.memory_order.index(old)
+        name = k.name
         if name == "dp":
             return True  # moves with tp/pp under tp*pp*dp == devices
         d = self.space.memory_direction.get(name, 0)
-        return d != 0 and (float(new) - float(old)) * d < 0  # type: ignore[arg-type]
+        return d != 0 and (float(new) - float(old)) * d < 0
 
     # ------------------------------------------------------------------------------------ stop / verify
     def max_expected_improvement(self) -> float:
@@ -540,6 +550,7 @@ class Searcher:
         if idx.size == 0:
             return 0.0
         mu, sd = self.time_model.predict_encoded(self.pool.x_time[idx])
+        assert sd is not None  # asked for (with_std)
         p_ok = (1.0 - self._p_oom(idx)) * self._p_hold(idx)
         return float(np.max(expected_improvement(mu, sd, best) * p_ok))
 
