@@ -232,7 +232,8 @@ class MemoryModel:
         u, v, w = theta[:p], theta[p:2 * p], theta[2 * p]
         s_term = sa[:, 0] * np.exp(x @ u)  # (n,)
         a_term = sa[:, 1] * np.exp(x @ v)  # (n,)
-        o_term = self.meta.workspace_bytes * math.exp(w)  # type: ignore[union-attr]
+        assert self.meta is not None  # structured
+        o_term = self.meta.workspace_bytes * math.exp(w)
         total = s_term + a_term + o_term
         grad = np.concatenate([x * (s_term / total)[:, None], x * (a_term / total)[:, None],
                                (o_term / total)[:, None]], axis=1)  # (n, 2p+1)
