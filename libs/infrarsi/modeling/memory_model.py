@@ -151,15 +151,19 @@ class MemoryModel:
     """
 
     def __init__(self, space: SearchSpace, capacity_bytes: float, meta: TransformerMeta | None = None,
-                 kb: KnowledgeBase | None = None, correction_std: float = 0.12, censored: bool = True) -> None:
+                 kb: KnowledgeBase | None = None, correction_std: float = 0.12, censored: bool = True,
+                 interaction_std: float | None = None) -> None:
         self.space = space
         self.capacity_bytes = float(capacity_bytes)
         self.meta = meta
         self.kb = kb or default_knowledge_base()
         self.censored = censored
-        self.encoder = FeatureEncoder(space, interactions=False)
-        p = self.encoder.dim
         self.structured = meta is not None
+        # generic mode with interaction_std: products of knob pairs too (the time model's columns), so a peak
+        # that is a sum of terms — a batch-sized activation term beside a shard-split state term — is not
+        # forced into one product of per-knob factors
+        self.encoder = FeatureEncoder(space, interactions=interaction_std is not None and not self.structured)
+        p = self.encoder.dim
         if self.structured:
             assert meta is not None
             # which knobs can correct which component: the formula's known weak spots are the activation
@@ -191,7 +195,7 @@ class MemoryModel:
             # identified next to tens of GB of states and activations, so a loose prior here lets it wander by GBs
             self.prior_std = np.concatenate([std_s, std_a, [0.2]])
         else:
-            mean, std = self.kb.memory_priors(self.encoder)
+            mean, std = self.kb.memory_priors(self.encoder, interaction_std or 0.05)
             mean[0] = math.log(self.capacity_bytes * 0.6)
             std[0] = 1.0
             self.prior_mean, self.prior_std = mean, std
@@ -209,7 +213,7 @@ class MemoryModel:
         """A finished trial's peak; for an OOM, ``peak_bytes`` is the censoring bound."""
         if oom and not self.censored:
             return
-        self._x.append(self.encoder.encode_main(c))
+        self._x.append(self.encoder.encode(c))
         self._sa.append(self._components(c))
         self._y.append(math.log(max(peak_bytes, 1.0)))
         self._cens.append(oom)
@@ -238,6 +242,14 @@ class MemoryModel:
         grad = np.concatenate([x * (s_term / total)[:, None], x * (a_term / total)[:, None],
                                (o_term / total)[:, None]], axis=1)  # (n, 2p+1)
         return np.log(total), grad
+
+    def log_mean(self, theta: np.ndarray, x: np.ndarray, sa: np.ndarray) -> np.ndarray:
+        """μ of ``log_mean_grad`` without the gradient (a whole pool at once: the gradient is (n, 2p+1))."""
+        if not self.structured:
+            return x @ theta
+        p = x.shape[1]
+        o_term = self.meta.workspace_bytes * math.exp(theta[2 * p])  # type: ignore[union-attr]
+        return np.log(sa[:, 0] * np.exp(x @ theta[:p]) + sa[:, 1] * np.exp(x @ theta[p:2 * p]) + o_term)
 
     # ---- fit
     def _nll_only(self, log_sigma: float, mu: np.ndarray, y: np.ndarray, cens: np.ndarray,
@@ -281,17 +293,20 @@ class MemoryModel:
     log_sigma_prior = (math.log(0.03), 0.7)
     log_sigma_bounds = (math.log(0.01), math.log(1.0))
 
-    def fit(self, max_iterations: int = 50) -> MemoryFit:
+    def fit(self, max_iterations: int = 50, upto: int | None = None) -> MemoryFit:
         """MAP by damped Gauss-Newton in θ (Levenberg-Marquardt) alternating with a 1-D update of log σ,
-        warm-started from the previous fit; `fit_lbfgs` is the plain reference optimiser."""
+        warm-started from the previous fit; `fit_lbfgs` is the plain reference optimiser. ``upto``: only the
+        first ``upto`` observations (the searcher's refit schedule)."""
         import time
 
         t0 = time.perf_counter()
-        if self.n == 0:
+        if self.n == 0 or upto == 0:
             self.fit_result = MemoryFit(self.theta, self.log_sigma, np.diag(self.prior_std**2), 0, 0, True)
             self._cov = self.fit_result.cov
             return self.fit_result
         x, sa, y, cens = self._arrays()
+        if upto is not None:
+            x, sa, y, cens = x[:upto], sa[:upto], y[:upto], cens[:upto]
         theta, ls = self.theta.copy(), self.log_sigma
         damping = 1e-3
         nll, grad, hess, _ = self._nll_terms(theta, ls, x, sa, y, cens)
@@ -378,7 +393,7 @@ class MemoryModel:
     def predict_log(self, cs: Sequence[Candidate], x: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Mean and std (parameter uncertainty + noise) of log peak bytes."""
         if x is None:
-            x = np.array([self.encoder.encode_main(c) for c in cs]).reshape(len(cs), self.encoder.n_main)
+            x = self.encoder.encode_many(cs).reshape(len(cs), self.encoder.dim)
         sa = np.array([self._components(c) for c in cs]).reshape(len(cs), 2)
         mu, g = self.log_mean_grad(self.theta, x, sa)
         var = np.sum((g @ self._cov) * g, axis=1) + math.exp(2 * self.log_sigma)
