@@ -241,15 +241,19 @@ class MemoryModel:
         total = s_term + a_term + o_term
         grad = np.concatenate([x * (s_term / total)[:, None], x * (a_term / total)[:, None],
                                (o_term / total)[:, None]], axis=1)  # (n, 2p+1)
-        return np.log(total), grad
+        log_total: np.ndarray = np.log(total)
+        return log_total, grad
 
     def log_mean(self, theta: np.ndarray, x: np.ndarray, sa: np.ndarray) -> np.ndarray:
         """μ of ``log_mean_grad`` without the gradient (a whole pool at once: the gradient is (n, 2p+1))."""
         if not self.structured:
-            return x @ theta
+            linear: np.ndarray = x @ theta
+            return linear
+        assert self.meta is not None  # structured
         p = x.shape[1]
-        o_term = self.meta.workspace_bytes * math.exp(theta[2 * p])  # type: ignore[union-attr]
-        return np.log(sa[:, 0] * np.exp(x @ theta[:p]) + sa[:, 1] * np.exp(x @ theta[p:2 * p]) + o_term)
+        o_term = self.meta.workspace_bytes * math.exp(theta[2 * p])
+        log_total: np.ndarray = np.log(sa[:, 0] * np.exp(x @ theta[:p]) + sa[:, 1] * np.exp(x @ theta[p:2 * p]) + o_term)
+        return log_total
 
     # ---- fit
     def _nll_only(self, log_sigma: float, mu: np.ndarray, y: np.ndarray, cens: np.ndarray,

@@ -204,6 +204,19 @@ class CandidatePool:
         return np.flatnonzero((d > 0) & (d <= max_changes))
 
 
+@dataclass
+class _FitCache:
+    """What the current fit determines, kept until the next refit (``Searcher._pool_means``, ``_incumbent``)."""
+
+    pool_n: int | None = None
+    """Pool size ``mu_all`` and ``mem_mu`` were computed for."""
+    mu_all: np.ndarray | None = None
+    """Latent log time of every pool row."""
+    mem_mu: np.ndarray | None = None
+    """Mean log peak of every pool row."""
+    incumbent: float | None = None
+
+
 class Searcher:
     """Sequential/batch Bayesian search over one study's space. Deterministic given ``seed`` and the ordered
     observations."""
@@ -238,7 +251,7 @@ class Searcher:
         """(time-model rows, memory-model rows) after each observation: a checkpoint's prefix of each model."""
         self._fitted_at: dict[str, int] = {}
         """Checkpoint (observations) each model was last fitted in full at (``SearchConfig.refit_every``)."""
-        self._cache: dict[str, object] = {}
+        self._cache = _FitCache()
         self._neighbours: tuple[int, dict[int, list[int]]] = (0, {})
         """(pool size, row → its neighbour rows): the incumbents' neighbourhoods, kept while the pool stays."""
         """Pool-wide predictions of the current fit (cleared by a refit, keyed by the pool's size)."""
@@ -333,7 +346,7 @@ class Searcher:
         self._fitted_at = {"time": k, "memory": k}
         self.invariants.fit()
         self._dirty = False
-        self._cache.clear()
+        self._cache = _FitCache()
 
     def checkpoint(self, n: int) -> int:
         """The observation count the models are fitted in full at, for ``n`` observations: ``n`` itself up to
@@ -349,15 +362,16 @@ class Searcher:
     def _pool_means(self) -> tuple[np.ndarray, np.ndarray]:
         """Latent log time and mean log peak of every pool row under the current fit (cached until a refit)."""
         n = len(self.pool.candidates)
-        if self._cache.get("pool_n") != n:
+        cache = self._cache
+        if cache.pool_n != n or cache.mu_all is None or cache.mem_mu is None:
             mu_all, _ = self.time_model.predict_encoded(self.pool.x_time, with_std=False)
             mm = self.memory_model
             if mm.structured and self.pool.mem_components is not None:
                 mem_mu = mm.log_mean(mm.theta, self.pool.x_main, self.pool.mem_components)
             else:
                 mem_mu = self._memory_x() @ mm.theta
-            self._cache.update(pool_n=n, mu_all=mu_all, mem_mu=mem_mu)
-        return self._cache["mu_all"], self._cache["mem_mu"]  # type: ignore[return-value]
+            cache.pool_n, cache.mu_all, cache.mem_mu = n, mu_all, mem_mu
+        return cache.mu_all, cache.mem_mu
 
     # --------------------------------------------------------------------------------------- predictions
     def _memory_x(self) -> np.ndarray:
@@ -422,10 +436,10 @@ class Searcher:
         """Best posterior mean log time among observed candidates that kept every invariant."""
         if not self._ok_rows:
             return None
-        if "incumbent" not in self._cache:
+        if self._cache.incumbent is None:
             mu, _ = self.time_model.predict_encoded(self.pool.x_time[np.array(self._ok_rows)], with_std=False)
-            self._cache["incumbent"] = float(mu.min())
-        return self._cache["incumbent"]  # type: ignore[return-value]
+            self._cache.incumbent = float(mu.min())
+        return self._cache.incumbent
 
     def _best_ok_rows(self) -> list[int]:
         """Pool rows of the three fastest measured ok observations (ties: the earlier observed)."""

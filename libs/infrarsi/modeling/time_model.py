@@ -220,11 +220,11 @@ class TimeModel:
         for _ in range(censored_iterations):
             self._fit_rows(np.vstack([x_known, xc]), np.concatenate([y_known, yc]), irls_iterations,
                            n_robust=self.n, log_noise=log_noise)
-            m, sd_latent = self.predict_encoded(xc)
+            mu_c, sd_latent = self.predict_encoded(xc)  # (m,)
             assert sd_latent is not None
             sd = np.sqrt(sd_latent**2 + self.noise_std**2)
-            z = (bounds - m) / sd
-            yc = np.maximum(bounds, m + sd * np.exp(-0.5 * z**2 - 0.5 * math.log(2 * math.pi) - log_ndtr(-z)))
+            z = (bounds - mu_c) / sd
+            yc = np.maximum(bounds, mu_c + sd * np.exp(-0.5 * z**2 - 0.5 * math.log(2 * math.pi) - log_ndtr(-z)))
 
     def update(self) -> bool:
         """The posterior of the last ``fit(upto=…)`` with every measured row after it folded in, at that fit's
