@@ -296,7 +296,7 @@ def setting_effects(study: StudySpace, searcher: Searcher) -> tuple[list[ev.Effe
 
     # memory: Δμ(θ) with the delta-method std, at the prior (θ0, diag(s0²)) and at the MAP (θ, Laplace Σ)
     mm = searcher.memory_model
-    rows = np.array([mm.encoder.encode_main(c) for c in [study.baseline, *cands]])  # (n+1, p_main)
+    rows = mm.encoder.encode_many([study.baseline, *cands])  # (n+1, p): the pair columns too, where it has them
     if study.meta is not None:
         sa = np.array([structural_components(study.meta, c.knobs) for c in [study.baseline, *cands]])  # (n+1, 2)
     else:

@@ -148,15 +148,19 @@ class MemoryModel:
     """
 
     def __init__(self, space: SearchSpace, capacity_bytes: float, meta: TransformerMeta | None = None,
-                 kb: KnowledgeBase | None = None, correction_std: float = 0.12, censored: bool = True) -> None:
+                 kb: KnowledgeBase | None = None, correction_std: float = 0.12, censored: bool = True,
+                 interaction_std: float | None = None) -> None:
         self.space = space
         self.capacity_bytes = float(capacity_bytes)
         self.meta = meta
         self.kb = kb or default_knowledge_base()
         self.censored = censored
-        self.encoder = FeatureEncoder(space, interactions=False)
-        p = self.encoder.dim
         self.structured = meta is not None
+        # generic mode with interaction_std: products of knob pairs too (the time model's columns), so a peak
+        # that is a sum of terms — a batch-sized activation term beside a shard-split state term — is not
+        # forced into one product of per-knob factors
+        self.encoder = FeatureEncoder(space, interactions=interaction_std is not None and not self.structured)
+        p = self.encoder.dim
         if self.structured:
             assert meta is not None
             # which knobs can correct which component: the formula's known weak spots are the activation
@@ -188,7 +192,7 @@ class MemoryModel:
             # identified next to tens of GB of states and activations, so a loose prior here lets it wander by GBs
             self.prior_std = np.concatenate([std_s, std_a, [0.2]])
         else:
-            mean, std = self.kb.memory_priors(self.encoder)
+            mean, std = self.kb.memory_priors(self.encoder, interaction_std or 0.05)
             mean[0] = math.log(self.capacity_bytes * 0.6)
             std[0] = 1.0
             self.prior_mean, self.prior_std = mean, std
@@ -206,7 +210,7 @@ class MemoryModel:
         """A finished trial's peak; for an OOM, ``peak_bytes`` is the censoring bound."""
         if oom and not self.censored:
             return
-        self._x.append(self.encoder.encode_main(c))
+        self._x.append(self.encoder.encode(c))
         self._sa.append(self._components(c))
         self._y.append(math.log(max(peak_bytes, 1.0)))
         self._cens.append(oom)
@@ -385,7 +389,7 @@ class MemoryModel:
     def predict_log(self, cs: Sequence[Candidate], x: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Mean and std (parameter uncertainty + noise) of log peak bytes."""
         if x is None:
-            x = np.array([self.encoder.encode_main(c) for c in cs]).reshape(len(cs), self.encoder.n_main)
+            x = self.encoder.encode_many(cs).reshape(len(cs), self.encoder.dim)
         sa = np.array([self._components(c) for c in cs]).reshape(len(cs), 2)
         mu, g = self.log_mean_grad(self.theta, x, sa)
         var = np.sum((g @ self._cov) * g, axis=1) + math.exp(2 * self.log_sigma)
