@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -30,7 +30,15 @@ from infrarsi.modeling.acquisition import (
 )
 from infrarsi.modeling.memory_model import MemoryModel, TransformerMeta, structural_components
 from infrarsi.modeling.priors import KnowledgeBase, default_knowledge_base
-from infrarsi.modeling.space import Candidate, Categorical, FeatureEncoder, SearchSpace, maximin_select
+from infrarsi.modeling.space import (
+    Candidate,
+    Categorical,
+    FeatureEncoder,
+    Knob,
+    KnobValue,
+    SearchSpace,
+    maximin_select,
+)
 from infrarsi.modeling.time_model import TimeModel
 
 Status = Literal["ok", "oom", "crash", "invariant_violation", "timeout", "stopped_slow", "scope_violation"]
@@ -196,6 +204,19 @@ class CandidatePool:
         return np.flatnonzero((d > 0) & (d <= max_changes))
 
 
+@dataclass
+class _FitCache:
+    """What the current fit determines, kept until the next refit (``Searcher._pool_means``, ``_incumbent``)."""
+
+    pool_n: int | None = None
+    """Pool size ``mu_all`` and ``mem_mu`` were computed for."""
+    mu_all: np.ndarray | None = None
+    """Latent log time of every pool row."""
+    mem_mu: np.ndarray | None = None
+    """Mean log peak of every pool row."""
+    incumbent: float | None = None
+
+
 class Searcher:
     """Sequential/batch Bayesian search over one study's space. Deterministic given ``seed`` and the ordered
     observations."""
@@ -230,7 +251,7 @@ class Searcher:
         """(time-model rows, memory-model rows) after each observation: a checkpoint's prefix of each model."""
         self._fitted_at: dict[str, int] = {}
         """Checkpoint (observations) each model was last fitted in full at (``SearchConfig.refit_every``)."""
-        self._cache: dict[str, object] = {}
+        self._cache = _FitCache()
         self._neighbours: tuple[int, dict[int, list[int]]] = (0, {})
         """(pool size, row → its neighbour rows): the incumbents' neighbourhoods, kept while the pool stays."""
         """Pool-wide predictions of the current fit (cleared by a refit, keyed by the pool's size)."""
@@ -241,9 +262,9 @@ class Searcher:
     # ------------------------------------------------------------------------------------------- events
     @classmethod
     def replay(cls, space: SearchSpace, capacity_bytes: float, observations: Iterable[Observation],
-               **kwargs: object) -> Searcher:
-        """Rebuild from the ordered event log (the services are event-sourced)."""
-        s = cls(space, capacity_bytes, **kwargs)  # type: ignore[arg-type]
+               **kwargs: Any) -> Searcher:
+        """Rebuild from the ordered event log (the services are event-sourced); ``kwargs``: the constructor's."""
+        s = cls(space, capacity_bytes, **kwargs)
         for o in observations:
             s.observe(o)
         return s
@@ -325,7 +346,7 @@ class Searcher:
         self._fitted_at = {"time": k, "memory": k}
         self.invariants.fit()
         self._dirty = False
-        self._cache.clear()
+        self._cache = _FitCache()
 
     def checkpoint(self, n: int) -> int:
         """The observation count the models are fitted in full at, for ``n`` observations: ``n`` itself up to
@@ -341,15 +362,16 @@ class Searcher:
     def _pool_means(self) -> tuple[np.ndarray, np.ndarray]:
         """Latent log time and mean log peak of every pool row under the current fit (cached until a refit)."""
         n = len(self.pool.candidates)
-        if self._cache.get("pool_n") != n:
+        cache = self._cache
+        if cache.pool_n != n or cache.mu_all is None or cache.mem_mu is None:
             mu_all, _ = self.time_model.predict_encoded(self.pool.x_time, with_std=False)
             mm = self.memory_model
             if mm.structured and self.pool.mem_components is not None:
                 mem_mu = mm.log_mean(mm.theta, self.pool.x_main, self.pool.mem_components)
             else:
                 mem_mu = self._memory_x() @ mm.theta
-            self._cache.update(pool_n=n, mu_all=mu_all, mem_mu=mem_mu)
-        return self._cache["mu_all"], self._cache["mem_mu"]  # type: ignore[return-value]
+            cache.pool_n, cache.mu_all, cache.mem_mu = n, mu_all, mem_mu
+        return cache.mu_all, cache.mem_mu
 
     # --------------------------------------------------------------------------------------- predictions
     def _memory_x(self) -> np.ndarray:
@@ -407,16 +429,17 @@ class Searcher:
         base = len(self.space.knobs)
         for j, p in enumerate(self.space.patches):
             logp += codes[:, base + j] * math.log(max(1.0 - inv.p_bad(p.id), 1e-12))
-        return np.exp(logp)
+        p_hold: np.ndarray = np.exp(logp)
+        return p_hold
 
     def _incumbent(self) -> float | None:
         """Best posterior mean log time among observed candidates that kept every invariant."""
         if not self._ok_rows:
             return None
-        if "incumbent" not in self._cache:
+        if self._cache.incumbent is None:
             mu, _ = self.time_model.predict_encoded(self.pool.x_time[np.array(self._ok_rows)], with_std=False)
-            self._cache["incumbent"] = float(mu.min())
-        return self._cache["incumbent"]  # type: ignore[return-value]
+            self._cache.incumbent = float(mu.min())
+        return self._cache.incumbent
 
     def _best_ok_rows(self) -> list[int]:
         """Pool rows of the three fastest measured ok observations (ties: the earlier observed)."""
@@ -449,7 +472,8 @@ class Searcher:
             near.extend(neighbours[row])
         near_arr = np.array([i for i in near if i < n and not blocked[i]], dtype=int)
         idx = np.unique(np.concatenate([top_any, top_fit, rand, near_arr]).astype(int))
-        return idx[~blocked[idx]]
+        shortlist: np.ndarray = idx[~blocked[idx]]
+        return shortlist
 
     # ---------------------------------------------------------------------------------------- suggest
     def suggest(self, n: int = 1, pending: Sequence[Candidate] = ()) -> list[Suggestion]:
@@ -632,20 +656,20 @@ class Searcher:
         moves = [(k.name, v) for k in self.space.knobs for v in (k.values() or ()) if v != base[k.name]]
         if not moves:
             return set()
-        mu, _ = self.memory_model.predict_log([base, *(base.replace(**{name: v}) for name, v in moves)])
+        mu, _ = self.memory_model.predict_log([base, *(base.with_knob(name, v) for name, v in moves)])
         return {m for m, d in zip(moves, mu[1:] - mu[0], strict=True) if d < 0}
 
-    def _is_saver(self, k: object, old: object, new: object) -> bool:
+    def _is_saver(self, k: Knob, old: KnobValue, new: KnobValue) -> bool:
         """A move the space declares memory-saving (a categorical's memory order, a knob's memory direction)."""
         if isinstance(k, Categorical):
             if k.memory_order is None:
                 return False
-            return k.memory_order.index(new) < k.memory_order.index(old)  # type: ignore[arg-type]
-        name = k.name  # type: ignore[attr-defined]
+            return k.memory_order.index(new) < k.memory_order.index(old)
+        name = k.name
         if name == "dp":
             return True  # moves with tp/pp under tp*pp*dp == devices
         d = self.space.memory_direction.get(name, 0)
-        return d != 0 and (float(new) - float(old)) * d < 0  # type: ignore[arg-type]
+        return d != 0 and (float(new) - float(old)) * d < 0
 
     # ------------------------------------------------------------------------------------ stop / verify
     def max_expected_improvement(self) -> float:
@@ -658,6 +682,7 @@ class Searcher:
         if idx.size == 0:
             return 0.0
         mu, sd = self.time_model.predict_encoded(self.pool.x_time[idx])
+        assert sd is not None  # asked for (with_std)
         p_ok = (1.0 - self._p_oom(idx)) * self._p_hold(idx)
         return float(np.max(expected_improvement(mu, sd, best) * p_ok))
 
