@@ -136,6 +136,18 @@ def outline(report: Report) -> list[Block]:
             f"in its output. UNCHECKED invariants (never counted as held): {', '.join(unchecked) or 'none'}. "
             "Step times are the launcher's estimates; tokens/s and MFU are unknown."
         ))
+    probed = [t for t in report.trials if not t.coarse and t.unchecked_invariants]
+    if probed:
+        counts: dict[str, int] = {}
+        for t in probed:
+            for u in t.unchecked_invariants:
+                counts[u] = counts.get(u, 0) + 1
+        blocks.append(Para(
+            "UNCHECKED invariants on probe-measured trials (never counted as held): "
+            + ", ".join(f"{name} on {n} trial(s)" for name, n in sorted(counts.items()))
+            + " — too few steady steps to hold the probe's clock against the launcher's, or no loss checkpoint "
+            "in both runs."
+        ))
     # Contract
     blocks.append(Heading("Contract"))
     blocks.append(Table(["field", "value"], [
@@ -173,7 +185,7 @@ def outline(report: Report) -> list[Block]:
             for i in v.invariants:
                 rows.append([v.candidate_key, i.name, "ok" if i.ok else "FAIL", i.detail])
             for name in v.unchecked_invariants:
-                rows.append([v.candidate_key, name, "UNCHECKED", "coarse measurement: the job reports no steps to the probe"])
+                rows.append([v.candidate_key, name, "UNCHECKED", "no run of the round could check it"])
         blocks.append(Table(["candidate", "invariant", "verdict", "detail"], rows))
     else:
         blocks.append(Para("No verification ran."))
