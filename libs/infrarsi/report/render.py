@@ -79,6 +79,18 @@ def _ratio(log_ratio: float | None) -> str:
     return "—" if log_ratio is None else f"×{math.exp(log_ratio):.3f}"
 
 
+def _draft_blocks(report: Report) -> list[Block]:
+    """How the contract began, when ``init --ask`` drafted it: the request, the model's words, the cost."""
+    d = report.contract_draft
+    if d is None:
+        return []
+    note = f" Note: {d.note}." if d.note else ""
+    return [Para(f"Drafted by a language model (init --ask, model {d.model or '(from the environment)'}, {d.tokens} "
+                 f"tokens, ${d.cost_usd:.4f}) and accepted by the user. The request: \"{d.request}\". The model's "
+                 f"reason: {d.reason or '(none given)'}.{note} The prompt and answer are in the log (AgentAsked/"
+                 "AgentAnswered, purpose contract).")]
+
+
 def _agent_blocks(report: Report) -> list[Block]:
     """What the study's language model was asked, said and cost, and what the gates and the invariants made of
     its diffs — in its own words beside the measurements."""
@@ -150,6 +162,7 @@ def outline(report: Report) -> list[Block]:
         ))
     # Contract
     blocks.append(Heading("Contract"))
+    blocks += _draft_blocks(report)
     blocks.append(Table(["field", "value"], [
         ["workload", f"{wl.repo} @ {report.baseline_ref[:12]}"],
         ["command", " ".join(wl.command)],
