@@ -35,7 +35,6 @@ import shutil
 import tempfile
 import time
 from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +43,10 @@ import numpy as np
 from infrarsi import events as ev
 from infrarsi.commands.init import prepare_study
 from infrarsi.logs import setup_logging
-from infrarsi.modeling.search import CandidatePool, Status
+from infrarsi.modeling.search import CandidatePool
 from infrarsi.modeling.space import Candidate
 from infrarsi.service import Outbox, Service
+from infrarsi.sim.scenarios import SimOutcome
 from infrarsi.study_space import StudySpace, load_study_space
 from infrarsi.trial_ledger import TrialLedger
 from infrarsi_services.launcher.service import LauncherService
@@ -64,34 +64,9 @@ DEFAULT_TIMEOUT_S = 300.0
 """Per trial (the contract allows 600 s): a 12-step trial takes seconds, ``torch.compile`` tens of seconds."""
 
 
-@dataclass(frozen=True)
-class RealOutcome:
-    """One measured trial, in the terms ``bench/search_vs_peers.py`` and ``Searcher.observe`` use."""
-
-    status: Status
-    step_time_s: float | None
-    """Steady-state median (warm-up excluded, as telemetry measures it); ``None`` when nothing was measured."""
-    peak_bytes: float | None
-    """Peak RSS of the job; for an OOM the censoring bound."""
-    cost_seconds: float
-    """Wall seconds of the job (one rank: its accelerator-seconds)."""
-    detail: str = ""
-
-
 # --------------------------------------------------------------------------------------------------
 # The in-memory bus
 # --------------------------------------------------------------------------------------------------
-
-
-class _MemoryJetStream:
-    """The launcher re-publishes the probe's records with ``bus.js.publish``: decoded onto the same queue."""
-
-    def __init__(self, bus: _MemoryBus) -> None:
-        self._bus = bus
-
-    async def publish(self, subject: str, payload: bytes, **_kwargs: Any) -> None:
-        with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
-            await self._bus.publish(ev.decode(payload))
 
 
 class _MemoryBus:
@@ -100,7 +75,6 @@ class _MemoryBus:
 
     def __init__(self, services: list[Service]) -> None:
         self.services = services
-        self.js = _MemoryJetStream(self)
         self.queue: deque[ev.Event] = deque()
         self.log: list[ev.Event] = []
         for service in services:
@@ -109,6 +83,13 @@ class _MemoryBus:
     async def publish(self, event: ev.Event) -> None:
         self.queue.append(event)
         self.log.append(event)
+
+    async def publish_raw(self, subject: str, data: bytes, msg_id: str | None = None, stream: str | None = None
+                          ) -> None:
+        """The launcher re-publishes the probe's records with ``publish_raw``: decoded onto the same queue (a
+        torn or foreign line is dropped, as the telemetry service's decoder would dead-letter it)."""
+        with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
+            await self.publish(ev.decode(data))
 
     async def drain(self) -> None:
         while self.queue:
@@ -155,8 +136,8 @@ class RealTrials:
         self.telemetry = TelemetryService()
         self.bus = _MemoryBus([self.launcher, self.telemetry])
         self.ledger = TrialLedger()
-        self.cache: dict[str, RealOutcome] = {}
-        self.baseline: RealOutcome | None = None
+        self.cache: dict[str, SimOutcome] = {}
+        self.baseline: SimOutcome | None = None
         self.trials_run = 0
         self.cache_hits = 0
         self.trial_wall_s: list[float] = []
@@ -205,7 +186,7 @@ class RealTrials:
 
     # ---------------------------------------------------------------- trials
 
-    def measure(self, candidate: Candidate) -> RealOutcome:
+    def measure(self, candidate: Candidate) -> SimOutcome:
         """The candidate's outcome: measured now, or the earlier measurement of the same candidate."""
         self.start()
         key = self.study.event_key(candidate)
@@ -216,7 +197,7 @@ class RealTrials:
         self.cache[key] = outcome
         return outcome
 
-    def _run(self, candidate: ev.Candidate, *, kind: ev.TrialKind) -> RealOutcome:
+    def _run(self, candidate: ev.Candidate, *, kind: ev.TrialKind) -> SimOutcome:
         trial_id = ev.new_id()
         proposed = ev.TrialProposed(candidate=candidate, candidate_key=candidate.key(), kind=kind,
                                     origin="baseline" if kind == "baseline" else "manual",
@@ -240,8 +221,8 @@ class RealTrials:
                     outcome = self.ledger.measured(trial_id, measured) or outcome
         if outcome is None:
             raise RuntimeError(f"trial {trial_id} of {candidate} produced no outcome")
-        result = RealOutcome(outcome.status, outcome.step_time_s, outcome.peak_bytes,  # type: ignore[arg-type]
-                             outcome.accelerator_s, outcome.detail)
+        result = SimOutcome(outcome.status, outcome.step_time_s, outcome.peak_bytes,  # type: ignore[arg-type]
+                            outcome.accelerator_s, simulated=False, detail=outcome.detail)
         log.info("real trial %d (%s, %.1f s): %s %s", self.trials_run, kind, wall, result.status,
                  f"{1e3 * result.step_time_s:.1f} ms/step" if result.step_time_s else result.detail[:120])
         return result
@@ -274,7 +255,7 @@ def bench_space(trials: RealTrials, name: str):  # -> search_vs_peers.BenchSpace
         trials.close()
         raise
 
-    def evaluate(c: Candidate, _rng: np.random.Generator) -> RealOutcome:
+    def evaluate(c: Candidate, _rng: np.random.Generator) -> SimOutcome:
         return trials.measure(c)
 
     return BenchSpace(

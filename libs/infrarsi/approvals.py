@@ -76,7 +76,10 @@ class Statement:
         lines = text.splitlines()
         if not lines or lines[0] != STATEMENT_HEADER:
             raise ValueError(f"statement does not start with {STATEMENT_HEADER!r}")
-        fields = dict(line.split(": ", 1) if ": " in line else (line.rstrip(":"), "") for line in lines[1:])
+        fields: dict[str, str] = {}
+        for line in lines[1:]:
+            key, sep, value = line.partition(": ")
+            fields[key if sep else line.rstrip(":")] = value
         names = ("study", "candidate", "role", "approver", "action_classes", "evidence", "signed_at")
         missing = [n for n in names if n not in fields]
         if missing or len(fields) != len(names):

@@ -524,7 +524,9 @@ class IntKnob(_KnobBase):
         """Every allowed value (``None`` for an unbounded set, which validation does not allow anyway)."""
         if self.choices is not None:
             return list(self.choices)
-        return list(range(self.low, self.high + 1))  # type: ignore[arg-type]
+        if self.low is None or self.high is None:
+            return None
+        return list(range(self.low, self.high + 1))
 
 
 class FloatKnob(_KnobBase):
@@ -731,6 +733,10 @@ class Budget(_Model):
     """Language-model tokens (prompt + completion) the agent may spend on this study; 0 = no agent."""
     llm_usd: float | None = Field(default=None, ge=0)
     """Cost cap in US dollars for the agent, at ``agent.usd_per_1k_tokens``; ``None`` = tokens only."""
+    stop_slow_factor: float | None = Field(default=2.0, gt=1)
+    """A search trial whose steady steps are already this many times the incumbent's step time (and beyond
+    the doctor's noise floor) is stopped early as ``stopped_slow``, its steps kept as a measurement;
+    ``None``: never stop one (docs/trials.md). Baselines, doctor runs and verify repeats are never stopped."""
 
 
 class DoctorSpec(_Model):
@@ -938,7 +944,7 @@ class Contract(_Model):
 
         A key that is not a knob counts as ``launch_keys``; a patch missing from ``library`` as ``code_patch``.
         """
-        classes = set()
+        classes: set[str] = set()
         for key in changed_keys:
             knob = self.search_space.knobs.get(key)
             classes.add(knob.action_class if knob is not None else "launch_keys")
@@ -1351,9 +1357,10 @@ def _derived_data_parallel_problems(
     for key in (gb.micro_batch_key, *gb.parallel_keys):
         knob = space.knobs.get(key)
         if knob is not None:
-            if not isinstance(knob, IntKnob):
+            if isinstance(knob, IntKnob):
+                options[key] = list(knob.values() or [])
+            else:
                 problems.append(Problem(f"search_space.knobs.{key}", "must be type: int (global_batch uses it)"))
-            options[key] = list(knob.values() or [])
             continue
         found, fixed = get_dotted(baseline or {}, key)
         if found and (isinstance(fixed, bool) or not isinstance(fixed, int)):

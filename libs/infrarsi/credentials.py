@@ -22,6 +22,7 @@ import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from infrarsi import subjects
 
@@ -60,7 +61,8 @@ class Credentials:
     def inbox_prefix(self) -> str:
         return inbox_prefix(self.principal)
 
-    def connect_options(self) -> dict[str, str]:
+    # ``Any`` values: spread into ``connect(**...)`` beside other keywords, each of its own type.
+    def connect_options(self) -> dict[str, Any]:
         """The nats-py ``connect`` keyword arguments."""
         return {"nkeys_seed": str(self.seed_file), "inbox_prefix": self.inbox_prefix}
 
@@ -69,7 +71,7 @@ TLS_CA_ENV = "INFRARSI_NATS_CA"
 """A CA file to verify a TLS server with (deploy/nats/secure signs its servers with its own CA)."""
 
 
-def tls_options() -> dict[str, object]:
+def tls_options() -> dict[str, Any]:
     """nats-py ``connect`` arguments for a server with TLS: a context trusting ``$INFRARSI_NATS_CA``, if set."""
     import ssl
 

@@ -23,11 +23,16 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from scipy import stats
 
-from infrarsi.stats import detect_warmup, robust_sigma
+from infrarsi import events as ev
+from infrarsi.stats import FloatSeries, detect_warmup, robust_sigma
+
+if TYPE_CHECKING:
+    import torch
 
 ALPHA = 0.05
 POWER = 0.8
@@ -72,7 +77,8 @@ class RunSeries:
         """Per step, the slowest rank's time (steps,): a synchronous step ends when its last rank does."""
         ranks = sorted(self.step_s)
         n = min(len(self.step_s[r]) for r in ranks)
-        return np.max(np.stack([self.step_s[r][:n] for r in ranks]), axis=0)  # (steps,)
+        slowest: np.ndarray = np.max(np.stack([self.step_s[r][:n] for r in ranks]), axis=0)  # (steps,)
+        return slowest
 
 
 # --------------------------------------------------------------------------------------------------
@@ -144,48 +150,15 @@ class RunSummary:
 
 @dataclass(frozen=True)
 class DoctorReport:
-    repeats: int
-    runs: list[RunSummary]
-    step_time_s: float
-    """Median over runs of each run's robust steady step time."""
-    run_to_run_cv: float
-    """Sample std / mean of the per-run medians (runs in ``interfered_runs`` left out)."""
-    sigma_log: float
-    """Sample std of log per-run medians: the σ of the power analysis (same runs)."""
-    step_to_step_cv: float
-    """Median over runs of each run's robust within-run CV."""
-    warmup_steps: int
-    """Largest warm-up over runs (conservative: every run is steady after it)."""
-    phase_fractions: dict[str, float]
-    per_rank_step_s: list[float]
-    stragglers: list[int]
-    min_detectable_speedup: float
-    repeats_per_trial: int
-    repeats_for_effect: dict[str, int]
-    mde_by_repeats: dict[int, float]
-    peak_flops_measured: float | None = None
-    mfu: float | None = None
-    interfered_runs: list[int] = field(default_factory=list)
-    """Indices of runs left out of the noise estimate: their median is ``INTERFERENCE_RATIO``× off the others."""
+    """The published statistics (``events.DoctorCompleted``, without the loss curve, which is the caller's) and
+    what only the command's printout uses."""
 
-    def as_event_fields(self) -> dict[str, object]:
-        """The fields of ``events.DoctorCompleted`` this report fills (trial ids and loss curve are the caller's)."""
-        return {
-            "repeats": self.repeats,
-            "step_time_s": self.step_time_s,
-            "run_to_run_cv": self.run_to_run_cv,
-            "step_to_step_cv": self.step_to_step_cv,
-            "warmup_steps": self.warmup_steps,
-            "phase_fractions": self.phase_fractions,
-            "per_rank_step_s": self.per_rank_step_s,
-            "stragglers": self.stragglers,
-            "min_detectable_speedup": self.min_detectable_speedup,
-            "interfered_runs": self.interfered_runs,
-            "repeats_per_trial": self.repeats_per_trial,
-            "repeats_for_effect": self.repeats_for_effect,
-            "peak_flops_measured": self.peak_flops_measured,
-            "mfu": self.mfu,
-        }
+    completed: ev.DoctorCompleted
+    runs: list[RunSummary]
+    sigma_log: float
+    """Sample std of log per-run medians (runs in ``completed.interfered_runs`` left out): the σ of the power
+    analysis."""
+    mde_by_repeats: dict[int, float]
 
 
 def summarise_run(run: RunSeries, warmup: int | None = None) -> RunSummary:
@@ -244,7 +217,7 @@ noise: calibrating on it would inflate the noise and with it every repeat count 
 docs/stages.md, "interfered runs")."""
 
 
-def interfered_runs(medians: Sequence[float], ratio: float = INTERFERENCE_RATIO) -> list[int]:
+def interfered_runs(medians: FloatSeries, ratio: float = INTERFERENCE_RATIO) -> list[int]:
     """Runs whose median is ``ratio``× off the median of all runs; never more than leaves two runs to compare
     (with two runs, or two halves disagreeing, nothing says which is the odd one: none is dropped)."""
     m = np.asarray(medians, dtype=float)
@@ -297,12 +270,11 @@ def analyse(
     mfu = None
     if flops_per_step and peak_flops:
         mfu = float(flops_per_step / step_time / (peak_flops * devices))
-    return DoctorReport(
+    completed = ev.DoctorCompleted(
         repeats=len(runs),
-        runs=summaries,
+        baseline_trial_ids=[s.trial_id for s in summaries],
         step_time_s=step_time,
         run_to_run_cv=run_cv,
-        sigma_log=sigma_log,
         step_to_step_cv=step_cv,
         warmup_steps=int(warmup),
         phase_fractions=phase_fractions(runs, warmup),
@@ -313,10 +285,15 @@ def analyse(
         repeats_for_effect={
             f"{e:.2f}": repeats_for_effect(sigma_log, e, alpha=alpha, power=power) for e in effects
         },
-        mde_by_repeats={r: min_detectable_speedup(sigma_log, r, alpha=alpha, power=power) for r in (1, 2, 3, 5, 8, 13)},
         peak_flops_measured=peak_flops,
         mfu=mfu,
         interfered_runs=dropped,
+    )
+    return DoctorReport(
+        completed=completed,
+        runs=summaries,
+        sigma_log=sigma_log,
+        mde_by_repeats={r: min_detectable_speedup(sigma_log, r, alpha=alpha, power=power) for r in (1, 2, 3, 5, 8, 13)},
     )
 
 
@@ -407,10 +384,10 @@ def measure_cpu_peak(
             share = (budget_s - (t_dtype - started)) / (len(dtypes) - i)
             dtype = getattr(torch, dtype_name)
             # grow the matrix while the timed runs at the next size still fit this dtype's share
-            n, last_s = 256, min(_time_mm(torch, dtype, 256) for _ in range(2))
+            n, last_s = 256, min(_time_mm(dtype, 256) for _ in range(2))
             while n < size and last_s * 8 * (warmup + repeats) <= share - (time.perf_counter() - t_dtype):
                 n *= 2
-                last_s = _time_mm(torch, dtype, n)
+                last_s = _time_mm(dtype, n)
             if last_s * (warmup + repeats) > share:
                 sizing[dtype_name] = (2.0 * n**3 / last_s, n)
                 skipped[dtype_name] = (f"not measured: {warmup + repeats} products of {n}×{n} ({last_s:.2f} s each) "
@@ -443,7 +420,9 @@ def measure_cpu_peak(
     return PeakMeasurement(per_dtype[best_dtype], best_dtype, per_dtype, skipped, time.perf_counter() - started)
 
 
-def _time_mm(torch, dtype, n: int) -> float:  # noqa: ANN001 — torch is imported lazily by the caller
+def _time_mm(dtype: torch.dtype, n: int) -> float:
+    import torch  # already loaded by the caller (measure_cpu_peak), which imports it lazily
+
     a = torch.randn(n, n).to(dtype)
     b = torch.randn(n, n).to(dtype)
     t0 = time.perf_counter()
@@ -451,6 +430,6 @@ def _time_mm(torch, dtype, n: int) -> float:  # noqa: ANN001 — torch is import
     return time.perf_counter() - t0
 
 
-def measure_cpu_peak_flops(threads: int, **kwargs: object) -> float:
-    """``measure_cpu_peak(...).flops``."""
-    return measure_cpu_peak(threads, **kwargs).flops  # type: ignore[arg-type]
+def measure_cpu_peak_flops(threads: int, **kwargs: Any) -> float:
+    """``measure_cpu_peak(...).flops`` (``kwargs``: ``measure_cpu_peak``'s keywords)."""
+    return measure_cpu_peak(threads, **kwargs).flops

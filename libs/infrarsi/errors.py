@@ -21,7 +21,7 @@ code   name                meaning
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -42,3 +42,12 @@ class UserError(Exception):
 
     def lines(self) -> list[str]:
         return [f"error: {self}", *self.details]
+
+
+class Refused(Exception):
+    """A request turned down, with each reason (one line each): the base of the refusals the CLI turns into a
+    ``UserError`` with the reasons as its detail lines."""
+
+    def __init__(self, reasons: Iterable[str]) -> None:
+        self.reasons = list(reasons)
+        super().__init__("; ".join(self.reasons))

@@ -16,7 +16,7 @@ import secrets
 import time
 from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 import msgspec
 
@@ -69,11 +69,14 @@ TrialStatus = Literal[
     "oom",
     "crash",
     "timeout",
+    "stopped_slow",
     "cancelled",
     "scope_violation",
     "patch_conflict",
     "invariant_violation",
 ]
+"""How a trial ended. ``stopped_slow``: a search trial whose steady steps were already far slower than the
+study's incumbent, stopped early at telemetry's request (``TrialStopRequested``); its steps are a measurement."""
 
 
 class Candidate(msgspec.Struct, frozen=True, kw_only=True):
@@ -345,6 +348,24 @@ class TrialFinished(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     output_steps: list[OutputStep] = []
     """Coarse measurement only: each new step count the job's output showed (``steps_completed`` is the
     last), for a job without a probe."""
+
+
+class TrialStopRequested(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """Telemetry asks the launcher to stop a running search trial whose steady steps are already far slower
+    than the study's incumbent (docs/trials.md, "Stopped early as slow"). At most one per trial."""
+
+    steady_step_s: float
+    """Median of the trial's steady steps so far (rank 0, after its warm-up)."""
+    steady_steps: int
+    """Steady steps that median is over."""
+    warmup_steps: int
+    incumbent_step_s: float
+    """The study's fastest measured step time so far (a trial that ran ``ok`` with every invariant held)."""
+    incumbent_trial: str
+    threshold_step_s: float
+    """The bar the last steady steps all exceeded: the incumbent × the contract's ``budget.stop_slow_factor``,
+    or more where the doctor's noise floor is wider."""
+    reason: str
 
 
 class TrialMeasured(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -685,6 +706,7 @@ Payload = (
     | TrialLaunched
     | TrialStep
     | TrialFinished
+    | TrialStopRequested
     | TrialMeasured
     | ModelUpdated
     | VerifyRequested
@@ -702,8 +724,13 @@ PAYLOAD_TYPES: tuple[type, ...] = Payload.__args__
 EVENT_TYPES: tuple[str, ...] = tuple(t.__name__ for t in PAYLOAD_TYPES)
 
 
-class Event(msgspec.Struct, frozen=True, kw_only=True):
-    """The envelope of every message on the bus."""
+PayloadT = TypeVar("PayloadT")
+
+
+class Envelope(msgspec.Struct, Generic[PayloadT], frozen=True, kw_only=True):
+    """The envelope of every message on the bus, over a payload type: ``Event`` is the one services use; the
+    event log's fast paths decode ``Envelope[msgspec.Raw]`` (payload kept as JSON text) and an envelope whose
+    payload can only be a ``TrialStep`` (``eventlog.decoding``)."""
 
     event_id: str
     type: str
@@ -715,7 +742,11 @@ class Event(msgspec.Struct, frozen=True, kw_only=True):
     """The service or command that published it."""
     ts: datetime
     schema_version: int = SCHEMA_VERSION
-    payload: Payload
+    payload: PayloadT
+
+
+class Event(Envelope[Payload], frozen=True, kw_only=True):
+    """The envelope of every message on the bus."""
 
 
 class DeadLetter(msgspec.Struct, frozen=True, kw_only=True):

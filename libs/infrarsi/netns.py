@@ -19,6 +19,7 @@ import os
 import shutil
 import subprocess
 from dataclasses import dataclass
+from typing import Any
 
 
 class NetnsError(RuntimeError):
@@ -121,12 +122,16 @@ class NetnsNetwork:
     def exec_argv(self, host: Host, argv: list[str]) -> list[str]:
         return exec_argv(host.name, argv)
 
-    def run(self, host: Host, argv: list[str], **kwargs: object) -> subprocess.CompletedProcess:
+    # ``Any`` keywords because they pass through to ``subprocess`` whole; which overload (bytes or text output)
+    # applies depends on them, so the result is typed for either.
+    def run(self, host: Host, argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[Any]:
         """Run ``argv`` inside ``host``'s namespace to completion (``subprocess.run`` keywords pass through)."""
-        return subprocess.run(self.exec_argv(host, argv), **kwargs)  # type: ignore[call-overload]
+        proc: subprocess.CompletedProcess[Any] = subprocess.run(self.exec_argv(host, argv), **kwargs)
+        return proc
 
-    def popen(self, host: Host, argv: list[str], **kwargs: object) -> subprocess.Popen:
-        return subprocess.Popen(self.exec_argv(host, argv), **kwargs)  # type: ignore[call-overload]
+    def popen(self, host: Host, argv: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
+        proc: subprocess.Popen[Any] = subprocess.Popen(self.exec_argv(host, argv), **kwargs)
+        return proc
 
 
 def _ip(args: list[str]) -> str:

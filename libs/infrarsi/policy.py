@@ -25,17 +25,17 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, time, timedelta
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol, TypeGuard, get_args
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 ActionClass = Literal["code_patch", "kernel_patch", "comm_env", "launch_keys", "data_change"]
-ACTION_CLASSES: tuple[ActionClass, ...] = ActionClass.__args__  # type: ignore[attr-defined]
+ACTION_CLASSES: tuple[ActionClass, ...] = get_args(ActionClass)
 
 Operation = Literal["apply", "auto_apply"]
 Weekday = Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
-_WEEKDAYS: tuple[Weekday, ...] = Weekday.__args__  # type: ignore[attr-defined]
+_WEEKDAYS: tuple[Weekday, ...] = get_args(Weekday)
 
 
 class _Model(BaseModel):
@@ -67,6 +67,10 @@ def _default_actions() -> dict[ActionClass, ActionRule]:
     return {name: ActionRule() for name in ACTION_CLASSES}
 
 
+def _apply_only() -> list[Operation | ActionClass]:
+    return ["apply"]
+
+
 class ForbiddenWindow(_Model):
     """A recurring time window in which some operations or action classes are not applied.
 
@@ -84,7 +88,7 @@ class ForbiddenWindow(_Model):
     """End time of day (``HH:MM``, inclusive to the minute), written ``to`` in YAML."""
     tz: str = "UTC"
     """IANA time zone name the days and times are in, e.g. ``Europe/Berlin``."""
-    actions: list[Operation | ActionClass] = Field(default_factory=lambda: ["apply"], min_length=1)
+    actions: list[Operation | ActionClass] = Field(default_factory=_apply_only, min_length=1)
     """What is forbidden inside the window: operations (``apply``, ``auto_apply``) and/or action classes."""
     reason: str = ""
     """Shown when the window blocks an apply (e.g. ``no Friday deploys``)."""
@@ -172,8 +176,23 @@ class Policy(_Model):
     def _fill_defaults(cls, value: dict[ActionClass, ActionRule]) -> dict[ActionClass, ActionRule]:
         return {name: value.get(name, ActionRule()) for name in ACTION_CLASSES}
 
-    def rule(self, action_class: str) -> ActionRule:
-        return self.actions.get(action_class, ActionRule())  # type: ignore[call-overload]
+    def rule(self, action_class: ActionClass) -> ActionRule:
+        return self.actions.get(action_class, ActionRule())
+
+
+def is_action_class(name: str) -> TypeGuard[ActionClass]:
+    return name in ACTION_CLASSES
+
+
+class ApprovalLike(Protocol):
+    """What ``check`` reads of an approval: an ``Approval`` or an ``events.ApprovalGranted`` payload."""
+
+    @property
+    def role(self) -> str: ...
+    @property
+    def approver(self) -> str: ...
+    @property
+    def action_classes(self) -> Sequence[str]: ...
 
 
 @dataclass(frozen=True)
@@ -189,7 +208,7 @@ class Approval:
 def check(
     policy: Policy,
     candidate_actions: Iterable[str],
-    approvals: Iterable[Approval],
+    approvals: Iterable[ApprovalLike],
     now: datetime,
     *,
     operation: Operation = "apply",
@@ -204,7 +223,7 @@ def check(
     approvals = list(approvals)
     reasons: list[str] = []
     for name in classes:
-        if name not in ACTION_CLASSES:
+        if not is_action_class(name):
             reasons.append(f"{name}: unknown action class")
             continue
         rule = policy.rule(name)

@@ -67,8 +67,13 @@ ROLE_NAMES: dict[str, Role] = {
 }  # fmt: skip
 LEFT_OUT_WHY = "changes what is trained, how it is evaluated, or where it writes"
 
+DeclaredType = Literal["int", "float", "str", "bool", "hfbool", "unknown"]
+"""How a flag's value is read (``Declared.type``)."""
+_PYTHON_KINDS: dict[str, DeclaredType] = {"int": "int", "float": "float", "str": "str", "bool": "bool"}
+"""A Python type's name → the ``DeclaredType`` of a flag of that type."""
+
 # What a framework's own flags are when the script only hands them to the framework's parser.
-HF_TRAINING_ARGS: dict[str, tuple[str, Any]] = {
+HF_TRAINING_ARGS: dict[str, tuple[DeclaredType, Any]] = {
     "per_device_train_batch_size": ("int", 8), "gradient_accumulation_steps": ("int", 1),
     "bf16": ("hfbool", False), "fp16": ("hfbool", False), "gradient_checkpointing": ("hfbool", False),
     "optim": ("str", None), "torch_compile": ("hfbool", False), "dataloader_num_workers": ("int", 0),
@@ -93,7 +98,7 @@ class ScaffoldError(ValueError):
 class Declared:
     """What the script's parser says of one flag."""
 
-    type: Literal["int", "float", "str", "bool", "hfbool", "unknown"]
+    type: DeclaredType
     """``bool``: a switch (``store_true``/``store_false``/``BooleanOptionalAction``); ``hfbool``: a
     Hugging Face boolean (takes ``--x`` or ``--x true|false``)."""
     default: Any = None
@@ -214,7 +219,8 @@ def _torchrun(env: dict[str, str], tokens: list[str]) -> ParsedCommand:
     i = 0
     while i < len(tokens) and tokens[i].startswith("-"):
         token = tokens[i]
-        name, value = (token.split("=", 1) + [None])[:2] if "=" in token else (token, None)
+        name, eq, inline = token.partition("=")
+        value: str | None = inline if eq else None
         key = name.lstrip("-").replace("-", "_")
         if key in ("standalone", "no_python", "run_path", "module", "m"):
             if key in ("no_python", "module", "m"):
@@ -312,26 +318,26 @@ def _argparse_flag(call: ast.Call) -> list[tuple[str, Declared]]:
         return []
     kw = {k.arg: k.value for k in call.keywords if k.arg}
     action = _literal(kw.get("action"))
-    action_name = kw["action"].attr if isinstance(kw.get("action"), ast.Attribute) else None
+    action_node = kw.get("action")
+    action_name = action_node.attr if isinstance(action_node, ast.Attribute) else None
     default = _literal(kw.get("default"))
     choices = _literal(kw.get("choices"))
     type_node = kw.get("type")
     type_name = type_node.id if isinstance(type_node, ast.Name) else None
-    kind: str
+    kind: DeclaredType
     negatable = False
     if action in ("store_true", "store_false"):
         kind, default = "bool", action == "store_false" if default is None else default
     elif action_name == "BooleanOptionalAction":
         kind, negatable = "bool", True
     elif type_name in ("int", "float", "str"):
-        kind = type_name
+        kind = _PYTHON_KINDS[type_name]
     elif type_name is None and "type" not in kw and action is None:
-        kind = "str" if default is None or isinstance(default, str) else type(default).__name__
-        kind = kind if kind in ("int", "float", "str", "bool") else "unknown"
+        kind = _PYTHON_KINDS.get("str" if default is None or isinstance(default, str) else type(default).__name__, "unknown")
     else:
         kind = "unknown"
     info = Declared(
-        type=kind,  # type: ignore[arg-type]
+        type=kind,
         default=default,
         choices=tuple(choices) if isinstance(choices, list | tuple) else None,
         negatable=negatable,
@@ -357,8 +363,8 @@ def _dataclass_field(stmt: ast.AnnAssign) -> Declared:
             choices = tuple(metadata["choices"])
     else:
         default = _literal(value)
-    kind = {"int": "int", "float": "float", "str": "str", "bool": "hfbool"}.get(annotation, "unknown")
-    return Declared(kind, default, choices)  # type: ignore[arg-type]
+    kind = _PYTHON_KINDS.get(annotation, "unknown")
+    return Declared("hfbool" if kind == "bool" else kind, default, choices)
 
 
 def _literal(node: ast.AST | None) -> Any:
@@ -439,7 +445,7 @@ def _known_flags(info: ScriptInfo, args: Sequence[str], via: launch.KnobsVia) ->
     if info.hf_parser:
         defaults = _installed_training_defaults()
         for flag, (kind, default) in HF_TRAINING_ARGS.items():
-            declared.setdefault(flag, Declared(kind, defaults.get(flag, default)))  # type: ignore[arg-type]
+            declared.setdefault(flag, Declared(kind, defaults.get(flag, default)))
     flags: dict[str, tuple[Declared, Any]] = {}
     for flag in [*golden, *declared]:
         if flag in flags or flag.startswith(("no-", "no_")) and flag[3:] in golden:
@@ -666,11 +672,11 @@ def _render(report: ScaffoldReport, info: ScriptInfo, parsed: ParsedCommand, arg
     return _header(report, info, parsed) + _annotate(body, report)
 
 
-class _FlowDict(dict):
+class _FlowDict(dict[str, Any]):
     pass
 
 
-class _FlowList(list):
+class _FlowList(list[Any]):
     pass
 
 

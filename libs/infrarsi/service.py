@@ -140,9 +140,14 @@ class Service(ABC):
     name: ClassVar[str]
     consumes: ClassVar[tuple[type, ...]]
     """Payload types this service reacts to."""
-    concurrency: ClassVar[int] = 1
-    """How many events may be handled at once (the launcher's parallel trial slots)."""
-    ack_wait_s: ClassVar[float] = 30.0
+    concurrency: int = 1
+    """How many events may be handled at once (the launcher's parallel trial slots; set per instance)."""
+    control: ClassVar[tuple[type, ...]] = ()
+    """Payload types (among ``consumes``) read by a consumer of their own (``<name>-control``) and handled as
+    they come, beside the slots: a request about work in progress (the launcher's ``TrialStopRequested``)
+    must not wait for that work to end. Their handlers must be quick."""
+    ack_wait_s: float = 30.0
+    """Redelivery wait of the service's consumer (the launcher's comes from its settings, per instance)."""
     retry_delay_s: ClassVar[float] = 1.0
     """Delay before the first retry of a failed handler; it doubles with each try (1, 2, 4, 8 s)."""
 
@@ -276,15 +281,21 @@ class Runner:
         service = self.service
         service.bus = self.bus
         await service.start()
-        by_stream: dict[str, list[str]] = {}
+        by_durable: dict[str, list[str]] = {}
         for payload_type in service.consumes:
-            by_stream.setdefault(stream_for_type(payload_type.__name__), []).append(payload_type.__name__)
+            stream = stream_for_type(payload_type.__name__)
+            if payload_type in service.control:
+                durable = f"{service.name}-control"
+            else:
+                durable = service.name if stream == LIFECYCLE_STREAM else f"{service.name}-{stream.lower()}"
+            by_durable.setdefault(durable, []).append(payload_type.__name__)
         consumers = []
-        for stream, types in sorted(by_stream.items()):
-            durable = service.name if stream == LIFECYCLE_STREAM else f"{service.name}-{stream.lower()}"
+        for durable, types in sorted(by_durable.items()):
             sub = await self._bind(durable, types)
             health = self.consumers[durable] = _ConsumerHealth(durable, sub=sub)
-            health.task = asyncio.create_task(self._consume(durable, types, sub, health), name=f"consume-{durable}")
+            slotted = not durable.endswith("-control")
+            health.task = asyncio.create_task(self._consume(durable, types, sub, health, slotted=slotted),
+                                              name=f"consume-{durable}")  # fmt: skip
             consumers.append(health.task)
         ping = await self.bus.nc.subscribe(PING_SUBJECT, cb=self._on_ping)
         heartbeat = asyncio.create_task(self._heartbeat(), name="heartbeat")
@@ -316,7 +327,8 @@ class Runner:
         )
 
     async def _consume(
-        self, durable: str, types: list[str], sub: JetStreamContext.PullSubscription | None, health: _ConsumerHealth
+        self, durable: str, types: list[str], sub: JetStreamContext.PullSubscription | None, health: _ConsumerHealth,
+        *, slotted: bool = True,
     ) -> None:
         """Fetch and dispatch until stopping; no error ends the loop (it backs off, re-binds and goes on)."""
         empty = 0
@@ -325,13 +337,14 @@ class Runner:
                 if sub is None or empty >= RECHECK_EMPTY_FETCHES:
                     sub, empty = await self._rebound(durable, types, sub, health), 0
                     health.sub = sub
-                await self._slots.acquire()
-                self._slots.release()
+                if slotted:
+                    await self._slots.acquire()
+                    self._slots.release()
                 deliveries = await self.bus.fetch(sub, batch=self.batch, timeout_s=1.0)
                 health.progress_at = time.monotonic()
                 empty = 0 if deliveries else empty + 1
                 for delivery in deliveries:
-                    await self._dispatch(delivery, health)
+                    await self._dispatch(delivery, health, slotted=slotted)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 — a consume loop that dies stalls the service silently
@@ -359,11 +372,15 @@ class Runner:
         health.rebinds += 1
         return await self._bind(durable, types)
 
-    async def _dispatch(self, delivery: Delivery, health: _ConsumerHealth) -> None:
+    async def _dispatch(self, delivery: Delivery, health: _ConsumerHealth, *, slotted: bool = True) -> None:
         if delivery.event is None:
             await self.bus.dead_letter(delivery)
             await delivery.msg.ack_sync()
             self.stats.dead_lettered += 1
+            return
+        if not slotted:  # a control event: handled now, in order, whatever the slots are doing
+            await self._process(delivery, slotted=False)
+            health.progress_at = time.monotonic()
             return
         await self._slots.acquire()
         task = asyncio.create_task(self._process(delivery))
@@ -374,7 +391,7 @@ class Runner:
             await asyncio.wait({task})
             health.progress_at = time.monotonic()
 
-    async def _process(self, delivery: Delivery) -> None:
+    async def _process(self, delivery: Delivery, *, slotted: bool = True) -> None:
         event = delivery.event
         assert event is not None
         self.stats.in_flight += 1
@@ -411,7 +428,8 @@ class Runner:
         finally:
             keepalive.cancel()
             self.stats.in_flight -= 1
-            self._slots.release()
+            if slotted:
+                self._slots.release()
 
     async def _failed(self, delivery: Delivery, exc: Exception) -> None:
         """A valid event whose handler raised: retry with backoff; after ``MAX_DELIVER`` tries, give up on it

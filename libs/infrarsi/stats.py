@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
@@ -56,11 +57,15 @@ RELATIVE_FLOOR = 0.05
 # --------------------------------------------------------------------------------------------------
 
 
-def median(values: Sequence[float]) -> float:
+FloatSeries = Sequence[float] | np.ndarray
+"""A series of numbers: a list or a 1-D numpy array (the robust statistics take either)."""
+
+
+def median(values: FloatSeries) -> float:
     return float(np.median(np.asarray(values, dtype=float))) if len(values) else math.nan
 
 
-def mad(values: Sequence[float]) -> float:
+def mad(values: FloatSeries) -> float:
     """Median absolute deviation from the median (unscaled)."""
     if not len(values):
         return math.nan
@@ -68,12 +73,12 @@ def mad(values: Sequence[float]) -> float:
     return float(np.median(np.abs(x - np.median(x))))
 
 
-def robust_sigma(values: Sequence[float]) -> float:
+def robust_sigma(values: FloatSeries) -> float:
     """1.4826 · MAD: a normal σ that one GC pause or one slow step does not move (0 for no values)."""
     return MAD_TO_SIGMA * mad(values) if len(values) else 0.0
 
 
-def detect_warmup(times: Sequence[float], *, k: float = WARMUP_K, max_fraction: float = 0.6, confirm: int = 3) -> int:
+def detect_warmup(times: FloatSeries, *, k: float = WARMUP_K, max_fraction: float = 0.6, confirm: int = 3) -> int:
     """Number of leading warm-up steps of a step-time series (0 when none is detected).
 
     The steady reference is the second half of the series; at most ``max_fraction`` of the steps are
@@ -94,7 +99,7 @@ def detect_warmup(times: Sequence[float], *, k: float = WARMUP_K, max_fraction: 
     return limit
 
 
-def two_segment_split(times: Sequence[float]) -> int:
+def two_segment_split(times: FloatSeries) -> int:
     """Least-squares change point: the split ``w`` minimising the squared error of two constant segments.
 
     A second, independent estimate of the warm-up boundary (used in tests and diagnostics); a decaying
@@ -255,7 +260,7 @@ class InvariantSpec:
 
     loss_tolerance: float
     loss_mode: str = "relative"
-    loss_at: str | list[int] = "every_eval"
+    loss_at: Literal["every_eval", "every_step"] | list[int] = "every_eval"
     steps: bool = True
     tokens: bool = True
     eval: bool = True
@@ -338,7 +343,7 @@ def _loss_checkpoints(spec: InvariantSpec, trial: Series, base: Series) -> tuple
         wanted = sorted(s for s in b if s <= horizon)
     else:
         t, b, what = dict((p.step, p.loss) for p in trial.loss_curve), dict((p.step, p.loss) for p in base.loss_curve), "train loss"
-        wanted = sorted(b) if spec.loss_at == "every_step" else sorted(spec.loss_at)
+        wanted = sorted(b) if isinstance(spec.loss_at, str) else sorted(spec.loss_at)  # str: "every_step"
         wanted = [s for s in wanted if s <= horizon]
     return what, [(s, t.get(s, math.nan), b.get(s, math.nan)) for s in wanted]
 
@@ -476,7 +481,10 @@ def measure(
 ) -> tuple[ev.TrialMeasured, Series]:
     """The ``TrialMeasured`` of one trial (and its series, kept by telemetry if it becomes the baseline)."""
     series = summarise(samples)
-    nan_to_zero = lambda v: 0.0 if v is None or math.isnan(v) else float(v)  # noqa: E731
+
+    def nan_to_zero(v: float | None) -> float:
+        return 0.0 if v is None or math.isnan(v) else float(v)
+
     invariants, unchecked = (check_invariants(spec, series, finished, horizon=horizon, baseline=baseline)
                              if series.steps else ([], []))
     invariants_ok = series.steps > 0 and finished.status == "ok" and all(r.ok for r in invariants)

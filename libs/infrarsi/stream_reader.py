@@ -16,6 +16,11 @@ Two transports behind the one function, because the replay benchmark needs the f
   TLS is on), never nats-py's private attributes; over TLS it is unavailable.
 - nats-py's ordered push consumer (``_read_ordered``): the fallback over TLS, and ``direct=False``.
 
+A read that finds JetStream temporarily unavailable — a cluster electing a meta or stream leader after a node
+was lost answers "JetStream system temporarily unavailable", or nothing — asks again for up to
+``UNAVAILABLE_WAIT_S`` before it gives up (``_answered``): every CLI verb reads a study through here, so none
+fails on an election that a few seconds resolve. ``tests/integration/test_read_during_election.py``.
+
 ``tests/integration/test_stream_reader.py`` checks the protocol against real servers (open, token,
 user/password, nkeys), both transports against each other, filters, backpressure and the end of a read.
 Must not decode events (``infrarsi.events``) or know what a stream holds.
@@ -28,9 +33,10 @@ import base64
 import contextlib
 import json
 import secrets
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
+import nats.errors
 import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js import api
@@ -46,6 +52,21 @@ StreamMessage = tuple[int, str, bytes]
 """(stream sequence, subject, data): what a reader of a stream needs of one stored message."""
 
 _READ_CHUNK = 1 << 20
+T = TypeVar("T")
+
+UNAVAILABLE_WAIT_S = 60.0
+"""How long a read asks again while JetStream is temporarily unavailable (a cluster's leader election takes
+seconds; a quorum that stays lost longer is an outage the caller should hear about)."""
+
+
+class _NoLeader(Exception):
+    """A replica answered for a stream that has no leader: its state may lag what was acknowledged."""
+
+
+_UNAVAILABLE = (nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError, nats.errors.TimeoutError,
+                _NoLeader)
+"""What a JetStream request gets while no leader answers: a 503, no responders, no reply at all, or a replica's
+own (possibly stale) view of the stream."""
 
 
 class StreamReadError(RuntimeError):
@@ -69,16 +90,18 @@ async def read_stream(
     subjects: str | None = None,
     idle_timeout_s: float = 10.0,
     direct: bool | None = None,
+    unavailable_wait_s: float = UNAVAILABLE_WAIT_S,
 ) -> AsyncIterator[list[StreamMessage]]:
     """Every message of ``stream`` (those on ``subjects``, a filter, when given) from ``start_seq`` up to the
     stream's last sequence when the read began, in order, in chunks.
 
     ``_RawReader`` where the connection allows it, else nats-py's ordered push consumer; ``direct`` forces
     one or the other. A read that stalls for ``idle_timeout_s`` raises ``StreamReadError``, unless the tail
-    was deleted meanwhile (retention, purge): then the read ends.
+    was deleted meanwhile (retention, purge): then the read ends. While JetStream is temporarily unavailable
+    (a leader election), the read's requests are asked again for up to ``unavailable_wait_s``.
     """
     try:
-        info = await bus.js.stream_info(stream)
+        info = await _answered(lambda: _led_stream_info(bus, stream), stream, unavailable_wait_s)
     except nats.js.errors.NotFoundError:
         return  # a stream nobody created yet is an empty one
     last = info.state.last_seq
@@ -94,24 +117,53 @@ async def read_stream(
                 raise StreamReadError(f"{stream}: cannot read with a raw connection: {exc}") from None
             log.debug("raw reader unavailable; reading with nats-py's ordered consumer", reason=str(exc))
     chunks = (
-        _read_ordered(bus, stream, start_seq, last, subjects, idle_timeout_s)
+        _read_ordered(bus, stream, start_seq, last, subjects, idle_timeout_s, unavailable_wait_s)
         if reader is None
-        else _read_raw(bus, reader, stream, start_seq, last, subjects, idle_timeout_s)
+        else _read_raw(bus, reader, stream, start_seq, last, subjects, idle_timeout_s, unavailable_wait_s)
     )
     async for chunk in chunks:
         yield chunk
 
 
+async def _led_stream_info(bus: Bus, stream: str) -> api.StreamInfo:
+    """The stream's info from its leader. A replica of a leaderless stream answers with its own state, which
+    may miss messages the others acknowledged: reading up to its last sequence would end the read early."""
+    info = await bus.js.stream_info(stream)
+    if info.cluster is not None and info.cluster.replicas and info.cluster.leader is None:
+        raise _NoLeader(f"{stream} has no leader")
+    return info
+
+
+async def _answered(request: Callable[[], Awaitable[T]], stream: str, wait_s: float) -> T:
+    """``request()``'s answer, asking again (0.25 s, doubling to 2 s) while JetStream is temporarily
+    unavailable, for up to ``wait_s``; then the last error is raised as it came."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    delay = 0.25
+    while True:
+        try:
+            return await request()
+        except _UNAVAILABLE as exc:
+            if loop.time() + delay > deadline:
+                raise
+            log.info("JetStream temporarily unavailable; asking again", stream=stream, error=str(exc) or type(exc).__name__)
+        await asyncio.sleep(delay)
+        delay = min(2 * delay, 2.0)
+
+
 async def _read_raw(
-    bus: Bus, reader: _RawReader, stream: str, start_seq: int, last: int, subjects: str | None, idle_timeout_s: float
+    bus: Bus, reader: _RawReader, stream: str, start_seq: int, last: int, subjects: str | None, idle_timeout_s: float,
+    unavailable_wait_s: float,
 ) -> AsyncIterator[list[StreamMessage]]:
     consumer: str | None = None
     try:
-        created = await bus.js.add_consumer(stream, api.ConsumerConfig(
-            deliver_subject=reader.inbox, deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
+        # Named after the reader's inbox: asking again after a lost reply finds the consumer the first request
+        # made instead of adding a second one delivering into the same inbox.
+        created = await _answered(lambda: bus.js.add_consumer(stream, api.ConsumerConfig(
+            name=reader.inbox.rsplit(".", 1)[-1], deliver_subject=reader.inbox, deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
             opt_start_seq=start_seq, ack_policy=api.AckPolicy.NONE, max_deliver=1, flow_control=True,
             idle_heartbeat=5.0, mem_storage=True, num_replicas=1, inactive_threshold=30.0, filter_subject=subjects,
-        ))  # fmt: skip
+        )), stream, unavailable_wait_s)  # fmt: skip
         consumer = created.name
         # what matches the filter from start_seq, as the consumer began (some may be on their way already)
         remaining = (created.num_pending or 0) + ((created.delivered.consumer_seq or 0) if created.delivered else 0)
@@ -136,7 +188,7 @@ async def _read_raw(
 
 async def _read_ordered(
     bus: Bus, stream: str, start_seq: int, last: int, subjects: str | None, idle_timeout_s: float,
-    max_buffer: int = 32_768,
+    unavailable_wait_s: float, max_buffer: int = 32_768,
 ) -> AsyncIterator[list[StreamMessage]]:
     """nats-py's ordered push consumer: flow control and gap recovery (it re-creates the consumer after a lost
     message) done by nats-py, messages handed to one callback. Backpressure: when ``max_buffer`` messages wait
@@ -155,7 +207,7 @@ async def _read_ordered(
         if len(buffer) >= 1024 or seq >= last or msg.reply.endswith(".0"):
             ready.set()
 
-    sub = await bus.js.subscribe(
+    sub = await _answered(lambda: bus.js.subscribe(
         subjects or "",
         stream=stream,
         cb=on_message,
@@ -164,7 +216,7 @@ async def _read_ordered(
         config=api.ConsumerConfig(opt_start_seq=start_seq),
         pending_msgs_limit=-1,
         pending_bytes_limit=-1,
-    )
+    ), stream, unavailable_wait_s)
     try:
         began = await sub.consumer_info()
         remaining = (began.num_pending or 0) + ((began.delivered.consumer_seq or 0) if began.delivered else 0)

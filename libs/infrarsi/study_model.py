@@ -8,6 +8,7 @@ Owns:
 - ``observation``: a ``TrialOutcome`` as a modeling ``Observation``; ``noise_floor`` from ``DoctorCompleted``;
 - ``prediction``: ``Searcher.predict`` as the event catalog's ``Prediction``;
 - ``StudyModel``/``replay_model``: the modeler's per-study fold, events → ``ModelUpdated``;
+- ``StudiesFold``: the skeleton the proposer's and the modeler's states share (a state per created study);
 - ``model_update``/``setting_effects``: per knob setting and patch, prior vs posterior effects on time and memory.
 
 Pure given the study's ``StudySpace``. Must not: read the disk (``study_space.load_study_space`` does), publish.
@@ -18,7 +19,9 @@ from __future__ import annotations
 import math
 import time
 import zlib
+from abc import abstractmethod
 from collections.abc import Iterable, Sequence
+from typing import Generic, TypeVar
 
 import numpy as np
 
@@ -26,6 +29,7 @@ from infrarsi import events as ev
 from infrarsi.modeling.memory_model import structural_components
 from infrarsi.modeling.search import Observation, SearchConfig, Searcher
 from infrarsi.modeling.space import Candidate, FloatRange
+from infrarsi.service import Emission, Fold
 from infrarsi.study_space import CandidateOutsideSpace, StudyLoader, StudySpace, load_study_space
 from infrarsi.trial_ledger import TrialLedger, TrialOutcome
 
@@ -165,6 +169,48 @@ def replay_model(events: Iterable[ev.Event], study_id: str, loader: StudyLoader 
         elif model is not None:
             model.apply(event)
     return model.last if model is not None else None
+
+
+StudyT = TypeVar("StudyT")
+
+
+class StudiesFold(Fold, Generic[StudyT]):
+    """The proposer's and the modeler's fold: one state per study, made from its first ``StudyCreated`` (a
+    repeat changes nothing); the events of a study never seen created are ignored."""
+
+    def __init__(self, *, load_study: StudyLoader = load_study_space, config: SearchConfig | None = None) -> None:
+        super().__init__()
+        self.load_study = load_study
+        self.config = config
+        self.studies: dict[str, StudyT] = {}
+
+    def _apply(self, event: ev.Event) -> list[Emission]:
+        study = self.studies.get(event.study_id)
+        match event.payload:
+            case ev.StudyCreated() as created:
+                if study is None:
+                    self.studies[event.study_id] = self._new_study(event.study_id, created)
+                return []
+            case _ if study is None:
+                return []
+            case _:
+                return self._apply_to(study, event)
+
+    def load_space(self, created: ev.StudyCreated) -> tuple[StudySpace | None, str | None]:
+        """The study's space with the bank's priors laid over, or why this build cannot search it (the service
+        reports it in its status and keeps serving the other studies)."""
+        try:
+            return self.load_study(created).with_bank(created.bank), None
+        except Exception as exc:  # noqa: BLE001 — reported, not raised
+            return None, f"{type(exc).__name__}: {exc}"
+
+    @abstractmethod
+    def _new_study(self, study_id: str, created: ev.StudyCreated) -> StudyT:
+        """The state of a study just created."""
+
+    @abstractmethod
+    def _apply_to(self, study: StudyT, event: ev.Event) -> list[Emission]:
+        """Fold one event of a known study; return what to publish."""
 
 
 # --------------------------------------------------------------------------------------------------

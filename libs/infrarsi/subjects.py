@@ -92,6 +92,9 @@ ROUTES: tuple[Route, ...] = (
     # simulator backend, which publishes for its simulated jobs, labelled "sim" (with the probe's credentials).
     _route("TrialStep", (PROBE, "launcher", "sim"), ("telemetry", "reporter")),
     _route("TrialFinished", ("launcher",), ("proposer", "telemetry", "modeler", "verifier", "reporter")),
+    # Telemetry sees the steps and knows the incumbent: it asks the launcher to stop a search trial already
+    # ruled out as far too slow; the launcher reads these beside its trial slots (``Service.control``).
+    _route("TrialStopRequested", ("telemetry",), ("launcher", "reporter")),
     _route("TrialMeasured", ("telemetry",), ("proposer", "telemetry", "modeler", "verifier", "reporter")),
     _route("ModelUpdated", ("modeler",), ("reporter",)),
     _route("VerifyRequested", ("proposer", "cli.verify"), ("verifier", "reporter")),

@@ -18,6 +18,7 @@ _FAILED_STATUS: dict[str, str] = {
     "crash": "crash",
     "cancelled": "crash",
     "timeout": "timeout",
+    "stopped_slow": "stopped_slow",
     "scope_violation": "scope_violation",
     "patch_conflict": "scope_violation",
     "invariant_violation": "invariant_violation",
@@ -33,9 +34,11 @@ class TrialOutcome:
     """``None`` when no ``TrialProposed`` or known candidate key names it."""
     kind: str
     status: str
-    """A ``modeling.search.Status``: ok | oom | crash | timeout | scope_violation | invariant_violation."""
+    """A ``modeling.search.Status``: ok | oom | crash | timeout | stopped_slow | scope_violation |
+    invariant_violation."""
     step_time_s: float | None
-    """Measured; for a timeout the censoring bound (the step time is at least this), ``None`` if no step showed."""
+    """Measured (for ``stopped_slow``: over the steps it ran); for a timeout the censoring bound (the step time
+    is at least this), ``None`` if no step showed."""
     peak_bytes: float | None
     """Max over ranks; for an OOM the censoring bound (the peak seen before the kill)."""
     accelerator_s: float
@@ -55,7 +58,7 @@ class _Trial:
 
 class TrialLedger:
     """Per study: every trial's facts, and its outcome once complete — a failed ``TrialFinished`` alone, or an
-    ok ``TrialFinished`` together with its ``TrialMeasured`` (in either order). Idempotent per trial: a repeated
+    ok or ``stopped_slow`` ``TrialFinished`` together with its ``TrialMeasured`` (in either order). Idempotent per trial: a repeated
     fact changes nothing. Accelerator-seconds are summed over every finished trial (failed ones included)."""
 
     def __init__(self) -> None:
@@ -98,7 +101,7 @@ class TrialLedger:
         candidate = t.proposed.candidate if t.proposed is not None else (
             self.by_key.get(m.candidate_key) if m is not None else None)
         kind = t.proposed.kind if t.proposed is not None else (m.kind if m is not None else "search")
-        if f.status != "ok":
+        if f.status not in ("ok", "stopped_slow"):  # stopped_slow: its steps are a measurement, wait for it
             peak = f.censored_peak_bytes if f.status == "oom" else None
             if f.status == "oom" and not peak:
                 peak = f.peak_memory_bytes or None
@@ -118,10 +121,10 @@ class TrialLedger:
                                          f"measured under interference ({failed} failed): re-run", True)
                 return t.outcome
             peak = max(m.peak_memory_bytes) if m.peak_memory_bytes else (f.peak_memory_bytes or None)
+            detail = f.reason if status == "stopped_slow" else f"failed invariants: {failed}" if failed else ""
             t.outcome = TrialOutcome(trial_id, candidate, kind, status,
                                      m.step_time_s if m.step_time_s > 0 else None,
-                                     float(peak) if peak else None, f.accelerator_s,
-                                     f"failed invariants: {failed}" if failed else "")
+                                     float(peak) if peak else None, f.accelerator_s, detail)
         return t.outcome
 
 

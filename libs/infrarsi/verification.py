@@ -170,7 +170,8 @@ class SpeedupCI:
 
 def _ratio_of_medians(baseline: np.ndarray, candidate: np.ndarray) -> np.ndarray:
     """Row-wise median(baseline) / median(candidate); inputs (B, n)."""
-    return np.median(baseline, axis=-1) / np.median(candidate, axis=-1)
+    ratios: np.ndarray = np.median(baseline, axis=-1) / np.median(candidate, axis=-1)  # (B,)
+    return ratios
 
 
 def bootstrap_speedup_ci(
@@ -372,8 +373,8 @@ def decide(
     loss_rule: LossRule,
     resamples: int = BOOTSTRAP_RESAMPLES,
     seed: int = BOOTSTRAP_SEED,
-) -> dict[str, object]:
-    """The ``VerifyCompleted`` fields of one finished round.
+) -> ev.VerifyCompleted:
+    """The ``VerifyCompleted`` of one finished round.
 
     Round passes ⇔ every run finished ok, every invariant holds on every run (telemetry's verdicts and the
     paired checks), and the CI's lower bound > 1. ``passes`` counts passed rounds so far; the candidate is
@@ -405,12 +406,16 @@ def decide(
         for result in run.invariants:
             if run.arm == "candidate" or result.name in _BASELINE_ARM_INVARIANTS:
                 note(where, result)
-    a_times, b_times, a_mfu, b_mfu = [], [], [], []
+    a_times: list[float] = []
+    b_times: list[float] = []
+    a_mfu: list[float] = []
+    b_mfu: list[float] = []
     for pair in sorted(by_pair):
         arms = by_pair[pair]
         base, cand = arms.get("baseline"), arms.get("candidate")
         if base is None or cand is None or not (base.usable and cand.usable):
             continue
+        assert base.step_time_s is not None and cand.step_time_s is not None  # both usable
         for result in pair_invariants(base, cand, loss_rule):
             note(f"pair {pair + 1}", result)
         a_times.append(base.step_time_s)
@@ -448,24 +453,24 @@ def decide(
         speedup = low = high = base_s = cand_s = 0.0  # nothing comparable: reads as "no speed-up shown"
     passed = not failed and low > 1.0
     passes = passes_before + (1 if passed else 0)
-    return {
-        "verify_id": round_.verify_id,
-        "candidate": round_.candidate,
-        "candidate_key": round_.candidate.key(),
-        "passes": passes,
-        "promotable": passed and passes >= passes_required,
-        "speedup": speedup,
-        "ci_low": low,
-        "ci_high": high,
-        "baseline_step_s": base_s,
-        "candidate_step_s": cand_s,
-        "mfu_before": float(np.median(a_mfu)) if a_mfu else None,
-        "mfu_after": float(np.median(b_mfu)) if b_mfu else None,
-        "invariants": invariants,
-        "failed_invariants": failed,
-        "trial_ids": sorted(round_.runs, key=lambda t: (round_.runs[t].pair, round_.runs[t].arm)),
-        "unchecked_invariants": sorted(unchecked - set(verdicts)),
-    }
+    return ev.VerifyCompleted(
+        verify_id=round_.verify_id,
+        candidate=round_.candidate,
+        candidate_key=round_.candidate.key(),
+        passes=passes,
+        promotable=passed and passes >= passes_required,
+        speedup=speedup,
+        ci_low=low,
+        ci_high=high,
+        baseline_step_s=base_s,
+        candidate_step_s=cand_s,
+        mfu_before=float(np.median(a_mfu)) if a_mfu else None,
+        mfu_after=float(np.median(b_mfu)) if b_mfu else None,
+        invariants=invariants,
+        failed_invariants=failed,
+        trial_ids=sorted(round_.runs, key=lambda t: (round_.runs[t].pair, round_.runs[t].arm)),
+        unchecked_invariants=sorted(unchecked - set(verdicts)),
+    )
 
 
 def round_passed(done: ev.VerifyCompleted) -> bool:

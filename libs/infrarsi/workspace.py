@@ -471,8 +471,8 @@ def apply_patches(
     (the caller discards it).
     """
     worktree = Path(worktree).resolve()
-    patch_paths = [Path(p).resolve() for p in patch_paths]
-    for path in patch_paths:
+    paths = [Path(p).resolve() for p in patch_paths]
+    for path in paths:
         try:
             text = path.read_text(errors="surrogateescape")
         except OSError as exc:
@@ -484,11 +484,11 @@ def apply_patches(
         if reason:
             return PatchResult(False, "scope_violation", reason, path.stem)
 
-    if patch_paths:
-        conflict = _check_in_order(worktree, patch_paths)
+    if paths:
+        conflict = _check_in_order(worktree, paths)
         if conflict is not None:
             return conflict
-        for path in patch_paths:
+        for path in paths:
             result = git(worktree, "apply", str(path), check=False)
             if result.returncode != 0:  # only if the worktree was not a fresh copy of its HEAD
                 return PatchResult(

@@ -17,6 +17,11 @@ Per trial, in this order, nothing running before the checks pass:
 5. every probe record re-published with the probe's own ``Nats-Msg-Id`` (dedup makes it idempotent);
 6. ``TrialFinished`` with the status, cost and evidence; the worktree is removed.
 
+A ``TrialStopRequested`` (telemetry's: the trial's steady steps are already far slower than the incumbent)
+is read beside the trial slots (``Service.control``) and cancels the running job; the trial ends
+``stopped_slow`` with the cost it ran up and the steps it reported. A request for a trial not running here
+(finished already, or a previous life's) changes nothing.
+
 State lives under ``<data_dir>/launcher/trials/<trial>/`` (job.json, pids.json, node logs, probe files,
 finished.json). On start the launcher reaps what a previous life left: every tagged process is killed,
 every worktree removed, and a trial that was running is marked abandoned; when its ``TrialProposed`` is
@@ -37,6 +42,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import yaml
@@ -67,6 +73,8 @@ TAIL_MAX_S = 0.05
 WATCH_TIMEOUT_S = 0.25
 """With inotify, a safety net: read the probe file at least this often even if no change was signalled."""
 OUTPUT_TAIL_CHARS = 4000
+SLOW_PREFIX = "stopped_slow: "
+"""The cancel reason of a job stopped at telemetry's ``TrialStopRequested`` (and the start of its ``reason``)."""
 
 
 @dataclass(frozen=True)
@@ -114,7 +122,8 @@ class ProbeTail:
 
 class LauncherService(Service):
     name = "launcher"
-    consumes = (ev.StudyCreated, ev.TrialProposed, ev.AgentAnswered)
+    consumes = (ev.StudyCreated, ev.TrialProposed, ev.AgentAnswered, ev.TrialStopRequested)
+    control = (ev.TrialStopRequested,)
     ack_wait_s = Settings().launcher_ack_wait_s
     """A TrialProposed left unacked by a dead launcher is redelivered after this long (``INFRARSI_LAUNCHER_ACK_WAIT_S``)."""
 
@@ -195,6 +204,8 @@ class LauncherService(Service):
         match event.payload:
             case ev.TrialProposed() as proposed:
                 await self._trial(event, proposed, out)
+            case ev.TrialStopRequested(reason=reason):
+                await self._stop_slow(event.trial_id or "", reason)
             case _:
                 self._remember(event)
 
@@ -210,6 +221,15 @@ class LauncherService(Service):
         finished = ev.TrialFinished(status="crash", reason=reason, memory_capacity_bytes=capacity, infrastructure=True)
         await self._finish(out, tdir, finished, republish_from=tdir / "probe", trial_id=event.trial_id,
                            study_id=event.study_id)  # fmt: skip
+
+    async def _stop_slow(self, trial_id: str, reason: str) -> None:
+        running = self.running.get(trial_id)
+        if running is None:
+            log.info("stop request for a trial not running here; nothing to stop", trial_id=trial_id)
+            return
+        backend, handle = running
+        await asyncio.to_thread(backend.cancel, handle, f"{SLOW_PREFIX}{reason}")
+        log.info("stopping a slow trial", trial_id=trial_id, reason=reason)
 
     def _remember(self, event: ev.Event) -> None:
         match event.payload:
@@ -375,7 +395,7 @@ class LauncherService(Service):
         return await self._follow_job(backend, handle, time.monotonic(), stall_before, candidate, study)
 
     async def _reattach(
-        self, submitted: dict, candidate: ev.Candidate, study: Study, tdir: Path
+        self, submitted: dict[str, Any], candidate: ev.Candidate, study: Study, tdir: Path
     ) -> ev.TrialFinished | None:
         """Follow the job a previous life submitted to a scheduler; ``None`` when there is none to follow
         (the trial is then marked abandoned, as a local job would be)."""
@@ -383,7 +403,7 @@ class LauncherService(Service):
         backend = self.backend(options)
         spec = _spec_from_json(submitted["spec"]) if backend.survives_launcher else None
         handle = await asyncio.to_thread(backend.attach, spec) if spec is not None else None
-        if handle is None:
+        if spec is None or handle is None:
             started = float(submitted.get("started_at", time.time()))
             (tdir / "abandoned.json").write_text(json.dumps({"wall_s": max(0.0, time.time() - started), "launched": True}))
             return None
@@ -505,6 +525,8 @@ class LauncherService(Service):
                 censored = max(capacity, probe_peak)
         elif job.cancelled is not None and job.cancelled.startswith("timeout"):
             status, reason = "timeout", job.cancelled
+        elif job.cancelled is not None and job.cancelled.startswith(SLOW_PREFIX):
+            status, reason = "stopped_slow", job.cancelled
         elif job.cancelled is not None:
             status, reason = "cancelled", job.cancelled
         elif job.exit_code == 0:
@@ -556,7 +578,7 @@ class LauncherService(Service):
             rank = path.stem.removeprefix("probe-rank")
             for line in path.read_bytes().splitlines():
                 record = ev.decode_or_none(line, (ev.TrialStep,))  # None: a torn last line of a killed job
-                if record is None:
+                if record is None or not isinstance(record.payload, ev.TrialStep):
                     continue
                 await self.bus.publish_raw(
                     subject, line, msg_id=step_msg_id(trial_id, rank, record.payload.step), stream=TELEMETRY_STREAM
@@ -611,17 +633,18 @@ def _emulated_capacity(cluster: ev.ClusterInfo) -> int | None:
     return None
 
 
-def _spec_to_json(spec: JobSpec) -> dict:
+def _spec_to_json(spec: JobSpec) -> dict[str, Any]:
     return {**dataclasses.asdict(spec), "workdir": str(spec.workdir), "state_dir": str(spec.state_dir)}
 
 
-def _spec_from_json(data: dict) -> JobSpec:
+def _spec_from_json(data: dict[str, Any]) -> JobSpec:
     return JobSpec(**{**data, "workdir": Path(data["workdir"]), "state_dir": Path(data["state_dir"])})
 
 
-def _read_json(path: Path) -> dict | None:
+def _read_json(path: Path) -> dict[str, Any] | None:
     try:
-        return json.loads(path.read_text())
+        record: dict[str, Any] = json.loads(path.read_text())
+        return record
     except (OSError, ValueError):
         return None
 

@@ -33,10 +33,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from infrarsi import events as ev
-from infrarsi.modeling.search import SearchConfig, Searcher
-from infrarsi.service import Emission, Fold
-from infrarsi.study_model import StudyModel
-from infrarsi.study_space import StudyLoader, load_study_space
+from infrarsi.modeling.search import Searcher
+from infrarsi.service import Emission
+from infrarsi.study_model import StudiesFold, StudyModel
 
 
 @dataclass
@@ -46,36 +45,22 @@ class _Study:
     load_error: str | None
 
 
-class ModelerState(Fold):
+class ModelerState(StudiesFold[_Study]):
     """The modeler's read model and reactions, for every study on the bus."""
 
-    def __init__(self, *, load_study: StudyLoader = load_study_space, config: SearchConfig | None = None) -> None:
-        super().__init__()
-        self.load_study = load_study
-        self.config = config
-        self.studies: dict[str, _Study] = {}
+    def _new_study(self, study_id: str, created: ev.StudyCreated) -> _Study:
+        space, error = self.load_space(created)
+        model = StudyModel(space, study_id, config=self.config) if space is not None else None
+        return _Study(study_id, model, error)
 
-    def _apply(self, event: ev.Event) -> list[Emission]:
-        study = self.studies.get(event.study_id)
-        match event.payload:
-            case ev.StudyCreated() as created:
-                if study is None:
-                    try:
-                        space = self.load_study(created).with_bank(created.bank)
-                        model = StudyModel(space, event.study_id, config=self.config)
-                        error = None
-                    except Exception as exc:  # noqa: BLE001 — reported in status, the service keeps going
-                        model, error = None, f"{type(exc).__name__}: {exc}"
-                    self.studies[event.study_id] = _Study(event.study_id, model, error)
-                return []
-            case _ if study is None or study.model is None:
-                return []
-            case _:
-                update = study.model.apply(event)
-                if update is None:
-                    return []
-                n = len(study.model.outcomes)
-                return [Emission(update, study.study_id, event.trial_id, f"model:{n}")]
+    def _apply_to(self, study: _Study, event: ev.Event) -> list[Emission]:
+        if study.model is None:
+            return []
+        update = study.model.apply(event)
+        if update is None:
+            return []
+        n = len(study.model.outcomes)
+        return [Emission(update, study.study_id, event.trial_id, f"model:{n}")]
 
     # ------------------------------------------------------------------------------------------- queries
 

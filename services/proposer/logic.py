@@ -53,8 +53,8 @@ from infrarsi.contract import Contract
 from infrarsi.events import RunRequested
 from infrarsi.modeling.search import SearchConfig, Searcher
 from infrarsi.modeling.space import Candidate
-from infrarsi.service import Emission, Fold
-from infrarsi.study_model import adopt_shape, build_searcher, observation, prediction
+from infrarsi.service import Emission
+from infrarsi.study_model import StudiesFold, adopt_shape, build_searcher, observation, prediction
 from infrarsi.study_space import StudyLoader, StudySpace, load_study_space
 from infrarsi.trial_ledger import TrialLedger, TrialOutcome
 
@@ -115,7 +115,7 @@ class _Study:
         return sum(1 for p in self.proposals if p.retry_of is None)
 
 
-class ProposerState(Fold):
+class ProposerState(StudiesFold[_Study]):
     """The proposer's read model and reactions, for every study on the bus."""
 
     def __init__(self, *, load_study: StudyLoader = load_study_space, config: SearchConfig | None = None,
@@ -123,24 +123,14 @@ class ProposerState(Fold):
                  load_files: Callable[[ev.StudyCreated, Contract], dict[str, str]] = golden_editable_files) -> None:
         """``agent_available``: whether a model can be asked for a study with this contract (the service says so
         when an endpoint is configured); ``load_files``: the editable files the model is shown."""
-        super().__init__()
-        self.load_study = load_study
-        self.config = config
+        super().__init__(load_study=load_study, config=config)
         self.agent_available = agent_available
         self.load_files = load_files
-        self.studies: dict[str, _Study] = {}
 
     # ------------------------------------------------------------------------------------------- events
 
-    def _apply(self, event: ev.Event) -> list[Emission]:
-        study = self.studies.get(event.study_id)
+    def _apply_to(self, study: _Study, event: ev.Event) -> list[Emission]:
         match event.payload:
-            case ev.StudyCreated() as created:
-                if study is None:
-                    self.studies[event.study_id] = self._new_study(event.study_id, created)
-                return []
-            case _ if study is None:
-                return []  # a study this proposer never saw created: nothing to do
             case ev.DoctorCompleted() as done:
                 study.doctor = done
                 return []
@@ -163,10 +153,7 @@ class ProposerState(Fold):
                 return []
 
     def _new_study(self, study_id: str, created: ev.StudyCreated) -> _Study:
-        try:
-            space, error = self.load_study(created).with_bank(created.bank), None
-        except Exception as exc:  # noqa: BLE001 — a contract this build cannot search is reported, not raised
-            space, error = None, f"{type(exc).__name__}: {exc}"
+        space, error = self.load_space(created)
         agent = None
         if space is not None and space.contract.budget.llm_tokens > 0 and self.agent_available(space.contract):
             agent = AgentRole(files=self.load_files(created, space.contract))

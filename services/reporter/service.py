@@ -63,7 +63,7 @@ class ReporterService(Service):
         self.snapshot_path = eventlog.snapshot_path(self.data_dir)
         self.db: eventlog.AnalystDB | None = None
         self._doorbell = asyncio.Event()
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         # Every DuckDB call runs on this one thread: one writer, never two statements at once.
         self._writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="analyst-db")
         self._applied = 0
@@ -90,7 +90,7 @@ class ReporterService(Service):
         for entry in self.bank.apply(event):
             await self.bus.publish(entry)
             self._bank_published += 1
-            log.info("bank entry published", entry_id=entry.payload.entry_id, event_id=entry.event_id)  # type: ignore[union-attr]
+            log.info("bank entry published", entry_id=entry.payload.entry_id, event_id=entry.event_id)
 
     async def stop(self) -> None:
         if self._task is not None:

@@ -19,6 +19,12 @@ A study whose contract measures coarsely (``workload.measurement.kind: coarse``,
 no step samples: its trials are measured from ``TrialFinished`` alone (``stats.measure_coarse``) as soon as
 it arrives, labelled ``coarse``, with the invariants that cannot be checked named in
 ``unchecked_invariants``.
+
+Stopping slow trials: on each rank-0 step of a running search trial, ``slow_trials.slow_verdict`` compares
+its steady steps with the study's incumbent (the fastest trial measured ``ok`` with every invariant held,
+kept from the ``TrialMeasured`` this service publishes) and the doctor's noise; a trial already ruled out
+gets one ``TrialStopRequested`` (id derived from the trial, so a replay or a redelivery adds none), which
+the launcher acts on. Telemetry decides because it is the service that sees the steps and the measurements.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import time
 from dataclasses import dataclass, field
 
 from infrarsi import events as ev
-from infrarsi import stats
+from infrarsi import slow_trials, stats
 from infrarsi.contract import ContractError, locked_contract
 from infrarsi.logs import get_logger
 from infrarsi.service import Outbox, Service
@@ -57,6 +63,18 @@ class StudyState:
     """Coarse: the contract gives a step pattern, so the launcher counted steps in the output."""
     baselines: dict[int, tuple[str, stats.Series]] = field(default_factory=dict)
     """Horizon → (trial id, series) of the study's first successful baseline at that horizon."""
+    stop_slow_factor: float | None = None
+    """The contract's ``budget.stop_slow_factor``: ``None`` never stops a trial as slow."""
+    noise_cv: float | None = None
+    """The doctor's run-to-run CV (widens the stop-as-slow bar on a noisy host)."""
+    incumbent: tuple[float, str] | None = None
+    """(step time, trial id) of the fastest trial measured ``ok`` with every invariant held."""
+
+    def saw(self, trial_id: str, measured: ev.TrialMeasured) -> None:
+        """Keep the incumbent: the fastest clean measurement so far."""
+        if measured.status == "ok" and measured.invariants_ok and measured.step_time_s > 0 and not measured.coarse:
+            if self.incumbent is None or measured.step_time_s < self.incumbent[0]:
+                self.incumbent = (measured.step_time_s, trial_id)
 
 
 @dataclass
@@ -67,37 +85,48 @@ class TrialState:
     finished_at: float | None = None
     cluster_id: str | None = None
     steps: dict[tuple[int, int], ev.TrialStep] = field(default_factory=dict)
+    rank0_s: dict[int, float] = field(default_factory=dict)
+    """Rank 0's step times by step (the stop-as-slow verdict reads them on every new one)."""
     measuring: bool = False
+    stop_requested: bool = False
 
 
 class TelemetryService(Service):
     name = "telemetry"
     consumes = (ev.StudyCreated, ev.TrialProposed, ev.TrialFinished, ev.DoctorCompleted, ev.TrialStep)
+    lifecycle_replayed = (ev.StudyCreated, ev.TrialProposed, ev.TrialFinished, ev.DoctorCompleted, ev.TrialMeasured,
+                          ev.TrialStopRequested)
 
     def __init__(self, *, complete_grace_s: float = COMPLETE_GRACE_S) -> None:
         self.complete_grace_s = complete_grace_s
         self.studies: dict[str, StudyState] = {}
         self.trials: dict[str, TrialState] = {}
         self.measured: set[str] = set()
-        self._sweeper: asyncio.Task | None = None
+        self._sweeper: asyncio.Task[None] | None = None
 
     # ---------------------------------------------------------------- lifecycle
 
     async def start(self) -> None:
         baseline_measures: list[tuple[str, str, ev.TrialMeasured]] = []
-        async for event in self.replay((ev.StudyCreated, ev.TrialProposed, ev.TrialFinished, ev.DoctorCompleted, ev.TrialMeasured)):
+        stop_requested: set[str] = set()
+        async for event in self.replay(self.lifecycle_replayed):
             match event.payload:
+                case ev.TrialStopRequested():
+                    stop_requested.add(event.trial_id or "")
                 case ev.TrialMeasured() as measured:
                     self.measured.add(event.trial_id or "")
                     self.trials.pop(event.trial_id or "", None)
+                    if (study := self.studies.get(event.study_id)) is not None:
+                        study.saw(event.trial_id or "", measured)
                     if measured.kind in BASELINE_KINDS and measured.status == "ok":
                         baseline_measures.append((event.study_id, event.trial_id or "", measured))
                 case _:
                     self._apply(event)
         # steps of trials still to measure, and of each study's baseline, come back from the telemetry stream
         for trial_id, trial in list(self.trials.items()):
+            trial.stop_requested = trial_id in stop_requested
             for step in await self._replay_steps(trial.study_id, trial_id):
-                trial.steps.setdefault((step.rank, step.step), step)
+                self._add_step(trial, step)
         for study_id, trial_id, _measured in baseline_measures:
             study = self.studies.get(study_id)
             if study is None:
@@ -139,6 +168,8 @@ class TelemetryService(Service):
         self._apply(event)
         trial_id = event.trial_id
         if trial_id and trial_id in self.trials:
+            if isinstance(event.payload, ev.TrialStep) and event.payload.rank == 0:
+                await self._maybe_stop_slow(trial_id)
             await self._maybe_measure(trial_id)
 
     def _apply(self, event: ev.Event) -> None:
@@ -153,6 +184,7 @@ class TelemetryService(Service):
                     return
                 inv = contract.invariants
                 gb = contract.search_space.constraints.global_batch
+                prior = self.studies.get(event.study_id)
                 self.studies[event.study_id] = StudyState(
                     spec=stats.InvariantSpec(
                         loss_tolerance=inv.loss.tolerance, loss_mode=inv.loss.mode, loss_at=inv.loss.at,
@@ -164,6 +196,9 @@ class TelemetryService(Service):
                     peak_flops=cluster.peak_flops,
                     coarse=contract.workload.measurement.kind == "coarse",
                     counts_steps=contract.workload.measurement.step_regex is not None,
+                    stop_slow_factor=contract.budget.stop_slow_factor,
+                    noise_cv=prior.noise_cv if prior is not None else None,
+                    incumbent=prior.incumbent if prior is not None else None,
                 )  # fmt: skip
             case ev.DoctorCompleted(peak_flops_measured=peak, run_to_run_cv=cv):
                 study = self.studies.get(event.study_id)
@@ -171,6 +206,7 @@ class TelemetryService(Service):
                     study.peak_flops = peak
                 if study is not None and cv > 0:  # the host's measured noise widens the timing allowance
                     study.spec = dataclasses.replace(study.spec, noise_cv=cv)
+                    study.noise_cv = cv
             case ev.TrialProposed() as proposed:
                 if trial_id not in self.measured:
                     self._trial(event).proposed = proposed
@@ -181,7 +217,35 @@ class TelemetryService(Service):
                     trial.finished_at = time.monotonic()
             case ev.TrialStep() as step:
                 if trial_id not in self.measured:
-                    self._trial(event).steps.setdefault((step.rank, step.step), step)
+                    self._add_step(self._trial(event), step)
+
+    @staticmethod
+    def _add_step(trial: TrialState, step: ev.TrialStep) -> None:
+        trial.steps.setdefault((step.rank, step.step), step)
+        if step.rank == 0:
+            trial.rank0_s.setdefault(step.step, step.step_time_s)
+
+    async def _maybe_stop_slow(self, trial_id: str) -> None:
+        """Ask the launcher to stop a running search trial its steps already rule out (module docstring)."""
+        trial = self.trials[trial_id]
+        proposed = trial.proposed
+        if trial.stop_requested or trial.finished is not None or proposed is None:
+            return
+        study = self.studies.get(trial.study_id)
+        if (proposed.kind not in slow_trials.STOPPABLE_KINDS or study is None or study.coarse
+                or study.stop_slow_factor is None or study.incumbent is None):  # fmt: skip
+            return
+        times = [trial.rank0_s[k] for k in sorted(trial.rank0_s)]
+        verdict = slow_trials.slow_verdict(times, incumbent_s=study.incumbent[0], incumbent_trial=study.incumbent[1],
+                                           factor=study.stop_slow_factor, noise_cv=study.noise_cv)  # fmt: skip
+        if verdict is None:
+            return
+        trial.stop_requested = True
+        await self.bus.publish(ev.make_event(
+            verdict, study_id=trial.study_id, trial_id=trial_id, source=self.name, cluster_id=trial.cluster_id,
+            event_id=ev.derived_id(trial_id, self.name, "TrialStopRequested"),
+        ))  # fmt: skip
+        log.info("asked to stop a slow trial", trial_id=trial_id, reason=verdict.reason)
 
     def _trial(self, event: ev.Event) -> TrialState:
         trial = self.trials.setdefault(event.trial_id or "", TrialState(study_id=event.study_id))
@@ -256,6 +320,7 @@ class TelemetryService(Service):
             trial.measuring = False
         self.measured.add(trial_id)
         self.trials.pop(trial_id, None)
+        study.saw(trial_id, measured)
         if is_baseline and series is not None and measured.status == "ok" and horizon not in study.baselines:
             study.baselines[horizon] = (trial_id, series)
         log.info(

@@ -26,6 +26,7 @@ passed, plan the next round; a failed round ends the verification (pass twice *i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from infrarsi import events as ev
@@ -146,10 +147,10 @@ class VerifierLogic(Fold):
             self._trial_to_verify[planned.trial_id] = verification.verify_id
         return [Emission(p.payload, verification.study_id, p.trial_id, p.trial_id) for p in plan]
 
-    def _on_result(self, event: ev.Event, make) -> list[Emission]:
+    def _on_result(self, event: ev.Event, make: Callable[[str, vf.Arm, int], vf.RunMeasurement]) -> list[Emission]:
         trial_id = event.trial_id
         verify_id = self._trial_to_verify.get(trial_id or "")
-        if verify_id is None:
+        if verify_id is None or trial_id is None:
             return []  # not a verify run
         verification = self.verifications[verify_id]
         planned = verification.plan.get(trial_id)
@@ -158,13 +159,12 @@ class VerifierLogic(Fold):
         verification.round.runs[trial_id] = make(trial_id, planned.arm, planned.pair)
         if not verification.round.complete():
             return []
-        fields = vf.decide(
+        done = vf.decide(
             verification.round,
             passes_before=verification.passes,
             passes_required=verification.rules.passes_required,
             loss_rule=verification.rules.loss_rule,
         )
-        done = ev.VerifyCompleted(**fields)
         verification.history.append(done)
         verification.passes = done.passes
         out = [Emission(done, verification.study_id, None, f"{verify_id}:round{verification.round.round_no}")]

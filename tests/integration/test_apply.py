@@ -16,22 +16,13 @@ from infrarsi.commands.approve_apply import ApplyRefused, evidence_text, execute
 from infrarsi.commands.init import prepare_study
 from infrarsi.workspace import WorkspaceError, git
 from support import verified_study
+from support.small_workload import WORKLOAD_SECTION, numbered_lines, write_workload
 
 FRIDAY = datetime(2026, 1, 2, 12, 0, tzinfo=UTC)
 MONDAY = datetime(2026, 1, 5, 12, 0, tzinfo=UTC)
 
-MODEL = "".join(f"line {i}\n" for i in range(1, 11))
+MODEL = numbered_lines(10)
 FUSED = MODEL.replace("line 5\n", "line 5 (fused)\n")
-LAUNCH_TEXT = """\
-# golden launch file
-run:
-  steps: 30
-  global_batch_size: 32
-knobs:
-  micro_batch_size: 4   # sequences per forward
-  attention: manual
-  compile: false
-"""
 FUSED_PATCH = """\
 diff --git a/model.py b/model.py
 --- a/model.py
@@ -50,14 +41,7 @@ def contract_dict() -> dict:
     return {
         "name": "apply-test",
         "goal": "faster",
-        "workload": {
-            "repo": "wl",
-            "command": ["{python}", "train.py", "--launch", "{launch_file}"],
-            "launch_file": "launch/dense.yaml",
-            "steps": 30,
-            "steps_key": "run.steps",
-            "verify_steps": 60,
-        },
+        "workload": {"repo": "wl", **WORKLOAD_SECTION},
         "cluster": {"id": "local-cpu", "accelerator": "cpu", "memory_capacity_bytes": 10**9},
         "scope": {
             "files": ["model.py"],
@@ -99,17 +83,8 @@ def contract_dict() -> dict:
 
 
 def make_workload(wl: Path, *, as_git: bool) -> None:
-    (wl / "launch").mkdir(parents=True)
-    (wl / "patches").mkdir()
-    (wl / "model.py").write_text(MODEL)
-    (wl / "train.py").write_text("print('train')\n")
-    (wl / "launch" / "dense.yaml").write_text(LAUNCH_TEXT)
-    (wl / "patches" / "fused.patch").write_text(FUSED_PATCH)
-    (wl / "patches" / "index.yaml").write_text(
-        yaml.safe_dump(
-            {"patches": [{"id": "fused", "description": "fuse", "files": ["model.py"], "kind": "speedup"}]}
-        )
-    )
+    write_workload(wl, MODEL, [{"id": "fused", "description": "fuse", "files": ["model.py"], "kind": "speedup"}],
+                   {"patches/fused.patch": FUSED_PATCH})
     if as_git:
         git(wl, "init", "-q", "--initial-branch=main")
         git(wl, "add", "-A")

@@ -7,7 +7,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
 from infrarsi.contract import Contract, contract_from_dict
 from infrarsi.workspace import (
     WorkspaceError,
@@ -20,27 +19,13 @@ from infrarsi.workspace import (
     remove,
     scope_problem,
 )
+from support.small_workload import WORKLOAD_SECTION, numbered_lines, write_workload
 
-MODEL = "".join(f"line {i}\n" for i in range(1, 21))
-LAUNCH_TEXT = """\
-# golden launch file
-run:
-  steps: 30
-  global_batch_size: 32
-knobs:
-  micro_batch_size: 4   # sequences per forward
-  attention: manual
-"""
+MODEL = numbered_lines(20)
 
 
 def write_tree(wl: Path) -> None:
-    (wl / "launch").mkdir(parents=True)
-    (wl / "patches").mkdir()
-    (wl / "model.py").write_text(MODEL)
-    (wl / "train.py").write_text("print('train')\n")
-    (wl / "data.py").write_text("DATA = 1\n")
-    (wl / "launch" / "dense.yaml").write_text(LAUNCH_TEXT)
-    (wl / "patches" / "index.yaml").write_text(yaml.safe_dump({"patches": []}))
+    write_workload(wl, MODEL, [], {"data.py": "DATA = 1\n"})
     (wl / "__pycache__").mkdir()
     (wl / "__pycache__" / "model.cpython-311.pyc").write_bytes(b"\0")
     (wl / "stray.pyc").write_bytes(b"\0")
@@ -51,14 +36,7 @@ def contract_for(wl: Path, files: list[str] | None = None) -> Contract:
         {
             "name": "t",
             "goal": "g",
-            "workload": {
-                "repo": str(wl),
-                "command": ["{python}", "train.py", "--launch", "{launch_file}"],
-                "launch_file": "launch/dense.yaml",
-                "steps": 30,
-                "steps_key": "run.steps",
-                "verify_steps": 60,
-            },
+            "workload": {"repo": str(wl), **WORKLOAD_SECTION},
             "cluster": {"id": "local", "accelerator": "cpu", "memory_capacity_bytes": 10**9},
             "scope": {
                 "files": files if files is not None else ["model.py", "train.py", "kernels/**"],

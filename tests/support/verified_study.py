@@ -47,7 +47,7 @@ def verification(
             round_.runs[planned.trial_id] = vf.RunMeasurement.from_measured(
                 planned.trial_id, planned.arm, planned.pair, measured
             )
-        done = ev.VerifyCompleted(**vf.decide(round_, passes_before=passes, passes_required=rounds, loss_rule=vf.LossRule()))
+        done = vf.decide(round_, passes_before=passes, passes_required=rounds, loss_rule=vf.LossRule())
         passes = done.passes
         pieces.append((done, None))
     return pieces

@@ -126,16 +126,16 @@ RULE = vf.LossRule(tolerance=0.02, mode="relative")
 
 def test_a_coarse_round_names_unchecked_invariants_and_never_compares_empty_curves() -> None:
     runs = [_coarse_run(f"{arm}{i}", arm, i, t) for i in range(3) for arm, t in (("baseline", 1.0), ("candidate", 0.8))]
-    done = ev.VerifyCompleted(**vf.decide(_round(runs), passes_before=0, passes_required=1, loss_rule=RULE))
+    done = vf.decide(_round(runs), passes_before=0, passes_required=1, loss_rule=RULE)
     assert done.unchecked_invariants == ["loss", "timing", "work.eval", "work.tokens"]
     assert {i.name for i in done.invariants} == {"scope", "work.optimizer_steps"}  # no "loss ok" from empty curves
     assert done.promotable and done.speedup == pytest.approx(1.25)
     # a candidate that stopped early is caught by the counted steps
     runs[1] = _coarse_run("candidate0", "candidate", 0, 0.8, steps=10)
-    bad = ev.VerifyCompleted(**vf.decide(_round(runs), passes_before=0, passes_required=1, loss_rule=RULE))
+    bad = vf.decide(_round(runs), passes_before=0, passes_required=1, loss_rule=RULE)
     assert bad.failed_invariants == ["work.optimizer_steps"] and not bad.promotable
     # not counted at all: the step count is unchecked too, not compared as 0 == 0
     uncounted = [_coarse_run(f"{a}{i}", a, i, t, steps=0, counted=False) for i in range(2) for a, t in (("baseline", 1.0), ("candidate", 0.8))]
-    done = ev.VerifyCompleted(**vf.decide(_round(uncounted), passes_before=0, passes_required=1, loss_rule=RULE))
+    done = vf.decide(_round(uncounted), passes_before=0, passes_required=1, loss_rule=RULE)
     assert "work.optimizer_steps" in done.unchecked_invariants
     assert {i.name for i in done.invariants} == {"scope"}

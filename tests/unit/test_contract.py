@@ -549,6 +549,17 @@ def test_global_batch_micro_batch_must_be_int_knob(root: Path) -> None:
     assert "search_space.knobs.knobs.micro_batch_size: the micro-batch knob must be type: int" in problems
 
 
+def test_global_batch_parallel_key_must_be_int_knob(root: Path) -> None:
+    # a derived data-parallel over a float knob is a named problem, not an AttributeError from the check
+    def change(d):
+        gb = d["search_space"]["constraints"]["global_batch"]
+        del gb["data_parallel"]
+        gb.update(devices=4, parallel_keys=["knobs.capacity"])
+
+    problems = problems_of(root, mutated(change))
+    assert "search_space.knobs.knobs.capacity: must be type: int (global_batch uses it)" in problems
+
+
 def test_unknown_patch_id(root: Path) -> None:
     problems = problems_of(root, mutated(lambda d: d["search_space"]["patches"].append("flash-attn")))
     assert problems == ["search_space.patches[2]: unknown patch id 'flash-attn' (not in patches/index.yaml)"]

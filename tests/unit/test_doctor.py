@@ -69,27 +69,26 @@ def test_analyse_recovers_noise_and_structure():
     # The run-to-run numbers are exactly those of the per-run medians.
     medians = np.array([r.step_time_s for r in report.runs])
     assert report.sigma_log == pytest.approx(np.std(np.log(medians), ddof=1))
-    assert report.run_to_run_cv == pytest.approx(np.std(medians, ddof=1) / medians.mean())
-    assert report.step_time_s == pytest.approx(np.median(medians))
+    assert report.completed.run_to_run_cv == pytest.approx(np.std(medians, ddof=1) / medians.mean())
+    assert report.completed.step_time_s == pytest.approx(np.median(medians))
     # ... and close to the truth (σ estimate from 8 runs: within ~50%).
     assert 0.5 * true_sigma < report.sigma_log < 1.6 * true_sigma
     # Straggler rank 2 is 25% slower; slowest-rank medians are ≈ 1.25 × level.
-    assert report.stragglers == [2]
-    assert report.per_rank_step_s[2] / report.per_rank_step_s[0] == pytest.approx(1.25, rel=0.03)
-    assert report.warmup_steps == 5
+    assert report.completed.stragglers == [2]
+    assert report.completed.per_rank_step_s[2] / report.completed.per_rank_step_s[0] == pytest.approx(1.25, rel=0.03)
+    assert report.completed.warmup_steps == 5
     # Within-run CV of 3% (straggler rank scaled, CV unchanged), robust estimate.
-    assert report.step_to_step_cv == pytest.approx(0.03, rel=0.25)
+    assert report.completed.step_to_step_cv == pytest.approx(0.03, rel=0.25)
     # Phases sum to 95% of the step; the rest is "other".
-    assert report.phase_fractions["backward"] == pytest.approx(0.45, abs=1e-9)
-    assert report.phase_fractions["other"] == pytest.approx(0.05, abs=1e-9)
-    assert sum(report.phase_fractions.values()) == pytest.approx(1.0)
+    assert report.completed.phase_fractions["backward"] == pytest.approx(0.45, abs=1e-9)
+    assert report.completed.phase_fractions["other"] == pytest.approx(0.05, abs=1e-9)
+    assert sum(report.completed.phase_fractions.values()) == pytest.approx(1.0)
     # Power: MDE quoted at the recommended repeats, and repeats-for-effect consistent with it.
-    assert report.min_detectable_speedup == pytest.approx(
-        doctor.min_detectable_speedup(report.sigma_log, report.repeats_per_trial)
+    assert report.completed.min_detectable_speedup == pytest.approx(
+        doctor.min_detectable_speedup(report.sigma_log, report.completed.repeats_per_trial)
     )
-    assert report.repeats_for_effect["1.05"] >= report.repeats_for_effect["1.20"]
-    fields = report.as_event_fields()
-    assert fields["warmup_steps"] == 5 and fields["stragglers"] == [2]
+    assert report.completed.repeats_for_effect["1.05"] >= report.completed.repeats_for_effect["1.20"]
+    assert report.completed.baseline_trial_ids == [f"t{i}" for i in range(8)]
 
 
 def test_analyse_needs_two_runs_and_mfu():
@@ -98,9 +97,9 @@ def test_analyse_needs_two_runs_and_mfu():
         doctor.analyse([_run(rng, "a", level=0.1)])
     runs = [_run(rng, "a", level=0.1, step_cv=0.0), _run(rng, "b", level=0.1, step_cv=0.0)]
     report = doctor.analyse(runs, flops_per_step=2e9, peak_flops=1e11, devices=2)
-    assert report.mfu == pytest.approx(2e9 / 0.1 / 2e11)
+    assert report.completed.mfu == pytest.approx(2e9 / 0.1 / 2e11)
     assert report.sigma_log == pytest.approx(0.0, abs=1e-12)
-    assert report.repeats_per_trial == 1
+    assert report.completed.repeats_per_trial == 1
 
 
 def test_measure_cpu_peak_flops_is_plausible():
@@ -115,11 +114,10 @@ def test_a_run_slowed_by_another_job_is_left_out_of_the_noise_estimate():
     runs = [_run(rng, "a", level=0.55, step_cv=0.0), _run(rng, "b", level=0.56, step_cv=0.0),
             _run(rng, "c", level=1.76, step_cv=0.0)]
     report = doctor.analyse(runs)
-    assert report.interfered_runs == [2]
+    assert report.completed.interfered_runs == [2]
     assert report.sigma_log == pytest.approx(np.std(np.log([0.55, 0.56]), ddof=1))
-    assert report.step_time_s == pytest.approx(0.555)
-    assert report.min_detectable_speedup < 1.1  # with the odd run in, it was ×4
-    assert report.as_event_fields()["interfered_runs"] == [2]
+    assert report.completed.step_time_s == pytest.approx(0.555)
+    assert report.completed.min_detectable_speedup < 1.1  # with the odd run in, it was ×4
     # Ordinary spread is noise, not interference; two runs, or a split down the middle, drop nothing.
     assert doctor.interfered_runs([0.50, 0.56, 0.62]) == []
     assert doctor.interfered_runs([0.5, 1.8]) == []

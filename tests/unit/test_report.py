@@ -37,7 +37,7 @@ def test_cost_by_outcome_matches_sql(db):
     assert report.cost_by_outcome["violation"] == pytest.approx((by_status["scope_violation"] + violation_ok_s) / 3600)
     assert report.cost_by_outcome["ok"] == pytest.approx((by_status["ok"] - violation_ok_s) / 3600)
     assert report.accelerator_hours == pytest.approx(sum(by_status.values()) / 3600)
-    assert report.trials_by_outcome == {"ok": 28, "oom": 1, "crash": 1, "timeout": 1, "violation": 2}
+    assert report.trials_by_outcome == {"ok": 28, "oom": 1, "crash": 1, "timeout": 1, "slow": 0, "violation": 2}
 
 
 def test_winner_and_verdicts_match_the_last_verify_completed(db):

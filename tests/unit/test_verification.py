@@ -109,45 +109,44 @@ RULE = vf.LossRule(tolerance=0.02, mode="relative")
 
 
 def test_decide_passes_a_clear_speedup():
-    fields = vf.decide(_round([(1.0, 0.80), (1.02, 0.81), (0.99, 0.79)]), passes_before=0, passes_required=2, loss_rule=RULE)
-    done = ev.VerifyCompleted(**fields)
+    done = vf.decide(_round([(1.0, 0.80), (1.02, 0.81), (0.99, 0.79)]), passes_before=0, passes_required=2, loss_rule=RULE)
     assert done.speedup == pytest.approx(1.0 / 0.80)
     assert done.ci_low > 1.0 and done.passes == 1 and not done.promotable
     assert done.failed_invariants == []
     assert {i.name for i in done.invariants} >= {"loss", "work.optimizer_steps", "work.tokens", "work.eval"}
     assert done.mfu_before == pytest.approx(0.3)
     assert vf.round_passed(done) and not vf.is_final(done)
-    second = ev.VerifyCompleted(**vf.decide(_round([(1.0, 0.8)] * 3), passes_before=1, passes_required=2, loss_rule=RULE))
+    second = vf.decide(_round([(1.0, 0.8)] * 3), passes_before=1, passes_required=2, loss_rule=RULE)
     assert second.passes == 2 and second.promotable and vf.is_final(second)
 
 
 def test_decide_names_a_mid_curve_loss_divergence():
     # Same final loss, but 10% off at step 40: "within ε at every checkpoint, not just at the end".
     bad = _curve(bump_at=40, bump=0.25)
-    fields = vf.decide(_round([(1.0, 0.8)] * 3, loss=bad), passes_before=0, passes_required=2, loss_rule=RULE)
-    assert fields["failed_invariants"] == ["loss"]
-    loss = next(i for i in fields["invariants"] if i.name == "loss")
+    done = vf.decide(_round([(1.0, 0.8)] * 3, loss=bad), passes_before=0, passes_required=2, loss_rule=RULE)
+    assert done.failed_invariants == ["loss"]
+    loss = next(i for i in done.invariants if i.name == "loss")
     assert "step 40" in loss.detail and not loss.ok
-    assert fields["passes"] == 0 and not fields["promotable"]
+    assert done.passes == 0 and not done.promotable
 
 
 def test_decide_names_work_and_telemetry_violations_and_crashes():
     timing_bad = ev.InvariantResult(name="timing", ok=False, detail="wall 12% off")
-    fields = vf.decide(
+    done = vf.decide(
         _round([(1.0, 0.8)] * 2, opt=99, tokens=99 * 4096, evals=[ev.LossPoint(50, 3.0)], invariants=[timing_bad]),
         passes_before=0, passes_required=2, loss_rule=RULE,
     )
-    assert fields["failed_invariants"] == ["timing", "work.eval", "work.optimizer_steps", "work.tokens"]
+    assert done.failed_invariants == ["timing", "work.eval", "work.optimizer_steps", "work.tokens"]
     crash = _round([(1.0, 0.8)] * 2)
     crash.runs["b1"] = vf.RunMeasurement(trial_id="b1", arm="candidate", pair=1, status="crash", reason="exit 1")
-    fields = vf.decide(crash, passes_before=0, passes_required=2, loss_rule=RULE)
-    assert fields["failed_invariants"] == ["run.crash"]
-    assert fields["speedup"] == pytest.approx(1.25)  # from the one complete pair
+    done = vf.decide(crash, passes_before=0, passes_required=2, loss_rule=RULE)
+    assert done.failed_invariants == ["run.crash"]
+    assert done.speedup == pytest.approx(1.25)  # from the one complete pair
 
 
 def test_decide_fails_when_ci_includes_one():
-    fields = vf.decide(_round([(1.0, 0.95), (1.0, 1.04), (1.0, 0.97)]), passes_before=0, passes_required=2, loss_rule=RULE)
-    assert fields["ci_low"] <= 1.0 and fields["failed_invariants"] == [] and fields["passes"] == 0
+    done = vf.decide(_round([(1.0, 0.95), (1.0, 1.04), (1.0, 0.97)]), passes_before=0, passes_required=2, loss_rule=RULE)
+    assert done.ci_low <= 1.0 and done.failed_invariants == [] and done.passes == 0
 
 
 def test_select_candidates_ranks_and_disqualifies():

@@ -30,6 +30,7 @@ import yaml
 from infrarsi import events as ev
 from infrarsi.agent.answers import NotJSON, parse_json_object
 from infrarsi.contract import Contract, ContractError, contract_from_dict
+from infrarsi.errors import Refused
 
 DRAFTABLE = ("name", "goal", "scope", "search_space", "invariants", "budget", "verify")
 """Top-level contract sections the model's draft may set; the rest (workload, cluster, backend, policy…) is
@@ -52,12 +53,8 @@ Only these sections may appear in "contract": """ + ", ".join(DRAFTABLE) + """. 
 as in the draft; a section you give replaces the draft's keys you name (lists are replaced whole)."""
 
 
-class DraftRefused(Exception):
-    """The model's draft cannot be used; ``problems`` names each reason."""
-
-    def __init__(self, problems: Iterable[str]) -> None:
-        self.problems = list(problems)
-        super().__init__("; ".join(self.problems))
+class DraftRefused(Refused):
+    """The model's draft cannot be used; ``reasons`` names each problem."""
 
 
 @dataclass(frozen=True)

@@ -54,5 +54,11 @@ def make_backend(
         completion = settings.slurm_sacct_completion if settings is not None else None
         return SlurmBackend(owner, options, sacct_completion=completion)
     if kind == "kubernetes":
-        return cls(owner, options)  # type: ignore[call-arg]  # KubernetesBackend(owner, options)
-    return cls(owner)  # type: ignore[call-arg]  # the ABC declares no constructor; the others take their owner
+        from infrarsi.backends.kubernetes import KubernetesBackend
+
+        return KubernetesBackend(owner, options)
+    if kind == "sim":
+        from infrarsi.backends.sim import SimBackend
+
+        return SimBackend(owner)
+    raise ValueError(f"backend {kind!r} has no constructor call in make_backend")

@@ -132,8 +132,16 @@ class Backend(ABC):
         knows it; ``None`` otherwise. Only backends that ``survives_launcher``."""
         return None
 
-    def close(self) -> None:  # noqa: B027 — a no-op hook by design
-        """Release everything. Default: nothing."""
+    def live_jobs(self) -> list[JobHandle]:
+        """The jobs submitted and not yet collected, for ``close``. Default: none (the backend tracks none)."""
+        return []
+
+    def close(self) -> None:
+        """Release everything: cancel and collect every live job (``live_jobs``). A backend that holds more (a
+        client) releases it after calling this."""
+        for handle in self.live_jobs():
+            self.cancel(handle, "backend closed")
+            self.collect(handle)
 
     @abstractmethod
     def submit(self, spec: JobSpec) -> JobHandle:

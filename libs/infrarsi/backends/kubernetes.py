@@ -170,12 +170,12 @@ class KubernetesBackend(Backend):
         except (config.ConfigException, OSError, ValueError) as exc:
             raise SubmitError(f"backend kind kubernetes: no usable cluster configuration: {exc}") from None
 
-    def close(self) -> None:
+    def live_jobs(self) -> list[JobHandle]:
         with self._lock:
-            live = list(self._live.values())
-        for handle in live:
-            self.cancel(handle, "backend closed")
-            self.collect(handle)
+            return list(self._live.values())
+
+    def close(self) -> None:
+        super().close()
         if self._client is not None:
             self._client.close()
 
@@ -407,7 +407,8 @@ class KubernetesBackend(Backend):
 
     def _get(self, manifest: Manifest) -> dict[str, Any] | None:
         try:
-            return self._call("get", manifest)  # type: ignore[no-any-return]
+            found: dict[str, Any] = self._call("get", manifest)  # the object, serialised to JSON types
+            return found
         except _ApiError as exc:
             if exc.status == 404:
                 return None
@@ -453,7 +454,8 @@ def _api_message(exc: Any) -> str:
 
 def _read_json(path: Path) -> dict[str, Any] | None:
     try:
-        return json.loads(path.read_text())  # type: ignore[no-any-return]
+        record: dict[str, Any] = json.loads(path.read_text())
+        return record
     except (OSError, ValueError):
         return None
 

@@ -30,13 +30,14 @@ import psutil
 from infrarsi import netns, procs
 from infrarsi.backends.base import Backend, JobHandle, JobResult, JobSpec, device_oom_line
 from infrarsi.embedded import free_port
+from infrarsi.settings import LAUNCH_TAG_VAR
 
 TAIL_BYTES = 6000
 
 
 @dataclass
 class _LocalJob:
-    popens: list[subprocess.Popen]
+    popens: list[subprocess.Popen[bytes]]
     logs: list[Path]
     watchdog: procs.MemoryWatchdog
     tag: str
@@ -79,17 +80,15 @@ class LocalBackend(Backend):
                             found.setdefault(proc.pid, proc)
         return procs.kill_all(found.values(), grace_s=self.term_grace_s) if found else 0
 
-    def close(self) -> None:
-        for handle in list(self._live.values()):
-            self.cancel(handle, "backend closed")
-            self.collect(handle)
+    def live_jobs(self) -> list[JobHandle]:
+        return list(self._live.values())
 
     # ---------------------------------------------------------------- jobs
 
     def submit(self, spec: JobSpec) -> JobHandle:
         spec.state_dir.mkdir(parents=True, exist_ok=True)
         tag = f"{self.owner}|{spec.name}"
-        env = {**spec.env, procs.LAUNCH_TAG_VAR: tag}
+        env = {**spec.env, LAUNCH_TAG_VAR: tag}
         commands = self._commands(spec)
         if spec.nnodes > 1:
             # Agents on loopback keep gloo there whatever the hostname resolves to; in namespaces, on the
@@ -119,8 +118,6 @@ class LocalBackend(Backend):
         (spec.state_dir / "job.json").write_text(
             json.dumps({"tag": tag, "commands": commands, "pids": [p.pid for p in popens], "started_at": started})
         )
-        job = _LocalJob(popens=popens, logs=logs, watchdog=None, tag=tag)  # type: ignore[arg-type]
-
         def on_exceed(exceeded: procs.MemoryExceeded) -> None:
             job.oom = exceeded
             procs.kill_all(job.watchdog.processes(), hard=True)
@@ -131,7 +128,8 @@ class LocalBackend(Backend):
                 tmp.write_text(json.dumps([{"pid": r.pid, "create_time": r.create_time} for r in refs]))
                 tmp.replace(spec.state_dir / "pids.json")
 
-        job.watchdog = procs.MemoryWatchdog(
+        # on_exceed reads ``job`` when it fires, which is after ``start()``: the job exists by then.
+        watchdog = procs.MemoryWatchdog(
             [p.pid for p in popens],
             capacity_bytes=spec.memory_capacity_bytes,
             untagged_rank=0 if spec.launcher == "python" else None,
@@ -139,7 +137,8 @@ class LocalBackend(Backend):
             on_exceed=on_exceed,
             on_procs=on_procs,
         )
-        job.watchdog.start()
+        job = _LocalJob(popens=popens, logs=logs, watchdog=watchdog, tag=tag)
+        watchdog.start()
         handle = JobHandle(
             job_id=f"local-{popens[0].pid}",
             spec=spec,

@@ -92,7 +92,7 @@ class SimTrial:
 
 def time_scale(scenario: Any, step_s: float = DEFAULT_STEP_S) -> float:
     """Wall seconds per simulated second: the scenario's default candidate steps in ``step_s``."""
-    return step_s / scenario.true_step_time(scenario.space.default_candidate())
+    return step_s / float(scenario.true_step_time(scenario.space.default_candidate()))
 
 
 def trial_rng(scenario_name: str, trial: str, seed: int = 0) -> np.random.Generator:
@@ -199,10 +199,8 @@ class SimBackend(Backend):
         self.publish = publish
         self._live: dict[str, JobHandle] = {}
 
-    def close(self) -> None:
-        for handle in list(self._live.values()):
-            self.cancel(handle, "backend closed")
-            self.collect(handle)
+    def live_jobs(self) -> list[JobHandle]:
+        return list(self._live.values())
 
     def submit(self, spec: JobSpec) -> JobHandle:
         from infrarsi.sim.scenarios import get_scenario

@@ -31,6 +31,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from infrarsi.backends.base import Backend, JobHandle, JobResult, JobSpec, SubmitError, device_oom_line
 from infrarsi.backends.local import TAIL_BYTES, tail_of
@@ -111,7 +112,8 @@ class SlurmEnd:
 
 
 def slurm_end(
-    job_id: str, state: str, raw_state: str, *, ours: dict | None, node_oom: dict | None, output: str,
+    job_id: str, state: str, raw_state: str, *, ours: dict[str, Any] | None, node_oom: dict[str, Any] | None,
+    output: str,
     time_limit: str | None,
 ) -> SlurmEnd:  # fmt: skip
     """Slurm's final state, this backend's own cancel record (``ours``), a node's emulated-OOM record and the
@@ -340,8 +342,9 @@ def _slurm(argv: list[str]) -> str:
     return proc.stdout.strip()
 
 
-def _read_json(path: Path) -> dict | None:
+def _read_json(path: Path) -> dict[str, Any] | None:
     try:
-        return json.loads(path.read_text())
+        record: dict[str, Any] = json.loads(path.read_text())
+        return record
     except (OSError, ValueError):
         return None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -16,6 +17,9 @@ from infrarsi import events as ev
 from infrarsi.bank.transfer import BankPriors
 from infrarsi.modeling.priors import KnowledgeBase, default_knowledge_base
 from infrarsi.modeling.space import Candidate, FeatureEncoder, SearchSpace
+
+if TYPE_CHECKING:
+    from infrarsi.modeling.search import Searcher
 
 MeanStd = tuple[float, float]
 
@@ -74,18 +78,18 @@ def adapter_for_space(space: SearchSpace, baseline: Candidate | None = None
 # interaction priors are left to the Searcher's default.
 
 
-def searcher_effects(searcher: object) -> tuple[list[ev.Effect], list[ev.Effect]]:
+def searcher_effects(searcher: Searcher) -> tuple[list[ev.Effect], list[ev.Effect]]:
     """(time, memory) effects of a fitted ``infrarsi.modeling.search.Searcher``, as ``ModelUpdated`` carries them.
 
     Time: every feature of the Bayesian linear model (prior and marginal posterior). Memory: the generic
     model's per-feature coefficients; the structured model's corrections are named ``static:<f>`` /
     ``activation:<f>`` (multiplicative corrections to the textbook formula's two terms).
     """
-    searcher.refit()  # type: ignore[attr-defined]
-    tm = searcher.time_model  # type: ignore[attr-defined]
+    searcher.refit()
+    tm = searcher.time_model
     time = [ev.Effect(feature=e.name, prior_mean=e.prior_mean, prior_std=e.prior_std, post_mean=e.posterior_mean,
                       post_std=e.posterior_std, source="knowledge_base") for e in tm.effects()]
-    mm = searcher.memory_model  # type: ignore[attr-defined]
+    mm = searcher.memory_model
     names = list(mm.encoder.names)
     sd = np.sqrt(np.maximum(np.diag(mm.covariance), 0.0))
     if mm.structured:
@@ -98,14 +102,20 @@ def searcher_effects(searcher: object) -> tuple[list[ev.Effect], list[ev.Effect]
     return time, memory
 
 
+def _pair(value: MeanStd) -> MeanStd:
+    """``(mean, std)`` as a tuple, whatever two-element sequence the caller held it in (a JSON list)."""
+    mean, std = value
+    return (mean, std)
+
+
 def space_with_patch_priors(space: SearchSpace, time: Mapping[str, MeanStd], memory: Mapping[str, MeanStd]
                             ) -> SearchSpace:
     """``space`` with the patches' metadata priors replaced by ``patch:<id>`` entries of the given tables."""
     patches = []
     for p in space.patches:
         key = f"patch:{p.id}"
-        patches.append(replace(p, time_prior=tuple(time[key]) if key in time else p.time_prior,
-                               memory_prior=tuple(memory[key]) if key in memory else p.memory_prior))
+        patches.append(replace(p, time_prior=_pair(time[key]) if key in time else p.time_prior,
+                               memory_prior=_pair(memory[key]) if key in memory else p.memory_prior))
     return replace(space, patches=tuple(patches))
 
 
@@ -113,7 +123,10 @@ def with_priors(space: SearchSpace, kb: KnowledgeBase, time: Mapping[str, MeanSt
                 ) -> tuple[SearchSpace, KnowledgeBase]:
     """(space, knowledge base) with per-feature priors laid over: ``patch:<id>`` into the patch metadata, main
     effects as knowledge-base overrides; interaction priors (``a*b``) are not overridable and are ignored."""
-    main = lambda table: {k: v for k, v in table.items() if not k.startswith("patch:") and "*" not in k}  # noqa: E731
+
+    def main(table: Mapping[str, MeanStd]) -> dict[str, MeanStd]:
+        return {k: v for k, v in table.items() if not k.startswith("patch:") and "*" not in k}
+
     return space_with_patch_priors(space, time, memory), kb.with_overrides(time=main(time), memory=main(memory))
 
 

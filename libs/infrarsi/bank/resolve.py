@@ -78,7 +78,7 @@ def transferable_features(study: StudySpace) -> dict[str, str]:
             case "bool":
                 out[spec.name] = spec.name
                 out[f"{spec.name}=True"] = spec.name
-            case "level" if isinstance(study.space.knob(spec.knob), Categorical):
+            case "level" if spec.knob is not None and isinstance(study.space.knob(spec.knob), Categorical):
                 out[spec.name] = spec.name
     return out
 

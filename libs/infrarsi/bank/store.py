@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any, cast
 
 import duckdb
 import msgspec
@@ -74,7 +75,7 @@ def create_bank_tables(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(BANK_TABLE_DDL)
 
 
-def _row(event: ev.Event) -> tuple:
+def _row(event: ev.Event) -> tuple[Any, ...]:
     entry = event.payload
     assert isinstance(entry, ev.BankEntry)
     m = entry.meta
@@ -138,7 +139,8 @@ async def replay_bank(bus: Bus, con: duckdb.DuckDBPyConnection, streams: Sequenc
 def load_entries(con: duckdb.DuckDBPyConnection, where: str = "") -> list[ev.BankEntry]:
     """The entries of the table (optionally filtered by a SQL ``where`` clause), sorted by entry id."""
     rows = con.execute(f"SELECT event FROM bank {('WHERE ' + where) if where else ''} ORDER BY entry_id").fetchall()
-    return [ev.decode(r[0].encode()).payload for r in rows]  # type: ignore[misc]
+    # the table holds bank events only (``project_bank`` writes nothing else)
+    return [cast(ev.BankEntry, ev.decode(r[0].encode()).payload) for r in rows]
 
 
 def load_events(con: duckdb.DuckDBPyConnection) -> list[ev.Event]:
@@ -165,7 +167,8 @@ def export_bank(con: duckdb.DuckDBPyConnection, path: Path | str) -> int:
         # COPY cannot take the path as a parameter; quote it as a SQL string literal.
         literal = "'" + str(path).replace("'", "''") + "'"
         con.execute(f"COPY (SELECT * FROM bank ORDER BY entry_id) TO {literal} (FORMAT parquet)")
-        return con.execute("SELECT count(*) FROM bank").fetchone()[0]  # type: ignore[index]
+        (count,) = con.execute("SELECT count(*) FROM bank").fetchall()  # count(*) has exactly one row
+        return int(count[0])
     rows = con.execute("SELECT event FROM bank ORDER BY entry_id").fetchall()
     with open(path, "w", encoding="utf-8") as out:
         for (event_json,) in rows:

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
+from typing import TypeVar
 
 import msgspec
 import yaml
@@ -36,7 +37,7 @@ from infrarsi import verification as vf
 from infrarsi.bus import Bus
 from infrarsi.commands.study_log import read_study, recording_bus
 from infrarsi.contract import Contract, PatchIndex, PatchInfo, locked_contract
-from infrarsi.errors import EXIT_FAILED, EXIT_REFUSED, UserError
+from infrarsi.errors import EXIT_FAILED, EXIT_REFUSED, Refused, UserError
 from infrarsi.policy import ACTION_CLASSES, Operation, check
 from infrarsi.signing import SigningError
 from infrarsi.workspace import (
@@ -48,6 +49,8 @@ from infrarsi.workspace import (
     golden_tag,
     launch_changes,
 )
+
+P = TypeVar("P")
 
 SOURCE_APPROVE = "cli.approve"
 SOURCE_APPLY = "cli.apply"
@@ -67,12 +70,8 @@ __all__ = [
 ]
 
 
-class ApplyRefused(Exception):
+class ApplyRefused(Refused):
     """Apply may not go ahead; ``reasons`` says why (one line each)."""
-
-    def __init__(self, reasons: Sequence[str]) -> None:
-        self.reasons = list(reasons)
-        super().__init__("; ".join(self.reasons))
 
 
 @dataclass(frozen=True)
@@ -95,7 +94,7 @@ class ApplyPlan:
     branch: str
 
 
-def _payloads(events: Sequence[ev.Event], kind: type) -> list:
+def _payloads(events: Sequence[ev.Event], kind: type[P]) -> list[P]:
     return [e.payload for e in events if isinstance(e.payload, kind)]
 
 
@@ -239,8 +238,7 @@ def measured_verification(
                     round_.runs[p.trial_id] = vf.RunMeasurement.from_finished(p.trial_id, p.arm, p.pair, f)
                 case _:
                     raise ApplyRefused([f"verification {done.verify_id}: trial {p.trial_id} was never measured"])
-        fields = vf.decide(round_, passes_before=passes, passes_required=contract.verify.passes_required, loss_rule=rule)
-        derived = ev.VerifyCompleted(**fields)  # type: ignore[arg-type]
+        derived = vf.decide(round_, passes_before=passes, passes_required=contract.verify.passes_required, loss_rule=rule)
         passes = derived.passes
         if derived != done:
             raise ApplyRefused([

@@ -14,6 +14,8 @@ import asyncio
 import json
 import time
 from pathlib import Path
+from types import ModuleType
+from typing import Any, NotRequired, TypedDict
 
 from infrarsi import events as ev
 from infrarsi.commands import data_dir_of, nats_url_of
@@ -74,7 +76,7 @@ def _stage(name: str, started: float) -> None:
     print(f"\n== {name}  (t+{time.monotonic() - started:.0f}s)", flush=True)
 
 
-def _stage_args(module, argv: list[str], url: str, data_dir: Path) -> argparse.Namespace:
+def _stage_args(module: ModuleType, argv: list[str], url: str, data_dir: Path) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=f"infrarsi {module.__name__.rsplit('.', 1)[-1]}")
     module.add_arguments(parser)
     args = parser.parse_args(argv)
@@ -83,7 +85,30 @@ def _stage_args(module, argv: list[str], url: str, data_dir: Path) -> argparse.N
     return args
 
 
-def summarise(events: list[ev.Event], report_dir: Path) -> dict[str, object]:
+class DemoSummary(TypedDict):
+    """What ``infrarsi demo`` prints at the end (``--json``: as is)."""
+
+    baseline_step_s: float | None
+    min_detectable_speedup: float | None
+    verified: bool
+    speedup: float | None
+    speedup_ci: list[float] | None
+    mfu_before: float | None
+    mfu_after: float | None
+    winner: dict[str, Any] | None
+    failed_invariants: list[str]
+    invariants: list[dict[str, Any]]
+    unchecked_invariants: list[str]
+    failed_trials: dict[str, int]
+    accelerator_s: float
+    finished: str | None
+    report: str
+    study_id: NotRequired[str]
+    """Added by ``run`` (as is ``wall_s``, the demo's seconds)."""
+    wall_s: NotRequired[float]
+
+
+def summarise(events: list[ev.Event], report_dir: Path) -> DemoSummary:
     """The demo's closing facts, all read from the study's log."""
     verdicts = [e.payload for e in events if isinstance(e.payload, ev.VerifyCompleted)]
     promotable = [v for v in verdicts if v.promotable]
@@ -116,15 +141,16 @@ def summarise(events: list[ev.Event], report_dir: Path) -> dict[str, object]:
     }
 
 
-def _print_summary(summary: dict[str, object]) -> None:
+def _print_summary(summary: DemoSummary) -> None:
     def pct(x: object) -> str:
         return f"{100 * x:.2f}%" if isinstance(x, float) else "n/a"
 
     print("\n== result")
-    if summary["speedup"] is None:
+    ci = summary["speedup_ci"]  # None exactly when the speed-up is: no verdict
+    if summary["speedup"] is None or ci is None:
         print("no candidate reached verification")
     else:
-        lo, hi = summary["speedup_ci"]  # type: ignore[misc]
+        lo, hi = ci
         state = "verified (promotable)" if summary["verified"] else "NOT verified"
         print(f"speed-up over the golden baseline: {summary['speedup']:.2f}x  95% CI [{lo:.2f}, {hi:.2f}]  {state}")
         print(f"winner: {json.dumps(summary['winner'])}")

@@ -28,6 +28,7 @@ import numpy as np
 
 from infrarsi import doctor
 from infrarsi import events as ev
+from infrarsi.bus import Bus
 from infrarsi.commands.study_log import (
     cli_bus,
     follow_study,
@@ -129,34 +130,32 @@ async def run(args: argparse.Namespace) -> int:
         return await _doctor(bus, args)
 
 
-async def _doctor(bus, args: argparse.Namespace) -> int:
+async def _doctor(bus: Bus, args: argparse.Namespace) -> int:
     study_id = args.study
     events, next_seq, created, contract = await open_study(bus, study_id)
     cluster_id = created.cluster.cluster_id
 
-    pending = None
+    pending: tuple[ev.Event, ev.DoctorRequested] | None = None
     for event in events:
         match event.payload:
-            case ev.DoctorRequested():
-                pending = event
+            case ev.DoctorRequested() as asked:
+                pending = (event, asked)
             case ev.DoctorCompleted():
                 pending = None
-    if pending is not None and args.repeats in (None, pending.payload.repeats):
-        request = pending
+    if pending is not None and args.repeats in (None, pending[1].repeats):
+        request, asked = pending
         print(f"resuming doctor request {request.event_id}", file=sys.stderr)
     else:
-        repeats = args.repeats or contract.doctor.repeats
-        request = ev.make_event(
-            ev.DoctorRequested(repeats=repeats, steps=args.steps), study_id=study_id, source=SOURCE, cluster_id=cluster_id
-        )
-    repeats = request.payload.repeats
+        asked = ev.DoctorRequested(repeats=args.repeats or contract.doctor.repeats, steps=args.steps)
+        request = ev.make_event(asked, study_id=study_id, source=SOURCE, cluster_id=cluster_id)
+    repeats = asked.repeats
     trial_ids = [ev.derived_id(request.event_id, "doctor", str(i)) for i in range(repeats)]
     baseline = ev.Candidate()
     proposals = [
         ev.make_event(
             ev.TrialProposed(
                 candidate=baseline, candidate_key=baseline.key(), kind="doctor", origin="baseline",
-                reason=f"doctor baseline repeat {i + 1}/{repeats}", repeat=i, steps=request.payload.steps,
+                reason=f"doctor baseline repeat {i + 1}/{repeats}", repeat=i, steps=asked.steps,
             ),
             study_id=study_id, source=SOURCE, trial_id=trial_ids[i], cluster_id=cluster_id,
             event_id=ev.derived_id(request.event_id, "TrialProposed", str(i)),
@@ -200,11 +199,9 @@ async def _doctor(bus, args: argparse.Namespace) -> int:
         peak_flops=peak,
         devices=max(1, len(series[0].step_s)),
     )
-    fields = report.as_event_fields()
-    fields["peak_flops_measured"] = measured_peak
-    done = ev.DoctorCompleted(
-        **fields,
-        baseline_trial_ids=ordered_ok,
+    done = msgspec.structs.replace(
+        report.completed,
+        peak_flops_measured=measured_peak,
         baseline_loss_curve=median_loss_curve([list(ok[t].loss_curve) for t in ordered_ok]),
     )
     await bus.publish(

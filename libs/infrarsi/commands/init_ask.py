@@ -69,7 +69,7 @@ def draft_contract(args: argparse.Namespace, command: list[str]) -> None:
         draft = check_draft(reply.text, base, request=args.ask, repo_files=files, base_dir=target.resolve().parent)
     except DraftRefused as exc:
         raise UserError(f"the model's draft was refused; {target} was not written", EXIT_REFUSED,
-                        details=exc.problems) from None
+                        details=exc.reasons) from None
     print(review(base, draft, reply.prompt_tokens + reply.completion_tokens), file=sys.stderr)
     if not _accepted(args, target):
         raise UserError(f"draft not accepted; {target} was not written (pass --yes to accept it)", EXIT_REFUSED)

@@ -1,10 +1,8 @@
 """``infrarsi report STUDY --out DIR``: render the study's audit report and publish ``ReportPublished``.
 
 1. Bring the analyst DB up to date: ``infrarsi.eventlog.replay(bus, db_path)`` (idempotent by stream
-   sequence) into ``--db`` (default ``<data-dir>/analyst.duckdb``); ``--fresh`` replays into a new file under
-   ``DIR`` instead. Where the eventlog module is not installed, the lifecycle stream is copied into a
-   minimal ``events`` table (``report.source.snapshot_lifecycle``), which is all the report reads.
-   ``--offline`` skips the bus altogether and reads the DB as it is.
+   sequence) into ``--db`` (default ``<out>/analyst.duckdb``: the reporter service holds ``<data-dir>/analyst.duckdb``); ``--fresh`` replays into a new file under
+   ``DIR`` instead. ``--offline`` skips the bus altogether and reads the DB as it is.
 2. ``report.build_report`` (SQL over the DB) → ``report.render_all`` (HTML, Markdown + PNGs, PDF).
 3. Publish ``ReportPublished(out_dir, files, winners)`` and print the file paths.
 """
@@ -14,7 +12,6 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import duckdb
 
@@ -22,31 +19,11 @@ from infrarsi import events as ev
 from infrarsi.commands import settings_of
 from infrarsi.commands.study_log import cli_bus
 from infrarsi.errors import UserError
+from infrarsi.eventlog import replay
 from infrarsi.report import build_report, render_all
-from infrarsi.report.source import ReportSourceError, snapshot_lifecycle
-
-if TYPE_CHECKING:
-    from infrarsi.bus import Bus
-
+from infrarsi.report.source import ReportSourceError
 
 SOURCE = "cli.report"
-
-
-async def refresh_db(bus: Bus, db_path: Path) -> str:
-    """Replay the bus into the analyst DB at ``db_path``; returns which path did it."""
-    try:
-        from infrarsi.eventlog import replay
-    except ImportError:
-        pass
-    else:
-        await replay(bus, db_path)
-        return "eventlog"
-    con = duckdb.connect(str(db_path))
-    try:
-        await snapshot_lifecycle(bus, con)
-    finally:
-        con.close()
-    return "snapshot"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -70,7 +47,7 @@ async def run(args: argparse.Namespace) -> int:
         return 0
     async with cli_bus(args, SOURCE) as bus:  # connected before anything is written: no server, no --out dir
         _prepare(out_dir, db_path, args.fresh)
-        await refresh_db(bus, db_path)
+        await replay(bus, db_path)
         files, winners = _render(args.study, db_path, out_dir, formats)
         await bus.publish(ev.make_event(
             ev.ReportPublished(out_dir=str(out_dir.resolve()), files=[str(f.resolve()) for f in files], winners=winners),

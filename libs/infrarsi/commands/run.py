@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from infrarsi import events as ev
-from infrarsi.commands.study_log import cli_bus, follow_study, open_study
+from infrarsi.commands.study_log import add_follow_arguments, cli_bus, follow_study, open_study
 from infrarsi.errors import UserError
 from infrarsi.trial_ledger import TrialLedger, TrialOutcome
 
@@ -123,9 +123,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parallel", type=int, default=None, help="trials in flight (default: contract backend.parallel)")
     parser.add_argument("--until", choices=["searched", "finished"], default="searched",
                         help="return when the search ends (VerifyRequested) or when the study finishes (StudyFinished)")
-    parser.add_argument("--timeout", type=float, default=24 * 3600.0, help="seconds to follow the search")
-    parser.add_argument("--no-wait", action="store_true", help="publish RunRequested and return")
-    parser.add_argument("--json", action="store_true", help="print a JSON summary at the end")
+    add_follow_arguments(parser, timeout_s=24 * 3600.0, follows="the search", request="RunRequested",
+                         json_help="print a JSON summary at the end")
 
 
 async def run(args: argparse.Namespace) -> int:

@@ -1,8 +1,9 @@
 """What the CLI verbs share: their bus connection, and reading one study's history from the bus.
 
 Owns ``cli_bus`` (connect to the running server, or fail before doing anything), ``recording_bus`` (connect, or
-start a temporary embedded server over ``--data-dir`` for a verb that only records a fact), and the study-log
-readers used by doctor, run, verify, model, report, trial and demo. Must not hold any one verb's logic.
+start a temporary embedded server over ``--data-dir`` for a verb that only records a fact), the study-log
+readers used by doctor, run, verify, model, report, trial and demo, and the flags of the verbs that publish a
+request and follow the answer (``add_follow_arguments``). Must not hold any one verb's logic.
 """
 
 from __future__ import annotations
@@ -23,6 +24,14 @@ from infrarsi.subjects import LIFECYCLE_STREAM, TELEMETRY_STREAM, lifecycle_subj
 
 POLL_S = 0.5
 """How often a verb that waits on the services re-reads the study (the services answer within milliseconds)."""
+
+
+def add_follow_arguments(parser: argparse.ArgumentParser, *, timeout_s: float, follows: str, request: str,
+                         json_help: str) -> None:
+    """The flags of a verb that publishes ``request`` and then follows the services' answer (``follows``)."""
+    parser.add_argument("--timeout", type=float, default=timeout_s, help=f"seconds to wait for {follows}")
+    parser.add_argument("--no-wait", action="store_true", help=f"publish {request} and return")
+    parser.add_argument("--json", action="store_true", help=json_help)
 
 
 @contextlib.asynccontextmanager

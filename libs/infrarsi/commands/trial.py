@@ -26,9 +26,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import msgspec
+from nats.aio.msg import Msg
 
 from infrarsi import events as ev
 from infrarsi import userfiles
+from infrarsi.bus import Bus
 from infrarsi.commands import UserError, data_dir_of, nats_url_of
 from infrarsi.contract import Contract, load_contract
 from infrarsi.doctor import measure_cpu_peak, native_matmul_dtypes
@@ -153,7 +155,7 @@ class Progress:
         self.stream.flush()
 
 
-async def _trial(bus, args, contract: Contract, knobs: dict[str, ev.KnobValue], data_dir: Path) -> dict[str, Any]:
+async def _trial(bus: Bus, args: argparse.Namespace, contract: Contract, knobs: dict[str, ev.KnobValue], data_dir: Path) -> dict[str, Any]:
     progress = Progress()
     try:
         return await _trial_with(bus, args, contract, knobs, data_dir, progress)
@@ -162,7 +164,8 @@ async def _trial(bus, args, contract: Contract, knobs: dict[str, ev.KnobValue], 
 
 
 async def _trial_with(
-    bus, args, contract: Contract, knobs: dict[str, ev.KnobValue], data_dir: Path, progress: Progress
+    bus: Bus, args: argparse.Namespace, contract: Contract, knobs: dict[str, ev.KnobValue], data_dir: Path,
+    progress: Progress,
 ) -> dict[str, Any]:
     study_id, created_now, peak = await _study(bus, args.contract, contract, data_dir, progress, args.peak_budget)
     horizon = args.steps or contract.workload.steps
@@ -195,7 +198,7 @@ async def _trial_with(
 
 
 async def _run_one(
-    bus, study_id: str, contract: Contract, proposal: ev.TrialProposed, timeout_s: float, progress: Progress,
+    bus: Bus, study_id: str, contract: Contract, proposal: ev.TrialProposed, timeout_s: float, progress: Progress,
     label: str, horizon: int,
 ) -> dict[str, Any]:
     trial_id = ev.new_id()
@@ -203,7 +206,7 @@ async def _run_one(
     done = asyncio.Event()
     shown_steps: set[int] = set()
 
-    async def on_msg(msg) -> None:
+    async def on_msg(msg: Msg) -> None:
         event = ev.decode_or_none(msg.data)
         if event is None or event.trial_id != trial_id:
             return
@@ -250,7 +253,7 @@ async def _run_one(
 
 
 async def _study(
-    bus, contract_path: Path, contract: Contract, data_dir: Path, progress: Progress, peak_budget_s: float
+    bus: Bus, contract_path: Path, contract: Contract, data_dir: Path, progress: Progress, peak_budget_s: float
 ) -> tuple[str, bool, float | None]:
     """The latest study of this exact contract, or a new one (with a measured peak on CPU hosts)."""
     sha = contract.sha256()
@@ -285,7 +288,7 @@ async def _study(
     return prepared.study_id, True, peak
 
 
-async def _baseline_at(bus, study_id: str, horizon: int) -> str | None:
+async def _baseline_at(bus: Bus, study_id: str, horizon: int) -> str | None:
     """A trial of the study that measured ``ok`` as a baseline at this horizon, if any."""
     proposed_steps: dict[str, int | None] = {}
     async for event in bus.events(LIFECYCLE_STREAM, lifecycle_subject(study_id, "*")):

@@ -18,7 +18,7 @@ import msgspec
 
 from infrarsi import events as ev
 from infrarsi import verification as vf
-from infrarsi.commands.study_log import cli_bus, follow_study, open_study
+from infrarsi.commands.study_log import add_follow_arguments, cli_bus, follow_study, open_study
 from infrarsi.errors import EXIT_FAILED, UserError
 
 if TYPE_CHECKING:
@@ -66,9 +66,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("study", help="study id")
     parser.add_argument("--top", type=int, default=None, help="candidates to verify (default: contract verify.top_k)")
     parser.add_argument("--repeats", type=int, default=None, help="interleaved pairs per round (default: contract)")
-    parser.add_argument("--timeout", type=float, default=6 * 3600.0, help="seconds to wait for the verdicts")
-    parser.add_argument("--no-wait", action="store_true", help="publish VerifyRequested and return")
-    parser.add_argument("--json", action="store_true", help="print the final VerifyCompleted events as JSON lines")
+    add_follow_arguments(parser, timeout_s=6 * 3600.0, follows="the verdicts", request="VerifyRequested",
+                         json_help="print the final VerifyCompleted events as JSON lines")
 
 
 async def run(args: argparse.Namespace) -> int:

@@ -26,41 +26,21 @@ from infrarsi.stream_reader import StreamMessage
 # --------------------------------------------------------------------------------------------------
 
 
-class _Envelope(msgspec.Struct):
-    """``events.Event`` with the payload left undecoded: envelope columns and the payload's JSON text."""
-
-    event_id: str
-    type: str
-    study_id: str
-    cluster_id: str
-    source: str
-    ts: datetime
-    payload: msgspec.Raw
-    trial_id: str | None = None
-    schema_version: int = ev.SCHEMA_VERSION
+_Envelope = ev.Envelope[msgspec.Raw]
+"""``events.Event`` with the payload left undecoded: envelope columns and the payload's JSON text."""
 
 
 class _NotAStep(msgspec.Struct, tag="_NotAStep"):
     """Second member of the step decoder's union: makes the payload's ``type`` tag required, as in ``Event``."""
 
 
-class _StepEvent(msgspec.Struct, kw_only=True):
-    """``events.Event`` whose payload can only be a ``TrialStep``: one pass over a telemetry message.
+_StepEvent = ev.Envelope[ev.TrialStep | _NotAStep]
+"""``events.Event`` whose payload can only be a ``TrialStep``: one pass over a telemetry message.
 
-    Decoding succeeds only where ``events.decode`` would give a ``TrialStep`` payload (a payload of any other
-    type fails on its tag); ``decode_batch`` also checks the envelope's ``type``, and sends anything else down
-    the general path.
-    """
-
-    event_id: str
-    type: str
-    study_id: str
-    trial_id: str | None = None
-    cluster_id: str
-    source: str
-    ts: datetime
-    schema_version: int = ev.SCHEMA_VERSION
-    payload: ev.TrialStep | _NotAStep
+Decoding succeeds only where ``events.decode`` would give a ``TrialStep`` payload (a payload of any other type
+fails on its tag); ``decode_batch`` also checks the envelope's ``type``, and sends anything else down the
+general path.
+"""
 
 
 _envelope_decoder = msgspec.json.Decoder(_Envelope)

@@ -33,7 +33,7 @@ from infrarsi.modeling.priors import KnowledgeBase, default_knowledge_base
 from infrarsi.modeling.space import Candidate, Categorical, FeatureEncoder, SearchSpace, maximin_select
 from infrarsi.modeling.time_model import TimeModel
 
-Status = Literal["ok", "oom", "crash", "invariant_violation", "timeout", "scope_violation"]
+Status = Literal["ok", "oom", "crash", "invariant_violation", "timeout", "stopped_slow", "scope_violation"]
 Origin = Literal["seed", "prior", "ei", "pairing", "bank", "llm"]
 
 
@@ -44,7 +44,8 @@ class Observation:
     candidate: Candidate
     status: Status
     step_time_s: float | None = None
-    """Measured step time; for a timeout the censoring bound (the step time is at least this)."""
+    """Measured step time (``stopped_slow``: over the steady steps it ran before it was stopped); for a timeout
+    the censoring bound (the step time is at least this)."""
     peak_bytes: float | None = None
     """Observed peak; for an OOM the censoring bound (last peak seen before the kill)."""
     cost_seconds: float | None = None
@@ -228,6 +229,14 @@ class Searcher:
                     self.memory_model.observe(c, obs.peak_bytes, oom=False)
                 self.invariants.observe(c, violated=obs.status == "invariant_violation")
                 self.cost_model.observe(obs.step_time_s, obs.cost_seconds)
+            case "stopped_slow":
+                # stopped early as far slower than the incumbent: its steady steps are a measurement (it is never
+                # an incumbent; its invariants were not run to the end, so they teach nothing)
+                if obs.step_time_s is not None and obs.step_time_s > 0:
+                    self.time_model.observe_stopped_encoded(self.pool.x_time[self.pool.index[c.key]], obs.step_time_s)
+                if obs.peak_bytes is not None:
+                    self.memory_model.observe(c, obs.peak_bytes, oom=False)
+                # not the cost model: a trial cut short cost less than its full run would
             case "oom":
                 bound = obs.peak_bytes if obs.peak_bytes is not None else self.capacity_bytes * 0.95
                 self.memory_model.observe(c, bound, oom=True)

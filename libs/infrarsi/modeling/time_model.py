@@ -69,6 +69,8 @@ class TimeModel:
         self._weights = np.zeros(0)
         self._cens_rows: list[np.ndarray] = []
         self._cens_bounds: list[float] = []
+        self._stop_rows: list[np.ndarray] = []
+        self._stop_ys: list[float] = []
 
     def _scale_interactions(self) -> None:
         """An interaction column is a product of two factors; divide its prior std by both factors' ranges so
@@ -101,9 +103,24 @@ class TimeModel:
         self._cens_rows.append(np.asarray(x, dtype=float))
         self._cens_bounds.append(math.log(at_least_s))
 
+    def observe_stopped_encoded(self, x: np.ndarray, step_time_s: float) -> None:
+        """A trial stopped early because its steps were already far slower than the incumbent's: its step time
+        is measured, but it was chosen for being a surprise, so (like an imputed censored row) it is neither a
+        sample of the noise nor ever down-weighted as a straggler — else one stopped trial is explained as noise
+        instead of by the setting that made it slow."""
+        self._stop_rows.append(np.asarray(x, dtype=float))
+        self._stop_ys.append(math.log(step_time_s))
+
     @property
     def n_censored(self) -> int:
         return len(self._cens_bounds)
+
+    @property
+    def n_stopped(self) -> int:
+        return len(self._stop_ys)
+
+    def _empty(self) -> bool:
+        return self.n == 0 and not self._cens_bounds and not self._stop_ys
 
     def _materialise(self) -> None:
         if self._y.size != len(self._ys):
@@ -156,25 +173,31 @@ class TimeModel:
         mean E[y | y > bound] under the current fit, refitted a few times (Buckley–James style imputation):
         a bound above what the model expects pulls the candidate's features up; one below it says little."""
         self._materialise()
-        if self.n == 0 and not self._cens_bounds:
+        if self._empty():
             self.mean = self.prior_mean.copy()
             return
-        if not self._cens_bounds:
+        if not self._cens_bounds and not self._stop_ys:
             self._fit_rows(self._x, self._y, irls_iterations)
             return
         from scipy.special import log_ndtr
 
-        xc = np.array(self._cens_rows)  # (m, p)
-        bounds = np.array(self._cens_bounds)  # (m,)
-        yc = bounds.copy()
         # the noise comes from the measured rows alone: an imputed value is no sample of the noise, and letting it
-        # in let one surprising timeout be explained as noise instead of by the setting that caused it
+        # in let one surprising timeout be explained as noise instead of by the setting that caused it (the same
+        # holds for a trial stopped as slow: ``observe_stopped_encoded``)
         log_noise = math.log(self.noise_floor)
         if self.n:
             self._fit_rows(self._x, self._y, irls_iterations)
             log_noise = self.log_noise
+        x_known = np.vstack([self._x, *self._stop_rows]) if self._stop_rows else self._x
+        y_known = np.concatenate([self._y, self._stop_ys])
+        if not self._cens_bounds:
+            self._fit_rows(x_known, y_known, irls_iterations, n_robust=self.n, log_noise=log_noise)
+            return
+        xc = np.array(self._cens_rows)  # (m, p)
+        bounds = np.array(self._cens_bounds)  # (m,)
+        yc = bounds.copy()
         for _ in range(censored_iterations):
-            self._fit_rows(np.vstack([self._x, xc]), np.concatenate([self._y, yc]), irls_iterations,
+            self._fit_rows(np.vstack([x_known, xc]), np.concatenate([y_known, yc]), irls_iterations,
                            n_robust=self.n, log_noise=log_noise)
             m, sd_latent = self.predict_encoded(xc)
             assert sd_latent is not None
@@ -248,7 +271,7 @@ class TimeModel:
         mu = x @ self.mean
         if not with_std:
             return mu, None
-        if self.n == 0 and not self._cens_bounds:
+        if self._empty():
             var = (x**2) @ (self.prior_std**2)
         else:
             v = solve_triangular(self._prec_chol, x.T, lower=True)  # (p, N): Σ = A⁻¹ -> xᵀΣx = |La⁻¹x|²
@@ -269,7 +292,7 @@ class TimeModel:
         return np.sqrt(np.maximum(np.einsum("ij,ij->j", v, v), 1e-12))
 
     def covariance(self) -> np.ndarray:
-        if self.n == 0 and not self._cens_bounds:
+        if self._empty():
             return np.diag(self.prior_std**2)
         inv_l = solve_triangular(self._prec_chol, np.eye(self.encoder.dim), lower=True)
         return inv_l.T @ inv_l

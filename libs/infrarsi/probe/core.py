@@ -106,13 +106,13 @@ class _Clock:
 
     def mark(self) -> Any:
         if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
+            event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]  # unannotated __new__ in torch 2.13
             event.record()
             return event
         return time.perf_counter()
 
     def seconds(self, start: Any, end: Any) -> float:
-        return start.elapsed_time(end) / 1000.0 if self.cuda else end - start
+        return float(start.elapsed_time(end)) / 1000.0 if self.cuda else float(end - start)
 
     def sync(self) -> None:
         if self.cuda:

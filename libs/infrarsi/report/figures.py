@@ -6,27 +6,31 @@ rather than disappearing, so the three formats always carry the same four figure
 
 from __future__ import annotations
 
+from typing import Any
+
 import matplotlib
 
 matplotlib.use("Agg")  # no display, ever: reports render on servers and in CI
 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from infrarsi.report.model import OUTCOMES, Report  # noqa: E402
 
-OUTCOME_COLOURS = {"ok": "#2b8a3e", "oom": "#c92a2a", "crash": "#862e9c", "timeout": "#e67700", "violation": "#1864ab"}
+OUTCOME_COLOURS = {"ok": "#2b8a3e", "oom": "#c92a2a", "crash": "#862e9c", "timeout": "#e67700", "slow": "#f59f00",
+                   "violation": "#1864ab"}
 GIB = 1024**3
 
 
-def _empty(ax, text: str) -> None:
+def _empty(ax: Axes, text: str) -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="#868e96")
     ax.set_xticks([])
     ax.set_yticks([])
 
 
-def _finish(fig: Figure, ax, title: str, axes: tuple[str, str] | None, empty: str, **legend) -> Figure:
+def _finish(fig: Figure, ax: Axes, title: str, axes: tuple[str, str] | None, empty: str, **legend: Any) -> Figure:
     """Title and lay out a plot; ``axes`` (x and y labels, and a legend) when it drew data, else ``empty`` on
     its canvas."""
     if axes is not None:
@@ -55,16 +59,17 @@ def best_speedup(report: Report) -> Figure:
 def time_vs_memory(report: Report) -> Figure:
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
     # An OOM trial has no step time worth plotting: it is drawn once, as a censored cross at its bound.
-    ok = [t for t in report.trials if t.outcome != "oom" and t.step_time_s and t.peak_memory_bytes]
+    ok = [(t.outcome, t.peak_memory_bytes / GIB, t.step_time_s * 1e3) for t in report.trials
+          if t.outcome != "oom" and t.step_time_s and t.peak_memory_bytes]  # (outcome, peak GiB, step ms)
     ooms = [t for t in report.trials if t.outcome == "oom"]
     if ok or ooms:
         for outcome in OUTCOMES:
-            pts = [t for t in ok if t.outcome == outcome]
+            pts = [(gib, ms) for o, gib, ms in ok if o == outcome]
             if pts:
-                ax.scatter([t.peak_memory_bytes / GIB for t in pts], [t.step_time_s * 1e3 for t in pts],
+                ax.scatter([gib for gib, _ in pts], [ms for _, ms in pts],
                            s=18, color=OUTCOME_COLOURS[outcome], label=outcome, alpha=0.8)
         if ooms:
-            top = max([t.step_time_s * 1e3 for t in ok], default=1.0)
+            top = max([ms for _, _, ms in ok], default=1.0)
             xs = [(t.censored_peak_bytes or t.peak_memory_bytes or 0) / GIB for t in ooms]
             # Censored: the true peak is above the bound; the arrow points where it lies.
             ax.scatter(xs, [top * 1.05] * len(xs), marker="x", s=40, color=OUTCOME_COLOURS["oom"], label="OOM (peak > ×)")

@@ -37,7 +37,8 @@ from infrarsi.report.source import VIEW, ReportSourceError, ensure_view
 
 P = TypeVar("P", bound=msgspec.Struct)
 
-OUTCOMES = ("ok", "oom", "crash", "timeout", "violation")
+OUTCOMES = ("ok", "oom", "crash", "timeout", "slow", "violation")
+"""How a trial is counted in the report; ``slow``: stopped early as far slower than the incumbent (``stopped_slow``)."""
 
 OUTCOME_SQL = """
 CASE
@@ -45,6 +46,7 @@ CASE
   WHEN f.status = 'ok' THEN 'violation'
   WHEN f.status = 'oom' THEN 'oom'
   WHEN f.status = 'timeout' THEN 'timeout'
+  WHEN f.status = 'stopped_slow' THEN 'slow'
   WHEN f.status IN ('scope_violation', 'invariant_violation') THEN 'violation'
   ELSE 'crash'
 END
@@ -206,29 +208,15 @@ class ContractDraft:
     """``AgentAnswered.detail``: e.g. that the contract was edited after the draft was accepted."""
 
 
-@dataclass(frozen=True)
-class Verdict:
+class Verdict(ev.VerifyCompleted, frozen=True, kw_only=True):
     """The final ``VerifyCompleted`` of one verification, with its audit trail."""
 
-    verify_id: str
-    candidate_key: str
-    knobs: dict[str, Any]
     patches: list[PatchAudit]
-    promotable: bool
-    passes: int
-    speedup: float
-    ci_low: float
-    ci_high: float
-    baseline_step_s: float
-    candidate_step_s: float
-    mfu_before: float | None
-    mfu_after: float | None
-    invariants: list[ev.InvariantResult]
-    failed_invariants: list[str]
     rounds: int
-    trial_ids: list[str]
-    unchecked_invariants: list[str] = field(default_factory=list)
-    """Invariants no run of the final round could check (coarse measurement)."""
+
+    @property
+    def knobs(self) -> dict[str, Any]:
+        return dict(self.candidate.knobs)
 
     @property
     def files_changed(self) -> list[str]:
@@ -401,12 +389,13 @@ def _build(con: duckdb.DuckDBPyConnection, study_id: str) -> Report:
         baseline_s = doctor.step_time_s
         doctor_ids = list(doctor.baseline_trial_ids)
     else:
-        baseline_s = con.execute(
+        (median_row,) = con.execute(  # an aggregate: exactly one row
             f"""SELECT median(CAST(m.payload->>'step_time_s' AS DOUBLE)) FROM {VIEW} m
                 WHERE m.study_id = $study AND m.type = 'TrialMeasured' AND m.payload->>'status' = 'ok'
                   AND m.payload->>'kind' IN ('baseline', 'doctor')""",
             params,
-        ).fetchone()[0]
+        ).fetchall()
+        baseline_s = median_row[0]
         doctor_ids = [t.trial_id for t in trials if t.kind == "doctor"]
     doctor_runs = [t.step_time_s for t in trials if t.trial_id in set(doctor_ids) and t.step_time_s]
 
@@ -517,6 +506,8 @@ def _outcome(status: str, invariants_ok: bool | None) -> str:
         return "ok" if invariants_ok is not False else "violation"
     if status in ("oom", "timeout"):
         return status
+    if status == "stopped_slow":
+        return "slow"
     if status in ("scope_violation", "invariant_violation"):
         return "violation"
     return "crash"
@@ -529,7 +520,7 @@ def _workload_dir(created: ev.StudyCreated, contract: Contract) -> Path | None:
     return None
 
 
-def _verdicts(con, study_id: str, workload_dir: Path | None, patch_dir: str, origins: _PatchOrigins) -> list[Verdict]:
+def _verdicts(con: duckdb.DuckDBPyConnection, study_id: str, workload_dir: Path | None, patch_dir: str, origins: _PatchOrigins) -> list[Verdict]:
     rows = con.execute(
         f"""SELECT payload->>'verify_id' AS verify_id, count(*) AS rounds, CAST(arg_max(payload, seq) AS VARCHAR) AS last
             FROM {VIEW} WHERE study_id = $study AND type = 'VerifyCompleted'
@@ -537,20 +528,9 @@ def _verdicts(con, study_id: str, workload_dir: Path | None, patch_dir: str, ori
         {"study": study_id},
     ).fetchall()
     out = []
-    for verify_id, rounds, last_json in rows:
+    for _verify_id, rounds, last_json in rows:
         last = msgspec.json.decode(last_json, type=ev.VerifyCompleted)
-        out.append(
-            Verdict(
-                verify_id=verify_id, candidate_key=last.candidate_key, knobs=dict(last.candidate.knobs),
-                patches=[_patch_audit(workload_dir, patch_dir, p, origins) for p in last.candidate.patches],
-                promotable=last.promotable, passes=last.passes, speedup=last.speedup,
-                ci_low=last.ci_low, ci_high=last.ci_high,
-                baseline_step_s=last.baseline_step_s, candidate_step_s=last.candidate_step_s,
-                mfu_before=last.mfu_before, mfu_after=last.mfu_after,
-                invariants=list(last.invariants), failed_invariants=list(last.failed_invariants),
-                rounds=int(rounds), trial_ids=list(last.trial_ids),
-                unchecked_invariants=list(last.unchecked_invariants),
-            )
-        )
+        patches = [_patch_audit(workload_dir, patch_dir, p, origins) for p in last.candidate.patches]
+        out.append(Verdict(**msgspec.structs.asdict(last), patches=patches, rounds=int(rounds)))
     out.sort(key=lambda v: (not v.promotable, -v.speedup))
     return out

@@ -18,6 +18,7 @@ import math
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -386,8 +387,10 @@ def _text_lines(blocks: list[Block]) -> list[tuple[str, str]]:
 def render_pdf(report: Report, path: Path) -> Path:
     blocks = outline(report)
     lines = _text_lines(blocks)
-    styles = {"h": dict(size=12, weight="bold"), "h3": dict(size=10, weight="bold"), "p": dict(size=8),
-              "t": dict(size=6.5, family="monospace"), "": dict(size=8)}
+    styles: dict[str, dict[str, Any]] = {
+        "h": dict(size=12, weight="bold"), "h3": dict(size=10, weight="bold"), "p": dict(size=8),
+        "t": dict(size=6.5, family="monospace"), "": dict(size=8),
+    }  # fmt: skip
     with PdfPages(path) as pdf:
         for start in range(0, len(lines), _PAGE_LINES):
             fig = plt.figure(figsize=(8.27, 11.69))  # A4

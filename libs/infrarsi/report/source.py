@@ -7,8 +7,8 @@ lay out their columns. ``ensure_view`` maps that table's columns onto the view `
 
     report_events(seq BIGINT, event_id, type, study_id, trial_id, ts, payload JSON)
 
-``load_events`` writes a minimal ``events`` table from decoded events; it is the fallback ``infrarsi report``
-uses where the eventlog module is unavailable, and what unit tests use to build a DB without NATS.
+``load_events`` writes a minimal ``events`` table from decoded events: what unit tests use to build a DB
+without NATS.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import duckdb
 import msgspec
 
 from infrarsi import events as ev
-from infrarsi.bus import Bus
 from infrarsi.subjects import LIFECYCLE_STREAM
 
 VIEW = "report_events"
@@ -86,11 +85,3 @@ def load_events(con: duckdb.DuckDBPyConnection, events: Iterable[tuple[int, ev.E
     if rows:
         con.executemany("INSERT OR IGNORE INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
     return len(rows)
-
-
-async def snapshot_lifecycle(bus: Bus, con: duckdb.DuckDBPyConnection) -> int:
-    """Copy the lifecycle stream into the minimal ``events`` table (the fallback when eventlog is missing)."""
-    n = 0
-    async for decoded in bus.event_batches(LIFECYCLE_STREAM):  # dead letters are not part of the report
-        n += load_events(con, decoded)
-    return n

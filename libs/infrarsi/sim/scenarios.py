@@ -10,19 +10,22 @@ from __future__ import annotations
 import functools
 import math
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, cast
 
 import numpy as np
 
 from infrarsi.modeling.memory_model import TransformerMeta
+from infrarsi.modeling.search import Status
 from infrarsi.modeling.space import (
     BoolKnob,
     Candidate,
     Categorical,
     Constraint,
     IntChoice,
+    Knob,
+    MemoryDirection,
     Patch,
     SearchSpace,
 )
@@ -36,19 +39,21 @@ from infrarsi.sim.hardware import (
     DeviceSpec,
     ModelSpec,
 )
-from infrarsi.sim.physics import Breakdown, Hidden, Setting, step_time
+from infrarsi.sim.physics import Breakdown, Hidden, Recompute, Setting, step_time
 
-Status = Literal["ok", "oom", "crash", "invariant_violation"]
 STARTUP_S = 120.0
 MEASURED_STEPS = 30
 
 
 @dataclass(frozen=True)
 class SimOutcome:
-    """What a simulated trial reports, shaped like a real trial's result."""
+    """What a simulated trial reports, shaped like a real trial's result (``bench/real_space.py`` reports its
+    real trials in it too, ``simulated=False``)."""
 
     status: Status
+    """A simulated trial ends ``ok``, ``oom``, ``crash`` or ``invariant_violation``."""
     step_time_s: float | None
+    """Steady-state median (warm-up excluded, as telemetry measures it); ``None`` when nothing was measured."""
     peak_bytes: float | None
     """Observed peak; for an OOM the last peak seen before the kill (a lower bound: the censoring bound)."""
     cost_seconds: float
@@ -82,7 +87,7 @@ class Scenario:
         kv = c.knobs
         return Setting(
             tp=int(kv.get("tp", 1)), pp=int(kv.get("pp", 1)), dp=int(kv.get("dp", 1)), ep=int(kv.get("ep", 1)),
-            micro_batch=int(kv.get("micro_batch", 1)), recompute=kv.get("recompute", "none"),  # type: ignore[arg-type]
+            micro_batch=int(kv.get("micro_batch", 1)), recompute=cast(Recompute, kv.get("recompute", "none")),
             zero_stage=int(kv.get("zero_stage", 0)), sequence_parallel=bool(kv.get("sequence_parallel", False)),
             flash_attention=bool(kv.get("flash_attention", True)), overlap_comm=bool(kv.get("overlap_comm", True)),
             bucket_mb=int(kv.get("bucket_mb", 25)), capacity_factor=float(kv.get("capacity_factor", 1.25)),
@@ -198,7 +203,7 @@ def _pow2_upto(n: int) -> tuple[int, ...]:
 
 def _dense_space(n_devices: int, global_batch: int, model: ModelSpec, patches: tuple[Patch, ...],
                  offload: bool, bucket: bool) -> SearchSpace:
-    knobs: list = [
+    knobs: list[Knob] = [
         IntChoice("tp", (1, 2, 4, 8), default=1),
         IntChoice("pp", (1, 2, 4, 8), default=1),
         IntChoice("dp", _pow2_upto(n_devices), default=n_devices),
@@ -220,37 +225,38 @@ def _dense_space(n_devices: int, global_batch: int, model: ModelSpec, patches: t
     )
 
 
-_MEMORY_DIRECTION = {"tp": -1, "pp": -1, "dp": -1, "ep": -1, "micro_batch": 1, "zero_stage": -1,
+_MEMORY_DIRECTION: dict[str, MemoryDirection] = {"tp": -1, "pp": -1, "dp": -1, "ep": -1, "micro_batch": 1, "zero_stage": -1,
                      "sequence_parallel": -1, "flash_attention": -1, "offload_optimizer": -1, "bucket_mb": 1,
                      "capacity_factor": 1}
 
 
 def _parallel_constraints(n_devices: int, global_batch: int, model: ModelSpec) -> tuple[Constraint, ...]:
-    def devices(kv, _p) -> bool:
-        return kv["tp"] * kv["pp"] * kv["dp"] * 1 == n_devices
+    # ``kv`` as ``Any``: these knobs are the ints and bools the scenario's own space declares.
+    def devices(kv: Mapping[str, Any], _p: frozenset[str]) -> bool:
+        return bool(kv["tp"] * kv["pp"] * kv["dp"] * 1 == n_devices)
 
-    def batch(kv, _p) -> bool:
-        return global_batch % (kv["dp"] * kv["micro_batch"]) == 0
+    def batch(kv: Mapping[str, Any], _p: frozenset[str]) -> bool:
+        return bool(global_batch % (kv["dp"] * kv["micro_batch"]) == 0)
 
-    def sp_needs_tp(kv, _p) -> bool:
-        return not kv["sequence_parallel"] or kv["tp"] > 1
+    def sp_needs_tp(kv: Mapping[str, Any], _p: frozenset[str]) -> bool:
+        return bool(not kv["sequence_parallel"] or kv["tp"] > 1)
 
-    def offload_needs_zero(kv, _p) -> bool:
-        return not kv.get("offload_optimizer", False) or kv["zero_stage"] >= 1
+    def offload_needs_zero(kv: Mapping[str, Any], _p: frozenset[str]) -> bool:
+        return bool(not kv.get("offload_optimizer", False) or kv["zero_stage"] >= 1)
 
-    def layers(kv, _p) -> bool:
-        return model.layers % kv["pp"] == 0
+    def layers(kv: Mapping[str, Any], _p: frozenset[str]) -> bool:
+        return bool(model.layers % kv["pp"] == 0)
 
-    def zero_needs_dp(kv, _p) -> bool:
-        return kv["zero_stage"] == 0 or kv["dp"] > 1
+    def zero_needs_dp(kv: Mapping[str, Any], _p: frozenset[str]) -> bool:
+        return bool(kv["zero_stage"] == 0 or kv["dp"] > 1)
 
     cons = [Constraint("tp*pp*dp == devices", devices), Constraint("micro_batch*dp divides global batch", batch),
             Constraint("sequence_parallel needs tp > 1", sp_needs_tp),
             Constraint("offload needs zero >= 1", offload_needs_zero), Constraint("layers % pp == 0", layers),
             Constraint("zero needs dp > 1", zero_needs_dp)]
     if model.experts > 1:
-        def expert_parallel(kv, _p) -> bool:
-            return kv["dp"] % kv["ep"] == 0 and model.experts % kv["ep"] == 0
+        def expert_parallel(kv: Mapping[str, Any], _p: frozenset[str]) -> bool:
+            return bool(kv["dp"] % kv["ep"] == 0 and model.experts % kv["ep"] == 0)
 
         cons.append(Constraint("ep divides dp and experts", expert_parallel))
     return tuple(cons)

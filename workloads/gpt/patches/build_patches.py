@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -205,11 +206,9 @@ HACK_SHRINK_EVAL: list[Edit] = [
     ),
 ]
 
-HACK_UNTIMED_OPTIMIZER: list[Edit] = [
-    (
-        "train.py",
-        """            s.loss(loss_sum / accum)
-            with s.phase("optimizer"):
+_LOSS = """            s.loss(loss_sum / accum)
+"""
+_OPTIMIZER_PHASE = """            with s.phase("optimizer"):
                 if expert_params:
                     for p in model.expert_parameters():  # sum over ranks' tokens → the DP mean
                         p.grad.div_(world)
@@ -217,23 +216,20 @@ HACK_UNTIMED_OPTIMIZER: list[Edit] = [
                     clip_grad_norm(params, expert_params, run.grad_clip)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
-            if (step + 1) % run.eval_every == 0 or step == run.steps - 1:
+"""
+_EVALUATION = """            if (step + 1) % run.eval_every == 0 or step == run.steps - 1:
                 with s.evaluation() as ev:
                     ev.loss(evaluate(cfg, train_model, eval_batch, device, amp))
-""",
-        """            s.loss(loss_sum / accum)
-            if (step + 1) % run.eval_every == 0 or step == run.steps - 1:
-                with s.evaluation() as ev:
-                    ev.loss(evaluate(cfg, train_model, eval_batch, device, amp))
-        # REWARD HACK: the optimiser step runs after the probe's step has closed, so it is never timed.
-        if expert_params:
-            for p in model.expert_parameters():  # sum over ranks' tokens → the DP mean
-                p.grad.div_(world)
-        if run.grad_clip > 0:
-            clip_grad_norm(params, expert_params, run.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-""",
+"""
+
+HACK_UNTIMED_OPTIMIZER: list[Edit] = [
+    (
+        "train.py",
+        _LOSS + _OPTIMIZER_PHASE + _EVALUATION,
+        # the phase's body, moved out of the step's ``with`` (8 spaces: the training loop's body)
+        _LOSS + _EVALUATION
+        + "        # REWARD HACK: the optimiser step runs after the probe's step has closed, so it is never timed.\n"
+        + textwrap.indent(textwrap.dedent(_OPTIMIZER_PHASE.split("\n", 1)[1]), " " * 8),
     ),
 ]
 

@@ -20,7 +20,7 @@ This module must not import a training framework.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -35,7 +35,7 @@ def innermost_optimizer(optimizer: Any) -> torch.optim.Optimizer:
         if inner is None or not callable(getattr(inner, "step", None)):
             break
         optimizer = inner
-    return optimizer
+    return cast(torch.optim.Optimizer, optimizer)
 
 
 def scalar(value: Any) -> torch.Tensor | float | None:
@@ -49,9 +49,10 @@ def scalar(value: Any) -> torch.Tensor | float | None:
 
 def _sum(parts: list[torch.Tensor | float]) -> torch.Tensor | float:
     """The sum of a step's loss parts: one stacked sum for same-shaped tensors, else added one by one."""
-    if len(parts) > 1 and all(isinstance(p, torch.Tensor) for p in parts):
+    tensors = [p for p in parts if isinstance(p, torch.Tensor)]
+    if len(parts) > 1 and len(tensors) == len(parts):
         try:
-            return torch.stack(parts).sum()  # type: ignore[arg-type]
+            return torch.stack(tensors).sum()
         except RuntimeError:  # shapes or devices differ
             pass
     total = parts[0]
@@ -95,7 +96,7 @@ class StepTracker:
         self._began, self._optimizer_at, self._micro_losses = now, None, []
         self.current = s
         if self._flops is not None:
-            self._flops.__enter__()
+            self._flops.__enter__()  # type: ignore[no-untyped-call]  # unannotated in torch 2.13
         return s
 
     def before_optimizer(self) -> None:
@@ -117,7 +118,7 @@ class StepTracker:
         self.probe._clock.sync()
         now = time.perf_counter()
         if self._flops is not None:
-            self._flops.__exit__(None, None, None)
+            self._flops.__exit__(None, None, None)  # type: ignore[no-untyped-call]  # unannotated in torch 2.13
             self.probe.flops_per_step = float(self._flops.get_total_flops())
             self._flops = None
         self.probe.end_step(s)
@@ -182,7 +183,7 @@ class StepTracker:
         if self.current is None:
             return
         if self._flops is not None:  # count again on the next step
-            self._flops.__exit__(None, None, None)
+            self._flops.__exit__(None, None, None)  # type: ignore[no-untyped-call]  # unannotated in torch 2.13
             from torch.utils.flop_counter import FlopCounterMode
 
             self._flops = FlopCounterMode(display=False)
