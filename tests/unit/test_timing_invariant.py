@@ -113,9 +113,9 @@ def test_too_few_steady_steps_leave_timing_unchecked_not_passed() -> None:
     run = vf.RunMeasurement.from_measured("c0", "candidate", 0, m)
     round_ = vf.Round("v1", ev.Candidate(knobs={"a": 1}), 1, 1)
     round_.runs = {"b0": vf.RunMeasurement.from_measured("b0", "baseline", 0, m), "c0": run}
-    fields = vf.decide(round_, passes_before=0, passes_required=1, loss_rule=vf.LossRule(tolerance=0.02, mode="relative"))
-    assert "timing" in fields["unchecked_invariants"]
-    assert "timing" not in {i.name for i in fields["invariants"]}
+    done = vf.decide(round_, passes_before=0, passes_required=1, loss_rule=vf.LossRule(tolerance=0.02, mode="relative"))
+    assert "timing" in done.unchecked_invariants
+    assert "timing" not in {i.name for i in done.invariants}
 
 
 def test_a_round_with_timing_checked_on_some_runs_says_where_it_was_not() -> None:
@@ -131,6 +131,6 @@ def test_a_round_with_timing_checked_on_some_runs_says_where_it_was_not() -> Non
                    "c0": vf.RunMeasurement.from_measured("c0", "candidate", 0, checked),
                    "b1": vf.RunMeasurement.from_measured("b1", "baseline", 1, checked),
                    "c1": vf.RunMeasurement.from_measured("c1", "candidate", 1, unchecked)}
-    fields = vf.decide(round_, passes_before=0, passes_required=1, loss_rule=vf.LossRule(tolerance=0.02, mode="relative"))
-    timing = by_name(fields["invariants"])["timing"]
+    done = vf.decide(round_, passes_before=0, passes_required=1, loss_rule=vf.LossRule(tolerance=0.02, mode="relative"))
+    timing = by_name(done.invariants)["timing"]
     assert timing.ok and "not checked on 1 run(s)" in timing.detail, timing.detail
