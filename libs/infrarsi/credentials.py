@@ -101,22 +101,55 @@ def ensure(data_dir: Path | str) -> dict[str, str]:
 
     Existing seeds are kept, so a restarted server accepts the services still holding them.
     """
-    import nkeys
+    directory = _private_dir(data_dir)
+    return {principal: _ensure_seed(directory / f"{principal}{SEED_SUFFIX}") for principal in all_principals()}
 
+
+def _private_dir(data_dir: Path | str) -> Path:
     directory = creds_dir(data_dir)
     directory.mkdir(parents=True, exist_ok=True)
     directory.chmod(0o700)
-    public: dict[str, str] = {}
-    for principal in all_principals():
-        path = directory / f"{principal}{SEED_SUFFIX}"
-        if not path.exists():
-            seed = nkeys.encode_seed(secrets.token_bytes(32), nkeys.PREFIX_BYTE_USER)
-            # Created 0600 before the secret is written: never readable by others, even for an instant.
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as out:
-                out.write(seed)
-        public[principal] = nkeys.from_seed(path.read_bytes()).public_key.decode()
+    return directory
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    # Created 0600 before the secret is written: never readable by others, even for an instant.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
+
+
+def _ensure_seed(path: Path) -> str:
+    """The public key of the user seed at ``path``, made first if there is none."""
+    import nkeys
+
+    if not path.exists():
+        _write_private(path, nkeys.encode_seed(secrets.token_bytes(32), nkeys.PREFIX_BYTE_USER))
+    public: str = nkeys.from_seed(path.read_bytes().strip()).public_key.decode()
     return public
+
+
+LEAF_SEED = "leaf-link"
+"""The seed a cluster's server authenticates its leaf link to the bank hub with (not a bus principal)."""
+LEAF_REMOTE_CONF = "leaf-link.conf"
+"""``nkey: "<seed>"`` for the leaf remote block to ``include`` (0600): the server config itself holds no secret."""
+LEAF_LINK_INCLUDE = f"{CREDS_DIR}/{LEAF_REMOTE_CONF}"
+"""The include path from a server config written in the data directory (nats-server resolves includes from the
+config file's directory, absolute paths too)."""
+
+
+def ensure_leaf_link(data_dir: Path | str) -> tuple[str, Path]:
+    """The leaf link's public key (to list among the hub's bank users) and the 0600 file its remote includes.
+
+    ``<data_dir>/creds/leaf-link.nk`` is made once and kept; the include file is written from it.
+    """
+    directory = _private_dir(data_dir)
+    public = _ensure_seed(directory / f"{LEAF_SEED}{SEED_SUFFIX}")
+    include = directory / LEAF_REMOTE_CONF
+    if not include.exists():
+        seed = (directory / f"{LEAF_SEED}{SEED_SUFFIX}").read_bytes().strip()
+        _write_private(include, b'nkey: "%s"\n' % seed)
+    return public, include
 
 
 def for_principal(principal: str, data_dir: Path | str | None) -> Credentials | None:
@@ -196,6 +229,20 @@ def nats_permissions(principal: str) -> dict[str, object]:
         "subscribe": {"allow": sorted(subscribe)},
         "allow_responses": True,
     }
+
+
+BANK_ACCOUNT = "BANK"
+"""The bank hub's one account: its JetStream holds only the bank, and every leaf link is bound to it."""
+
+
+def bank_account_block(users: dict[str, str]) -> str:
+    """The hub's ``accounts { BANK { ... } }``: name → public key of everyone who may connect (clusters' leaf
+    links, the hub's operators). With it, the hub refuses any connection — client or leaf — without one of
+    these keys, and binds every accepted one to ``BANK`` (nothing else exists on the hub)."""
+    if not users:
+        raise ValueError("the bank hub needs at least one user (a cluster's leaf link)")
+    listed = ",\n".join(f"      # {name}\n      {json.dumps({'nkey': key})}" for name, key in sorted(users.items()))
+    return f"accounts {{\n  {BANK_ACCOUNT} {{\n    jetstream: enabled\n    users = [\n{listed}\n    ]\n  }}\n}}\n"
 
 
 def authorization_block(public_keys: dict[str, str]) -> str:

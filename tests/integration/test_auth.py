@@ -140,7 +140,7 @@ async def test_creds_verb_writes_an_authorization_block_a_server_loads(tmp_path:
     from infrarsi.commands import creds
     from infrarsi.embedded import nats_server_binary
 
-    args = argparse.Namespace(data_dir=tmp_path / "d", json=True)
+    args = argparse.Namespace(data_dir=tmp_path / "d", json=True, leaf_link=False, hub_user=[])
     assert await creds.run(args) == 0
     first = json.loads(capsys.readouterr().out)
     assert await creds.run(args) == 0

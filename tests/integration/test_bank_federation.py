@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
+import urllib.request
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import duckdb
 import nats.errors
 import pytest
+from infrarsi import credentials
 from infrarsi import events as ev
 from infrarsi.bank import (
     HUB_STREAM,
@@ -26,7 +29,7 @@ from infrarsi.bank import (
 )
 from infrarsi.bank.federation import read_bank_events
 from infrarsi.bank.store import replay_bank
-from infrarsi.bus import BANK_STREAM, Bus
+from infrarsi.bus import BANK_STREAM, Bus, BusError
 from infrarsi.embedded import EmbeddedServer, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
@@ -67,16 +70,17 @@ class Federation:
         self.hub: EmbeddedServer | None = None
         self.clusters: dict[str, EmbeddedServer] = {}
 
-    def start_hub(self) -> EmbeddedServer:
+    def start_hub(self, users: dict[str, str] | None = None) -> EmbeddedServer:
         d = self.root / "hub"
         self.hub = EmbeddedServer.start(d, port=self.hub_port, server_name="bank-hub", extra_config=server_config_fragment(
-            "hub", domain="hub", store_dir=d / "jetstream", leaf_listen=f"127.0.0.1:{self.leaf_port}"))
+            "hub", domain="hub", store_dir=d / "jetstream", leaf_listen=f"127.0.0.1:{self.leaf_port}", hub_users=users))
         return self.hub
 
-    def start_cluster(self, name: str, *, authorize: bool = False) -> EmbeddedServer:
+    def start_cluster(self, name: str, *, authorize: bool = False, link: str | None = None) -> EmbeddedServer:
         d = self.root / name
         server = EmbeddedServer.start(d, server_name=f"bank-{name}", authorize=authorize, extra_config=server_config_fragment(
-            "leaf", domain=name, store_dir=d / "jetstream", hub_leaf_urls=[f"nats-leaf://127.0.0.1:{self.leaf_port}"]))
+            "leaf", domain=name, store_dir=d / "jetstream", hub_leaf_urls=[f"nats-leaf://127.0.0.1:{self.leaf_port}"],
+            leaf_credentials=link))
         self.clusters[name] = server
         return server
 
@@ -190,6 +194,56 @@ async def test_federation_with_authorization_on(tmp_path: Path) -> None:
             reader = await as_principal(b_srv, principal)
             await wait_for(lambda r=reader: _has(r, {"study-1"}), what=f"study-1 on B, read as {principal}")
         assert await count(await as_principal(b_srv, "cli.bank"), SHARED_STREAM) == 1
+    finally:
+        for bus in buses:
+            with contextlib.suppress(Exception):
+                await bus.close()
+        fed.stop()
+
+
+def _leafs(hub: EmbeddedServer) -> list[dict]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{hub.monitor_port}/leafz", timeout=5) as page:
+        return json.load(page)["leafs"] or []
+
+
+async def test_the_hub_requires_credentials_and_binds_leaf_links_to_its_bank_account(tmp_path: Path) -> None:
+    """A hub started with its users (the clusters' leaf-link keys and its operator, ``cli.bank``): clusters A and
+    B, whose links carry their seeds, share an entry through it; cluster C, whose link has no credentials, and a
+    client without credentials are refused; every accepted link is bound to the hub's BANK account. Before,
+    the hub accepted any leaf and any client into its global account."""
+    fed = Federation(tmp_path)
+    buses: list[Bus] = []
+    try:
+        hub_dir, operator_dir = tmp_path / "hub", tmp_path / "hub-operator"  # the operator's seed is theirs
+        operator = credentials.ensure(operator_dir)["cli.bank"]
+        links = {name: credentials.ensure_leaf_link(tmp_path / name) for name in ("cluster-a", "cluster-b")}
+        for _, include in links.values():
+            assert include.stat().st_mode & 0o777 == 0o600
+        hub = fed.start_hub(users={"operator": operator, **{n: key for n, (key, _) in links.items()}})
+        assert "SU" not in (hub_dir / "nats-server.conf").read_text(), "a seed in the hub's config"
+        a_srv = fed.start_cluster("cluster-a", link=credentials.LEAF_LINK_INCLUDE)
+        b_srv = fed.start_cluster("cluster-b", link=credentials.LEAF_LINK_INCLUDE)
+        c_srv = fed.start_cluster("cluster-c")
+        assert "SU" not in (tmp_path / "cluster-a" / "nats-server.conf").read_text(), "a seed in the leaf's config"
+
+        with pytest.raises(BusError, match="(?i)authorization"):
+            await Bus.connect(hub.url, service="intruder", ensure=False, connect_timeout_s=3.0)
+        h = await Bus.connect(hub.url, service="cli.bank", data_dir=operator_dir, ensure=False, replicas=1)
+        buses.append(h)
+        await ensure_bank_federation(h, "hub", "cluster-a", "cluster-b")
+        a = await Bus.connect(a_srv.url, service="test-bank-a", replicas=1)
+        b = await Bus.connect(b_srv.url, service="test-bank-b", replicas=1)
+        buses += [a, b]
+        await ensure_bank_federation(a, "leaf", peer_clusters=["cluster-b"])
+        await ensure_bank_federation(b, "leaf", peer_clusters=["cluster-a"])
+        await a.publish(bank_event(entry("study-1"), cluster_id="cluster-a"))
+        await wait_for(lambda: _has(b, {"study-1"}), timeout_s=60, what="study-1 on B through the hub")
+
+        leafs = _leafs(hub)
+        assert sorted(leaf["name"] for leaf in leafs) == ["bank-cluster-a", "bank-cluster-b"]
+        assert {leaf["account"] for leaf in leafs} == {credentials.BANK_ACCOUNT}
+        assert "Authorization Violation" in (tmp_path / "cluster-c" / "nats-server.log").read_text()
+        assert c_srv.process is not None and c_srv.process.poll() is None, "C keeps serving its own clients"
     finally:
         for bus in buses:
             with contextlib.suppress(Exception):

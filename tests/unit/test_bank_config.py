@@ -56,3 +56,35 @@ def test_deploy_configs_are_valid_and_match_the_code(tmp_path: Path, name: str, 
     local.write_text(text.replace("/data/nats", str(tmp_path)))
     check = subprocess.run([str(nats_server_binary()), "-c", str(local), "-t"], capture_output=True, text=True)
     assert check.returncode == 0, check.stderr
+
+
+def test_secure_deploy_configs_are_valid_with_generated_credentials(tmp_path: Path) -> None:
+    """deploy/nats/bank/secure: the hub with the users ``infrarsi creds --hub-user`` writes, the cluster with its
+    principals' auth.conf and the leaf link's include; nats-server accepts both with the generated files."""
+    from infrarsi import credentials
+    from infrarsi.commands.creds import BANK_USERS_CONF
+
+    cluster, hub = tmp_path / "cluster", tmp_path / "hub"
+    link_key, include = credentials.ensure_leaf_link(cluster)
+    (tmp_path / "leaf-link.conf").write_bytes(include.read_bytes())
+    (tmp_path / "auth.conf").write_text(credentials.authorization_block(credentials.ensure(cluster)))
+    operator = credentials.ensure(hub)["cli.bank"]
+    (tmp_path / BANK_USERS_CONF).write_text(credentials.bank_account_block({"operator": operator, "a": link_key}))
+    for name in ("hub.conf", "cluster-a.conf"):
+        text = (DEPLOY / "secure" / name).read_text()
+        assert "SU" not in text, f"a seed in {name}"
+        local = tmp_path / name
+        local.write_text(text.replace("/data/nats", str(tmp_path)))
+        check = subprocess.run([str(nats_server_binary()), "-c", str(local), "-t"], capture_output=True, text=True)
+        assert check.returncode == 0, (name, check.stderr)
+
+
+def test_a_hub_user_must_be_a_user_public_key() -> None:
+    from infrarsi.commands.creds import _hub_users
+    from infrarsi.errors import UserError
+
+    key = "U" + "A" * 55
+    assert _hub_users([f"cluster-a={key}"]) == {"cluster-a": key}
+    for bad in ("cluster-a", f"={key}", "cluster-a=SUAB", f"cluster-a={key[:-1]}"):
+        with pytest.raises(UserError, match="NAME=KEY"):
+            _hub_users([bad])

@@ -33,6 +33,7 @@ from typing import Literal
 import nats.js.errors
 from nats.js import api
 
+from infrarsi import credentials
 from infrarsi import events as ev
 from infrarsi.bus import Bus
 from infrarsi.subjects import (
@@ -161,12 +162,20 @@ def server_config_fragment(
     store_dir: Path | str,
     leaf_listen: str | None = None,
     hub_leaf_urls: Iterable[str] = (),
+    hub_users: dict[str, str] | None = None,
+    leaf_credentials: str | None = None,
 ) -> str:
     """The config blocks that make a server a federation member (appended to ``EmbeddedServer``'s config, whose
     own ``jetstream`` block it replaces — the later block wins). The files in ``deploy/nats/bank/`` hold the same.
 
-    - hub: ``jetstream { domain: hub }`` and ``leafnodes { listen: <leaf_listen> }``.
-    - leaf: ``jetstream { domain: <cluster> }`` and one remote to the hub, denying ``bank.>``/``irsi.>`` both ways.
+    - hub: ``jetstream { domain: hub }`` and ``leafnodes { listen: <leaf_listen> }``. With ``hub_users`` (name →
+      public nkey: each cluster's leaf link, the hub's operators; ``credentials.bank_account_block``) the hub
+      requires credentials: a leaf or client without a listed key is refused, and every accepted connection is
+      bound to the ``BANK`` account, whose JetStream holds only the bank.
+    - leaf: ``jetstream { domain: <cluster> }`` and one remote to the hub, denying ``bank.>``/``irsi.>`` both ways;
+      ``leaf_credentials`` is the 0600 file with the link's seed (``credentials.ensure_leaf_link``), included in
+      the remote block; nats-server resolves it from the config file's directory (a server over a data dir:
+      ``credentials.LEAF_LINK_INCLUDE``).
     """
     deny = ", ".join(f'"{s}"' for s in LEAF_DENY)
     lines = [
@@ -181,15 +190,18 @@ def server_config_fragment(
         if not leaf_listen:
             raise ValueError("a hub needs leaf_listen (host:port for the clusters' leaf connections)")
         lines += ["leafnodes {", f"  listen: {leaf_listen}", "}"]
+        if hub_users is not None:
+            lines.append(credentials.bank_account_block(hub_users))
     else:
         urls = ", ".join(f'"{u}"' for u in hub_leaf_urls)
+        auth = f', include "{leaf_credentials}"' if leaf_credentials is not None else ""
         if not urls:
             raise ValueError("a leaf needs the hub's leaf-node URL(s)")
         lines += [
             "leafnodes {",
             '  reconnect: "1s"',  # between attempts: a cluster cut off from the hub rejoins promptly
             "  remotes: [",
-            f"    {{ urls: [{urls}], deny_imports: [{deny}], deny_exports: [{deny}] }}",
+            f"    {{ urls: [{urls}], deny_imports: [{deny}], deny_exports: [{deny}]{auth} }}",
             "  ]",
             "}",
         ]

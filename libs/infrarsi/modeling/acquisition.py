@@ -53,6 +53,10 @@ class InvariantModel:
     _suspects: set[str] = field(default_factory=set)
     _passes: dict[str, int] = field(default_factory=dict)
     _stale: bool = False
+    _incidence: tuple[tuple[str, ...], int, np.ndarray, np.ndarray, np.ndarray] = (
+        (), 0, np.zeros(0, int), np.zeros(0, int), np.zeros(0, bool))
+    """(suspects, runs of ``history`` read, run, suspect column, violated): the flattened (run, suspect)
+    incidence, extended with new runs while the suspects stay the same (rebuilt when one is added)."""
 
     @staticmethod
     def items(c: Candidate) -> tuple[str, ...]:
@@ -84,22 +88,29 @@ class InvariantModel:
         run keeps Σ log(1 - q) over its suspects, so an item's update is one vector operation over its runs."""
         sus = sorted(self._suspects)
         col = {item: k for k, item in enumerate(sus)}
-        run_of: list[int] = []  # (run, suspect) incidence, flattened
+        known, read, runs, items, viol = self._incidence  # (run, suspect) incidence, flattened
+        if known != tuple(sus):
+            read, runs, items, viol = 0, runs[:0], items[:0], viol[:0]
+        run_of: list[int] = []
         item_of: list[int] = []
         violated: list[bool] = []
-        for its, v in self.history:
+        for its, v in self.history[read:]:
             cols = [col[i] for i in its if i in col]
             if cols:
-                run_of.extend([len(violated)] * len(cols))
+                run_of.extend([viol.size + len(violated)] * len(cols))
                 item_of.extend(cols)
                 violated.append(v)
-        runs, items, viol = np.array(run_of), np.array(item_of), np.array(violated)
-        runs_of = [runs[items == k] for k in range(len(sus))]
+        runs = np.concatenate([runs, np.array(run_of, dtype=int)])
+        items = np.concatenate([items, np.array(item_of, dtype=int)])
+        viol = np.concatenate([viol, np.array(violated, dtype=bool)])
+        self._incidence = (tuple(sus), len(self.history), runs, items, viol)
+        by_item = np.argsort(items, kind="stable")  # each suspect's runs, in run order
+        runs_of = np.split(runs[by_item], np.cumsum(np.bincount(items, minlength=len(sus)))[:-1])
         prior = np.array([self._prior(i) for i in sus])
         prior_logit = np.log(prior / (1.0 - prior))
         q = np.array([self._q.get(i, self._prior(i)) for i in sus])
         log_good = np.log1p(-np.clip(q, 0.0, 1.0 - 1e-12))  # log(1 - q) per suspect
-        run_log_good = np.zeros(len(violated))
+        run_log_good = np.zeros(viol.size)
         np.add.at(run_log_good, runs, log_good[items])
         f = self.flake
         for _ in range(sweeps):
@@ -149,13 +160,16 @@ class CostModel:
     c0: float = 0.0
     c1: float = 1.0
     _pairs: list[tuple[float, float]] = field(default_factory=list)
+    _times: list[float] = field(default_factory=list)
+    _costs: list[float] = field(default_factory=list)
 
     def observe(self, step_time_s: float | None, cost_seconds: float | None) -> None:
         if step_time_s is not None and cost_seconds is not None and cost_seconds > 0:
             self._pairs.append((step_time_s, cost_seconds))
+            self._times.append(step_time_s)
+            self._costs.append(cost_seconds)
             if len(self._pairs) >= 2:
-                t = np.array([p[0] for p in self._pairs])
-                c = np.array([p[1] for p in self._pairs])
+                t, c = np.array(self._times), np.array(self._costs)
                 a = np.stack([np.ones_like(t), t], axis=1)
                 (c0, c1), *_ = np.linalg.lstsq(a, c, rcond=None)
                 if c1 > 0 and c0 >= 0:

@@ -235,6 +235,14 @@ class MemoryModel:
                                (o_term / total)[:, None]], axis=1)  # (n, 2p+1)
         return np.log(total), grad
 
+    def log_mean(self, theta: np.ndarray, x: np.ndarray, sa: np.ndarray) -> np.ndarray:
+        """μ of ``log_mean_grad`` without the gradient (a whole pool at once: the gradient is (n, 2p+1))."""
+        if not self.structured:
+            return x @ theta
+        p = x.shape[1]
+        o_term = self.meta.workspace_bytes * math.exp(theta[2 * p])  # type: ignore[union-attr]
+        return np.log(sa[:, 0] * np.exp(x @ theta[:p]) + sa[:, 1] * np.exp(x @ theta[p:2 * p]) + o_term)
+
     # ---- fit
     def _nll_only(self, log_sigma: float, mu: np.ndarray, y: np.ndarray, cens: np.ndarray,
                   theta: np.ndarray) -> float:
@@ -277,17 +285,20 @@ class MemoryModel:
     log_sigma_prior = (math.log(0.03), 0.7)
     log_sigma_bounds = (math.log(0.01), math.log(1.0))
 
-    def fit(self, max_iterations: int = 50) -> MemoryFit:
+    def fit(self, max_iterations: int = 50, upto: int | None = None) -> MemoryFit:
         """MAP by damped Gauss-Newton in θ (Levenberg-Marquardt) alternating with a 1-D update of log σ,
-        warm-started from the previous fit; `fit_lbfgs` is the plain reference optimiser."""
+        warm-started from the previous fit; `fit_lbfgs` is the plain reference optimiser. ``upto``: only the
+        first ``upto`` observations (the searcher's refit schedule)."""
         import time
 
         t0 = time.perf_counter()
-        if self.n == 0:
+        if self.n == 0 or upto == 0:
             self.fit_result = MemoryFit(self.theta, self.log_sigma, np.diag(self.prior_std**2), 0, 0, True)
             self._cov = self.fit_result.cov
             return self.fit_result
         x, sa, y, cens = self._arrays()
+        if upto is not None:
+            x, sa, y, cens = x[:upto], sa[:upto], y[:upto], cens[:upto]
         theta, ls = self.theta.copy(), self.log_sigma
         damping = 1e-3
         nll, grad, hess, _ = self._nll_terms(theta, ls, x, sa, y, cens)

@@ -106,6 +106,14 @@ class SearchConfig:
     """Student-t degrees of freedom of the time model's effect priors (``TimeModel.prior_nu``): a knowledge-base
     prior the measurements contradict loses its weight. ``None`` (the default until the search benchmarks are
     re-measured with it): Gaussian priors."""
+    refit_all_until: int = 500
+    """Up to this many observations every one refits every model in full (noise, straggler weights, memory
+    parameters): at a study's scale each trial moves the models."""
+    refit_every: float = 0.02
+    """Beyond ``refit_all_until``, a full refit once this share of new observations arrived since the last
+    (every 100 at 5,000); in between, new time measurements enter the posterior by a rank-k update at the
+    fitted noise and weights (``TimeModel.update``) and the memory model keeps its fit — one trial moves
+    neither by more than ~1/n. Decision latency, docs/modeling.md."""
 
 
 @dataclass
@@ -201,6 +209,20 @@ class Searcher:
         self.baseline = baseline
         self.observations: list[Observation] = []
         self._seen: set[str] = set()
+        self._seen_rows: list[int] = []
+        """Pool rows of every observation (the shortlist excludes them)."""
+        self._ok_rows: list[int] = []
+        """Pool rows of the observations that ran ok (incumbent candidates)."""
+        self._best_ok: list[tuple[float, int, int]] = []
+        """(measured step time, observation number, pool row) of the three fastest ok observations."""
+        self._rows_at: list[tuple[int, int]] = []
+        """(time-model rows, memory-model rows) after each observation: a checkpoint's prefix of each model."""
+        self._fitted_at: dict[str, int] = {}
+        """Checkpoint (observations) each model was last fitted in full at (``SearchConfig.refit_every``)."""
+        self._cache: dict[str, object] = {}
+        self._neighbours: tuple[int, dict[int, list[int]]] = (0, {})
+        """(pool size, row → its neighbour rows): the incumbents' neighbourhoods, kept while the pool stays."""
+        """Pool-wide predictions of the current fit (cleared by a refit, keyed by the pool's size)."""
         self._ooms: list[Candidate] = []
         self._queue: list[Suggestion] = []
         self._dirty = True
@@ -221,6 +243,12 @@ class Searcher:
         self._seen.add(c.key)
         if c.key not in self.pool.index:
             self.pool.extend([c])
+        row = self.pool.index[c.key]
+        self._seen_rows.append(row)
+        if obs.status == "ok":
+            self._ok_rows.append(row)
+            t = obs.step_time_s or math.inf
+            self._best_ok = sorted([*self._best_ok, (t, len(self.observations), row)])[:3]
         match obs.status:
             case "ok" | "invariant_violation":
                 if obs.step_time_s is not None and obs.step_time_s > 0:
@@ -247,6 +275,7 @@ class Searcher:
                 self.time_model.observe_censored_encoded(self.pool.x_time[self.pool.index[c.key]], obs.step_time_s)
             case _:
                 pass  # crash/scope, or a timeout with no step seen: no time or memory information; dedup only
+        self._rows_at.append((self.time_model.n, self.memory_model.n))
         self._dirty = True
 
     def enqueue(self, candidates: Iterable[Candidate], origin: Origin, reason: str) -> None:
@@ -264,23 +293,63 @@ class Searcher:
         return self._dom
 
     def refit(self) -> None:
-        if self._dirty:
-            self.time_model.fit()
-            self.memory_model.fit()
-            self.invariants.fit()
-            self._dirty = False
+        if not self._dirty:
+            return
+        n = len(self.observations)
+        k = self.checkpoint(n)
+        tm, mm = self.time_model, self.memory_model
+        if k == n:
+            tm.fit()
+            mm.fit()
+        else:  # between checkpoints: the models of the last one, the time model updated with the rows since
+            time_rows, memory_rows = self._rows_at[k - 1]
+            if self._fitted_at.get("memory") != k:
+                mm.fit(upto=memory_rows)
+            if tm.n_censored or tm.n_stopped:
+                tm.fit()  # imputation and the noise split need every row
+            else:
+                if self._fitted_at.get("time") != k:
+                    tm.fit(upto=time_rows)
+                tm.update()
+        self._fitted_at = {"time": k, "memory": k}
+        self.invariants.fit()
+        self._dirty = False
+        self._cache.clear()
+
+    def checkpoint(self, n: int) -> int:
+        """The observation count the models are fitted in full at, for ``n`` observations: ``n`` itself up to
+        ``SearchConfig.refit_all_until``, then a sequence growing by ``refit_every`` each step. A function of
+        ``n`` alone, so a searcher rebuilt by replay holds the same models as the one that lived through it."""
+        k = self.config.refit_all_until
+        if n <= k:
+            return n
+        while (step := k + max(1, math.ceil(self.config.refit_every * k))) <= n:
+            k = step
+        return k
+
+    def _pool_means(self) -> tuple[np.ndarray, np.ndarray]:
+        """Latent log time and mean log peak of every pool row under the current fit (cached until a refit)."""
+        n = len(self.pool.candidates)
+        if self._cache.get("pool_n") != n:
+            mu_all, _ = self.time_model.predict_encoded(self.pool.x_time, with_std=False)
+            mm = self.memory_model
+            if mm.structured and self.pool.mem_components is not None:
+                mem_mu = mm.log_mean(mm.theta, self.pool.x_main, self.pool.mem_components)
+            else:
+                mem_mu = self.pool.x_main @ mm.theta
+            self._cache.update(pool_n=n, mu_all=mu_all, mem_mu=mem_mu)
+        return self._cache["mu_all"], self._cache["mem_mu"]  # type: ignore[return-value]
 
     # --------------------------------------------------------------------------------------- predictions
     def _memory_arrays(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         mm = self.memory_model
         x = self.pool.x_main[idx]
-        cands = [self.pool.candidates[i] for i in idx]
         if mm.structured and self.pool.mem_components is not None:
             sa = self.pool.mem_components[idx]
             mu, g = mm.log_mean_grad(mm.theta, x, sa)
             var = np.sum((g @ mm.covariance) * g, axis=1) + math.exp(2 * mm.log_sigma)
             return mu, np.sqrt(var)
-        return mm.predict_log(cands, x)
+        return mm.predict_log([self.pool.candidates[i] for i in idx], x)
 
     def predict(self, candidates: Sequence[Candidate]) -> list[Prediction]:
         """The current models' expectation of each candidate (refits first if observations arrived)."""
@@ -323,39 +392,42 @@ class Searcher:
 
     def _incumbent(self) -> float | None:
         """Best posterior mean log time among observed candidates that kept every invariant."""
-        ok = [o.candidate for o in self.observations if o.status == "ok"]
-        if not ok:
+        if not self._ok_rows:
             return None
-        idx = np.array([self.pool.index[c.key] for c in ok])
-        mu, _ = self.time_model.predict_encoded(self.pool.x_time[idx], with_std=False)
-        return float(mu.min())
+        if "incumbent" not in self._cache:
+            mu, _ = self.time_model.predict_encoded(self.pool.x_time[np.array(self._ok_rows)], with_std=False)
+            self._cache["incumbent"] = float(mu.min())
+        return self._cache["incumbent"]  # type: ignore[return-value]
 
-    def _shortlist(self, rng: np.random.Generator, exclude: set[str]) -> np.ndarray:
+    def _best_ok_rows(self) -> list[int]:
+        """Pool rows of the three fastest measured ok observations (ties: the earlier observed)."""
+        return [row for _, _, row in self._best_ok]
+
+    def _shortlist(self, rng: np.random.Generator, exclude: Iterable[str] = ()) -> np.ndarray:
+        """Pool rows worth scoring: the predicted fastest (any, and likely to fit), random ones, and the
+        neighbours of the best measured; never an observed row, a known-OOM region or one of ``exclude``."""
         n = len(self.pool.candidates)
-        mu_all, _ = self.time_model.predict_encoded(self.pool.x_time, with_std=False)
-        mm = self.memory_model
-        if mm.structured and self.pool.mem_components is not None:
-            mem_mu, _ = mm.log_mean_grad(mm.theta, self.pool.x_main, self.pool.mem_components)
-        else:
-            mem_mu = self.pool.x_main @ mm.theta
+        mu_all, mem_mu = self._pool_means()
         cap = math.log(self.capacity_bytes)
         blocked = self._domination().mask.copy()
-        for key in exclude:
-            if key in self.pool.index:
-                blocked[self.pool.index[key]] = True
+        blocked[np.array(self._seen_rows, dtype=int)] = True
+        index = self.pool.index
+        blocked[np.array([index[k] for k in exclude if k in index], dtype=int)] = True
         fits = (mem_mu < cap) & ~blocked
-        order = np.argsort(np.where(blocked, np.inf, mu_all))
-        top_any = order[: self.config.shortlist_top // 2]
-        order_fit = np.argsort(np.where(fits, mu_all, np.inf))
-        top_fit = order_fit[: self.config.shortlist_top]
+        top_any = _smallest(np.where(blocked, np.inf, mu_all), self.config.shortlist_top // 2)
+        top_fit = _smallest(np.where(fits, mu_all, np.inf), self.config.shortlist_top)
         top_fit = top_fit[fits[top_fit]]
         free = np.flatnonzero(~blocked)
         rand = rng.choice(free, size=min(self.config.shortlist_random, free.size), replace=False) if free.size else free
         # neighbours of the best observed candidates: local refinement around incumbents
-        ok = sorted((o for o in self.observations if o.status == "ok"), key=lambda o: o.step_time_s or np.inf)[:3]
         near: list[int] = []
-        for o in ok:
-            near.extend(self.pool.neighbour_indices(self.pool.index[o.candidate.key]).tolist())
+        if self._neighbours[0] != n:  # the pool grew: a row's neighbours may have too
+            self._neighbours = (n, {})
+        neighbours = self._neighbours[1]
+        for row in self._best_ok_rows():
+            if row not in neighbours:
+                neighbours[row] = self.pool.neighbour_indices(row).tolist()
+            near.extend(neighbours[row])
         near_arr = np.array([i for i in near if i < n and not blocked[i]], dtype=int)
         idx = np.unique(np.concatenate([top_any, top_fit, rand, near_arr]).astype(int))
         return idx[~blocked[idx]]
@@ -365,12 +437,12 @@ class Searcher:
         """Up to n new candidates (never observed, never pending, never in a known-OOM region)."""
         self.refit()
         rng = np.random.default_rng([self.seed, len(self.observations), len(pending)])
-        taken: set[str] = set(self._seen) | {c.key for c in pending}
+        taken: set[str] = {c.key for c in pending}  # beside the observed ones (``self._seen``)
         out: list[Suggestion] = []
         for s in self._queue:
             if len(out) >= n:
                 break
-            if s.candidate.key not in taken:
+            if s.candidate.key not in taken and s.candidate.key not in self._seen:
                 out.append(s)
                 taken.add(s.candidate.key)
         if len(out) >= n:
@@ -494,8 +566,11 @@ class Searcher:
         in their memory-decreasing direction, at most two of them), the best one with low P(OOM)."""
         base = self.pool.candidates[idx[r]]
         savers = self._saver_moves(base)
+        rows = np.flatnonzero(usable & (p_oom < self.config.pairing_target))
+        if self.pool.codes is not None and all(k.values() is not None for k in self.space.knobs):
+            return self._pair_by_codes(idx, r, rows, savers, mu, sd, p_hold, best, cost)
         best_j, best_val = None, -np.inf
-        for j in np.flatnonzero(usable & (p_oom < self.config.pairing_target)):
+        for j in rows:
             c = self.pool.candidates[idx[j]]
             if c.patches != base.patches:
                 continue
@@ -507,6 +582,30 @@ class Searcher:
             if val > best_val:
                 best_j, best_val = int(j), val
         return best_j
+
+    def _pair_by_codes(self, idx: np.ndarray, r: int, rows: np.ndarray, savers: set[tuple[str, object]],
+                       mu: np.ndarray, sd: np.ndarray, p_hold: np.ndarray, best: float,
+                       cost: np.ndarray) -> int | None:
+        """``_pair``'s loop over the pool's value codes at once (every knob enumerable): the same pick."""
+        assert self.pool.codes is not None
+        base = self.pool.candidates[idx[r]]
+        nk = len(self.space.knobs)
+        codes = self.pool.codes[idx[rows]]
+        base_codes = self.pool.codes[idx[r]]
+        moved = codes[:, :nk] != base_codes[:nk]
+        same_patches = np.all(codes[:, nk:] == base_codes[nk:], axis=1)
+        allowed = np.ones(moved.shape, dtype=bool)
+        for col, k in enumerate(self.space.knobs):
+            values = k.values()
+            assert values is not None
+            saves = np.array([(k.name, v) in savers or self._is_saver(k, base[k.name], v) for v in values])
+            allowed[:, col] = saves[codes[:, col].astype(int)]
+        n_moved = moved.sum(axis=1)
+        ok = same_patches & (n_moved >= 1) & (n_moved <= 3) & np.all(~moved | allowed, axis=1)
+        if not ok.any():
+            return None
+        val = expected_improvement(mu[rows], sd[rows], best) * p_hold[rows] / cost[rows]
+        return int(rows[int(np.argmax(np.where(ok, val, -np.inf)))])
 
     def _saver_moves(self, base: Candidate) -> set[tuple[str, object]]:
         """Single knob changes from ``base`` that the memory model (its prior, or what it learnt) prices below
@@ -536,7 +635,7 @@ class Searcher:
         if best is None:
             return math.inf
         rng = np.random.default_rng([self.seed, len(self.observations), 7])
-        idx = self._shortlist(rng, set(self._seen))
+        idx = self._shortlist(rng)
         if idx.size == 0:
             return 0.0
         mu, sd = self.time_model.predict_encoded(self.pool.x_time[idx])
@@ -572,3 +671,10 @@ class Searcher:
         _, sd = self.time_model.predict_encoded(self.pool.x_time[idx])
         assert sd is not None
         return [(cands[key], float(np.median(times[key])), float(sd[i])) for i, key in enumerate(keys)]
+
+
+def _smallest(values: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the ``k`` smallest values, in no particular order (a partition, not a sort: O(n))."""
+    if k >= values.size:
+        return np.arange(values.size)
+    return np.argpartition(values, k)[:k]

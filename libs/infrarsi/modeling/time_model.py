@@ -60,6 +60,7 @@ class TimeModel:
         self._rows: list[np.ndarray] = []
         self._ys: list[float] = []
         self._x = np.zeros((0, p))
+        self._buf = np.zeros((0, p))
         self._y = np.zeros(0)
         self.log_noise = math.log(noise_floor)
         self.mean = self.prior_mean.copy()
@@ -71,6 +72,10 @@ class TimeModel:
         self._cens_bounds: list[float] = []
         self._stop_rows: list[np.ndarray] = []
         self._stop_ys: list[float] = []
+        self._normal: tuple[np.ndarray, np.ndarray] | None = None
+        """XᵀWX and XᵀWy of the last ``_fit_rows`` posterior."""
+        self._anchor: tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+        """(rows, XᵀWX, XᵀWy, mean, weights) of a ``fit(upto=rows)``: what ``update`` adds the later rows to."""
 
     def _scale_interactions(self) -> None:
         """An interaction column is a product of two factors; divide its prior std by both factors' ranges so
@@ -123,8 +128,16 @@ class TimeModel:
         return self.n == 0 and not self._cens_bounds and not self._stop_ys
 
     def _materialise(self) -> None:
-        if self._y.size != len(self._ys):
-            self._x = np.vstack([self._x, *self._rows[self._y.size:]]) if self._rows else self._x
+        """``_x``/``_y`` as arrays of every measured row; the rows live in a buffer that doubles when full, so
+        one new row costs O(p), not a copy of all of them."""
+        n, have = len(self._ys), self._y.size
+        if n != have:
+            if n > self._buf.shape[0]:
+                grown = np.zeros((max(2 * self._buf.shape[0], n, 64), self.encoder.dim))
+                grown[:have] = self._buf[:have]
+                self._buf = grown
+            self._buf[have:n] = self._rows[have:n]
+            self._x = self._buf[:n]
             self._y = np.asarray(self._ys)
 
     @property
@@ -168,16 +181,23 @@ class TimeModel:
         nll += 0.5 * ((log_s - math.log(self.noise_floor)) / 0.5) ** 2
         return float(nll)
 
-    def fit(self, irls_iterations: int = 3, censored_iterations: int = 4) -> None:
+    def fit(self, irls_iterations: int = 3, censored_iterations: int = 4, upto: int | None = None) -> None:
         """Posterior given every observation. Censored ones (step time ≥ bound) enter as their conditional
         mean E[y | y > bound] under the current fit, refitted a few times (Buckley–James style imputation):
-        a bound above what the model expects pulls the candidate's features up; one below it says little."""
+        a bound above what the model expects pulls the candidate's features up; one below it says little.
+
+        ``upto``: only the first ``upto`` measured rows (when there is no censored or stopped row), kept as the
+        anchor that ``update`` adds the later rows to."""
         self._materialise()
+        self._anchor = None
         if self._empty():
             self.mean = self.prior_mean.copy()
             return
         if not self._cens_bounds and not self._stop_ys:
-            self._fit_rows(self._x, self._y, irls_iterations)
+            m = self.n if upto is None else min(upto, self.n)
+            self._fit_rows(self._x[:m], self._y[:m], irls_iterations)
+            assert self._normal is not None
+            self._anchor = (m, *self._normal, self.mean.copy(), self._weights.copy())
             return
         from scipy.special import log_ndtr
 
@@ -204,6 +224,27 @@ class TimeModel:
             sd = np.sqrt(sd_latent**2 + self.noise_std**2)
             z = (bounds - m) / sd
             yc = np.maximum(bounds, m + sd * np.exp(-0.5 * z**2 - 0.5 * math.log(2 * math.pi) - log_ndtr(-z)))
+
+    def update(self) -> bool:
+        """The posterior of the last ``fit(upto=…)`` with every measured row after it folded in, at that fit's
+        noise, prior widths and straggler rule (a later row's Student-t weight from its residual under the
+        anchor's mean): a rank-k update of XᵀWX, O(k·p² + p³), instead of a full fit's evidence search and
+        reweighting at O(n·p²) per iteration. It depends only on the rows, not on how often it is called (a
+        replayed model equals the live one). ``False`` (nothing changed) when only a full fit will do: no
+        anchor, or a censored or stopped row (imputation and the noise split need the whole fit)."""
+        self._materialise()
+        if self._anchor is None or self._cens_bounds or self._stop_ys:
+            return False
+        m, xtx, xty, mean, weights = self._anchor
+        x, y = self._x[m:], self._y[m:]
+        noise_var = self.noise_std**2
+        w = np.ones(len(y))
+        if self.robust and self.n >= self.min_robust:
+            w = (self.nu + 1) / (self.nu + (y - x @ mean) ** 2 / noise_var)
+        xw = x * w[:, None]
+        self.mean, self._prec_chol = self._posterior(xtx + xw.T @ x, xty + xw.T @ y, noise_var)
+        self._weights = np.concatenate([weights, w])  # lines up with the measured rows (``posterior_direct``)
+        return True
 
     def _fit_rows(self, x: np.ndarray, y: np.ndarray, irls_iterations: int, n_robust: int | None = None,
                   log_noise: float | None = None) -> None:
@@ -233,6 +274,7 @@ class TimeModel:
                 self.log_noise = log_noise
             noise_var = self.noise_std**2
             self.mean, la = self._posterior(xtx, xty, noise_var)
+            self._normal = (xtx, xty)
             self._weights = w  # the weights this posterior was computed with
             moved = False
             if self.prior_nu is not None:
