@@ -37,11 +37,13 @@ from typing import Any
 
 import numpy as np
 from infrarsi.modeling.priors import KnowledgeBase
-from infrarsi.modeling.search import CandidatePool
+from infrarsi.modeling.search import CandidatePool, SearchConfig
 from robust_family import FamilyModel, draw_model  # bench/ is the script's directory
-from search_vs_peers import TUNERS, BenchSpace, Trial, score
+from search_vs_peers import TUNERS, BenchSpace, Trial, _cell, score
 
 ARMS = ("default", "inverted", "flat")
+CHECKPOINTS = (10, 20)
+"""Trial counts reported besides the budget (those above a smaller budget are left out)."""
 
 
 def inverted(kb: KnowledgeBase) -> KnowledgeBase:
@@ -58,21 +60,35 @@ def arm_kb(kb: KnowledgeBase, arm: str) -> KnowledgeBase:
     return kb
 
 
-def bench_space(model: FamilyModel, pool: CandidatePool, arm: str = "default") -> BenchSpace:
+def bench_space(model: FamilyModel, pool: CandidatePool, arm: str = "default", config: SearchConfig | None = None
+                ) -> BenchSpace:
     study = model.study
     return BenchSpace(f"robust-{model.seed}", study.space, study.capacity_bytes, model.evaluate, model.true_time,
                       model.oracle_time, None, pool, kind="family", kb=arm_kb(study.kb, arm),
-                      baseline=study.baseline)
+                      baseline=study.baseline, search_config=config)
 
 
-def run_model(model: FamilyModel, tuners: Sequence[str], arms: Sequence[str], seeds: int, budget: int
-              ) -> dict[str, Any]:
+def search_config(pairs: Sequence[str]) -> SearchConfig:
+    """``SearchConfig`` with ``FIELD=VALUE`` overrides (``None``, numbers, ``true``/``false``): to measure a
+    setting against the defaults on the same models."""
+    fields = {f.name for f in dataclasses.fields(SearchConfig)}
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, text = pair.partition("=")
+        if not sep or name not in fields:
+            raise SystemExit(f"--search-config {pair!r}: expected FIELD=VALUE with FIELD one of {sorted(fields)}")
+        out[name] = json.loads(text.replace("None", "null"))
+    return dataclasses.replace(SearchConfig(), **out)
+
+
+def run_model(model: FamilyModel, tuners: Sequence[str], arms: Sequence[str], seeds: int, budget: int,
+              config: SearchConfig | None = None) -> dict[str, Any]:
     pool = CandidatePool.build(model.study.space)
     runs: dict[str, list[list[Trial]]] = {}
     for tuner in tuners:
         if tuner == "infrarsi":
             for arm in arms:
-                bs = bench_space(model, pool, arm)
+                bs = bench_space(model, pool, arm, config)
                 runs[f"infrarsi[{arm}]"] = [TUNERS[tuner](bs, seed, budget) for seed in range(seeds)]
         else:
             bs = bench_space(model, pool)
@@ -86,8 +102,8 @@ def run_model(model: FamilyModel, tuners: Sequence[str], arms: Sequence[str], se
         scores = [score(bs, trials, budget) for trials in tuner_runs]
         entry: dict[str, Any] = {
             "best_over_oracle": [s["best_over_oracle"][str(budget)] for s in scores],
-            "best_over_oracle_10": [s["best_over_oracle"].get("10") for s in scores],
-            "best_over_oracle_20": [s["best_over_oracle"].get("20") for s in scores],
+            **{f"best_over_oracle_{k}": [s["best_over_oracle"][str(k)] for s in scores] for k in CHECKPOINTS
+               if k <= budget},
             "trials_to_95": [s["trials_to_95"] for s in scores],
             "oom_fraction": [s["oom_fraction"] for s in scores],
         }
@@ -126,10 +142,9 @@ def summarise(models: list[dict[str, Any]], budget: int) -> dict[str, Any]:
         ooms = [v for m in models for v in m["tuners"][name]["oom_fraction"]]
         entry = {
             f"best_over_oracle_at_{budget}_median": float(np.median(per_run)),
-            "best_over_oracle_at_10_median": float(np.median(
-                [v for m in models for v in m["tuners"][name]["best_over_oracle_10"]])),
-            "best_over_oracle_at_20_median": float(np.median(
-                [v for m in models for v in m["tuners"][name]["best_over_oracle_20"]])),
+            **{f"best_over_oracle_at_{k}_median": float(np.median(
+                [v for m in models for v in m["tuners"][name][f"best_over_oracle_{k}"]])) for k in CHECKPOINTS
+               if k <= budget},
             "per_model_median_spread": {"min": min(per_model), "p10": float(np.quantile(per_model, 0.1)),
                                         "p25": float(np.quantile(per_model, 0.25)),
                                         "median": float(np.median(per_model)), "max": max(per_model)},
@@ -182,11 +197,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--budget", type=int, default=40)
     ap.add_argument("--tuners", nargs="*", default=list(TUNERS))
     ap.add_argument("--arms", nargs="*", default=list(ARMS), help="InfraRSI prior arms")
+    ap.add_argument("--search-config", nargs="*", default=[], metavar="FIELD=VALUE",
+                    help="InfraRSI SearchConfig overrides, e.g. oom_exclude=0.35 memory_interaction_std=None")
     ap.add_argument("--json", dest="json_out", default=None)
     ap.add_argument("--merge", nargs="*", default=None, metavar="PART.json",
-                    help="summarise the per-model results of earlier runs (e.g. the family split over processes) "
-                         "instead of running")
+                    help="summarise the per-model results of earlier runs (e.g. the family split over processes, "
+                         "or the tuners run apart on the same models) instead of running")
     args = ap.parse_args(argv)
+    config = search_config(args.search_config)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     log = logging.getLogger("bench")
     models: list[dict[str, Any]] = []
@@ -197,13 +215,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         if data["budget"] != args.budget or data["seeds"] != args.seeds:
             raise SystemExit(f"{part}: budget {data['budget']}, seeds {data['seeds']} differ from --budget "
                              f"{args.budget} --seeds {args.seeds}")
-        models += data["per_model"]
+        for m in data["per_model"]:
+            # a model already read from another part (other tuners on the same models): its tuners join
+            same = next((old for old in models if old["model"] == m["model"]), None)
+            if same is None:
+                models.append(m)
+            else:
+                same["tuners"].update(m["tuners"])
     if args.merge is not None:
         args.models = len(models)
     for i in range(args.first_model, args.first_model + args.models) if args.merge is None else ():
         t0 = time.perf_counter()
         model = draw_model(i)
-        m = run_model(model, args.tuners, args.arms, args.seeds, args.budget)
+        m = run_model(model, args.tuners, args.arms, args.seeds, args.budget, config)
         m["model"] = i
         models.append(m)
         cells = "  ".join(f"{n} {np.median(v['best_over_oracle']):.3f}/{np.mean(v['oom_fraction']):.2f}"
@@ -220,8 +244,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, s in summary.items():
         sp = s["per_model_median_spread"]
         pred = s.get("mean_predicted_p_oom")
-        print(f"{name:20s} {s['best_over_oracle_at_10_median']:6.3f} {s['best_over_oracle_at_20_median']:6.3f} "
-              f"{s[key]:6.3f}  {sp['min']:6.3f} {sp['p10']:6.3f} {sp['median']:6.3f} {sp['max']:6.3f} "
+        early = " ".join(_cell(s.get(f"best_over_oracle_at_{k}_median")) for k in CHECKPOINTS)
+        print(f"{name:20s} {early} {s[key]:6.3f}  {sp['min']:6.3f} {sp['p10']:6.3f} {sp['median']:6.3f} {sp['max']:6.3f} "
               f"{s['models_at_or_above_0.93']:6.2f} {s['trials_to_95_median']:5.1f} {s['runs_reaching_95']:6.2f} "
               f"{s['oom_fraction']:6.3f} {pred if pred is not None else float('nan'):6.3f}")
     for name, s in summary.items():
@@ -232,6 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump({"simulated": True, "family": "bench/robust_family.py", "models": args.models,
+                       "search_config": dataclasses.asdict(config),
                        "seeds": args.seeds, "budget": args.budget, "summary": summary, "targets": checks,
                        "per_model": models}, f, indent=2, default=str)
     return 0

@@ -46,7 +46,7 @@ import numpy as np
 from _common import write_json
 from infrarsi.modeling.memory_model import TransformerMeta
 from infrarsi.modeling.priors import KnowledgeBase
-from infrarsi.modeling.search import CandidatePool, Observation, Searcher
+from infrarsi.modeling.search import CandidatePool, Observation, SearchConfig, Searcher
 from infrarsi.modeling.space import Candidate, SearchSpace
 
 
@@ -78,6 +78,8 @@ class BenchSpace:
     """Facts about the space for the JSON, read after every tuner ran (a real space: trials run, cache hits)."""
     close: Callable[[], None] | None = None
     """Releases what the space holds (a real space: its temporary workload repo and trial directories)."""
+    search_config: SearchConfig | None = None
+    """InfraRSI's ``SearchConfig`` (None: the defaults); bench/robustness.py's ``--search-config`` sets it."""
 
     @property
     def has_oracle(self) -> bool:
@@ -112,12 +114,21 @@ class Trial:
 # ------------------------------------------------------------------------------------------------ tuners
 
 
+def design_done(s: Searcher) -> bool:
+    """The proposer's rule for when ``should_stop`` is asked: the initial design measured and something fitted
+    (services/proposer/logic.py, ``_design_done``)."""
+    return len(s.observations) >= 1 + s.config.n_seeds and any(o.status == "ok" for o in s.observations)
+
+
 def run_infrarsi(bs: BenchSpace, seed: int, budget: int) -> list[Trial]:
     # what a study gives the proposer: the contract's knowledge base and golden baseline, where the space has them
-    s = Searcher(bs.space, bs.capacity_bytes, meta=bs.meta, kb=bs.kb, baseline=bs.baseline, seed=seed, pool=bs.pool)
+    s = Searcher(bs.space, bs.capacity_bytes, meta=bs.meta, kb=bs.kb, baseline=bs.baseline, seed=seed, pool=bs.pool,
+                 config=bs.search_config)
     rng = np.random.default_rng(10_000 + seed)
     out: list[Trial] = []
     for _ in range(budget):
+        if design_done(s) and s.should_stop()[0]:
+            break  # what the proposer does: no more expected gain ends the study (a tiny space runs out of fits)
         sug = s.suggest(1)
         if not sug:
             break

@@ -35,10 +35,11 @@ KNOBS = ["tp", "pp", "dp", "micro_batch", "recompute", "flash_attention"]
 RESTRICT = {"dp": [16, 32, 64], "micro_batch": [1, 2, 4]}
 
 
-def write_contract(root: Path, *, trials: int, parallel: int, timing_tolerance: float | None = None) -> Path:
+def write_contract(root: Path, *, trials: int, parallel: int, timing_tolerance: float | None = None,
+                   scenario: str = SCENARIO) -> Path:
     """A sim workload repo under ``root`` and its contract file (search budget ``trials``, ``parallel`` slots;
     the contract's ``invariants.timing_tolerance`` when given)."""
-    contract = write_sim_workload(root / "workload", SCENARIO, knobs=KNOBS, restrict=RESTRICT, steps=12,
+    contract = write_sim_workload(root / "workload", scenario, knobs=KNOBS, restrict=RESTRICT, steps=12,
                                   trials=trials, parallel=parallel, accelerator_hours=1000.0)  # fmt: skip
     if timing_tolerance is not None:
         contract["invariants"]["timing_tolerance"] = timing_tolerance
@@ -128,6 +129,8 @@ def result_of(finished: ev.StudyFinished | None, ledger: dict[str, Any] | None =
                                  and e.payload.kind == "search" and not _is_rerun(e.payload)]  # fmt: skip
         result["verify_requested"] = [c.key() for e in events if isinstance(e.payload, ev.VerifyRequested)
                                       for c in e.payload.candidates]  # fmt: skip
+        result["verdicts"] = {e.payload.candidate_key: e.payload.promotable for e in events
+                              if isinstance(e.payload, ev.VerifyCompleted)}  # fmt: skip  # the last per candidate
         reruns = {e.trial_id for e in events if isinstance(e.payload, ev.TrialProposed) and _is_rerun(e.payload)}
         result["search_measured"] = [  # what the models learnt, trial by trial: where two courses part, and why
             [e.payload.candidate_key, e.payload.status, e.payload.steps, round(e.payload.step_time_s or 0.0, 6),

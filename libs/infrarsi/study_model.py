@@ -28,7 +28,7 @@ import numpy as np
 from infrarsi import events as ev
 from infrarsi.modeling.memory_model import structural_components
 from infrarsi.modeling.search import Observation, SearchConfig, Searcher
-from infrarsi.modeling.space import Candidate, FloatRange
+from infrarsi.modeling.space import Candidate, FloatRange, KnobValue
 from infrarsi.service import Emission, Fold
 from infrarsi.study_space import CandidateOutsideSpace, StudyLoader, StudySpace, load_study_space
 from infrarsi.trial_ledger import TrialLedger, TrialOutcome
@@ -43,7 +43,7 @@ def observation(study: StudySpace, outcome: TrialOutcome) -> Observation | None:
         c = study.from_event(outcome.candidate)
     except CandidateOutsideSpace:
         return None
-    return Observation(c, outcome.status, outcome.step_time_s, outcome.peak_bytes,  # type: ignore[arg-type]
+    return Observation(c, outcome.status, outcome.step_time_s, outcome.peak_bytes,
                        outcome.accelerator_s or None)
 
 
@@ -262,7 +262,7 @@ def single_changes(study: StudySpace) -> list[tuple[str, Candidate, str | None, 
     out: list[tuple[str, Candidate, str | None, object]] = []
     for k in study.space.knobs:
         if isinstance(k, FloatRange):
-            values: list[object] = [k.low, k.high]
+            values: list[KnobValue] = [k.low, k.high]
         else:
             values = list(k.values())
             if len(values) > MAX_LEVELS:
@@ -271,7 +271,7 @@ def single_changes(study: StudySpace) -> list[tuple[str, Candidate, str | None, 
         for v in values:
             if v == base[k.name]:
                 continue
-            out.append((f"{k.name}={v}", base.replace(**{k.name: v}), k.name, v))
+            out.append((f"{k.name}={v}", base.with_knob(k.name, v), k.name, v))
     for p in study.space.patches:
         out.append((f"patch:{p.id}", Candidate.of(base.knobs, base.patches | {p.id}), None, p.id))
     return out
@@ -296,7 +296,7 @@ def setting_effects(study: StudySpace, searcher: Searcher) -> tuple[list[ev.Effe
 
     # memory: Δμ(θ) with the delta-method std, at the prior (θ0, diag(s0²)) and at the MAP (θ, Laplace Σ)
     mm = searcher.memory_model
-    rows = np.array([mm.encoder.encode_main(c) for c in [study.baseline, *cands]])  # (n+1, p_main)
+    rows = mm.encoder.encode_many([study.baseline, *cands])  # (n+1, p): the pair columns too, where it has them
     if study.meta is not None:
         sa = np.array([structural_components(study.meta, c.knobs) for c in [study.baseline, *cands]])  # (n+1, 2)
     else:
@@ -328,7 +328,7 @@ def _source(study: StudySpace, searcher: Searcher, knob: str | None, value: obje
         spec = next(s for s in specs if s.name == f"patch:{value}")
         return study.prior_source(spec)
     for spec in specs:
-        if spec.knob == knob and spec.kind in ("level", "bool", "numeric") and spec.kind != "interaction":
+        if spec.knob == knob and spec.kind in ("level", "bool", "numeric"):
             if spec.kind == "level" and spec.value != value:
                 continue
             source = study.prior_source(spec)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from infrarsi import events as ev
 from infrarsi.contract import (
@@ -61,6 +61,9 @@ from infrarsi.modeling.space import (
 )
 from infrarsi.settings import env_var
 from infrarsi.study_shape import study_meta
+
+if TYPE_CHECKING:
+    from infrarsi.sim.scenarios import Scenario
 
 SIM_SCENARIO_ENV = env_var("sim_scenario")
 """Workload env var naming the simulator scenario, until ``BackendSpec`` has a ``scenario`` field."""
@@ -172,7 +175,7 @@ class StudySpace:
                                           scenario.space if scenario is not None else None)
             knobs.append(knob)
             bindings.append(binding)
-            first = knob.values()[0] if knob.values() is not None else (knob.low + knob.high) / 2  # type: ignore[union-attr]
+            first = (knob.low + knob.high) / 2 if isinstance(knob, FloatRange) else knob.values()[0]
             try:
                 base_values[name] = binding.model_value(launch_value) if found else first
             except CandidateOutsideSpace:
@@ -181,7 +184,7 @@ class StudySpace:
 
         patches = _convert_patches(contract.search_space.patches, library, notes)
         constraints = list(_global_batch_constraints(contract, names, baseline_launch))
-        memory_direction = {k.name: d for k in knobs
+        memory_direction: dict[str, MemoryDirection] = {k.name: d for k in knobs
                             if (d := _MEMORY_DIRECTION.get(KnowledgeBase.canonical(k.name), 0)) != 0}
         meta = None
         if scenario is not None:
@@ -190,7 +193,7 @@ class StudySpace:
             meta = scenario.memory_meta()
         space = SearchSpace(knobs=tuple(knobs), patches=tuple(patches), constraints=tuple(constraints),
                             memory_direction=memory_direction)
-        device_kind = "cpu" if contract.cluster.accelerator.lower() == "cpu" else "gpu"
+        device_kind: Literal["cpu", "gpu"] = "cpu" if contract.cluster.accelerator.lower() == "cpu" else "gpu"
         capacity = float(capacity_bytes or contract.cluster.memory_capacity_bytes)
         if scenario is None:
             meta = study_meta(contract, space, base_values, capacity)  # a contract that states the whole shape
@@ -278,8 +281,9 @@ class StudySpace:
             b = self.binding(key)
             model_value = b.model_value(value)
             knob = self.space.knob(b.name)
-            if knob.values() is not None and model_value not in knob.values():
-                raise CandidateOutsideSpace(f"{key}: {value!r} is not one of {list(knob.values())}")
+            allowed = knob.values()
+            if allowed is not None and model_value not in allowed:
+                raise CandidateOutsideSpace(f"{key}: {value!r} is not one of {list(allowed)}")
             values[b.name] = model_value
         patch_ids = {p.id for p in self.space.patches}
         unknown = [p for p in c.patches if p not in patch_ids]
@@ -380,7 +384,7 @@ def scenario_defaults(space: SearchSpace) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------------
 
 
-def _scenario(name: str):  # -> infrarsi.sim.scenarios.Scenario
+def _scenario(name: str) -> Scenario:
     from infrarsi.sim.scenarios import get_scenario
 
     return get_scenario(name)
@@ -408,14 +412,14 @@ def _convert_knob(key: str, name: str, spec: Any, golden: Any, scenario_space: S
         case IntKnob(choices=choices) if choices is not None:
             default = golden if isinstance(golden, int) and golden in choices else None
             return IntChoice(name, tuple(sorted(choices)), default=default), KnobBinding(key, name)
-        case IntKnob(low=low, high=high):
+        case IntKnob(low=low, high=high) if low is not None and high is not None:
             default = golden if isinstance(golden, int) and low <= golden <= high else None
             return IntRange(name, int(low), int(high), default=default), KnobBinding(key, name)
         case FloatKnob(choices=choices) if choices is not None:
             return _categorical(key, name, list(choices), golden, template)
-        case FloatKnob(low=low, high=high, log=log):
-            default = float(golden) if isinstance(golden, int | float) and low <= golden <= high else None
-            return FloatRange(name, float(low), float(high), log=log, default=default), KnobBinding(key, name)
+        case FloatKnob(low=f_low, high=f_high, log=log) if f_low is not None and f_high is not None:
+            f_default = float(golden) if isinstance(golden, int | float) and f_low <= golden <= f_high else None
+            return FloatRange(name, float(f_low), float(f_high), log=log, default=f_default), KnobBinding(key, name)
         case ContractBool():
             return BoolKnob(name, default=bool(golden) if isinstance(golden, bool) else False), KnobBinding(key, name)
         case ChoiceKnob(choices=choices):
@@ -423,8 +427,9 @@ def _convert_knob(key: str, name: str, spec: Any, golden: Any, scenario_space: S
             if kinds == {bool}:
                 return BoolKnob(name, default=bool(golden) if isinstance(golden, bool) else False), KnobBinding(key, name)
             if kinds == {int}:
-                default = golden if isinstance(golden, int) and golden in choices else None
-                return IntChoice(name, tuple(sorted(choices)), default=default), KnobBinding(key, name)
+                ints = [c for c in choices if isinstance(c, int)]  # all of them
+                default = golden if isinstance(golden, int) and golden in ints else None
+                return IntChoice(name, tuple(sorted(ints)), default=default), KnobBinding(key, name)
             return _categorical(key, name, list(choices), golden, template)
     raise TypeError(f"unsupported knob {key}: {spec!r}")
 

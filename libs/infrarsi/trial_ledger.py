@@ -9,10 +9,14 @@ package's. Pure and idempotent: a repeated fact changes nothing. Must not: know 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from infrarsi import events as ev
 
-_FAILED_STATUS: dict[str, str] = {
+if TYPE_CHECKING:
+    from infrarsi.modeling.search import Status
+
+_FAILED_STATUS: dict[str, Status] = {
     # events.TrialStatus (not ok) → modeling.search.Status
     "oom": "oom",
     "crash": "crash",
@@ -33,7 +37,7 @@ class TrialOutcome:
     candidate: ev.Candidate | None
     """``None`` when no ``TrialProposed`` or known candidate key names it."""
     kind: str
-    status: str
+    status: Status
     """A ``modeling.search.Status``: ok | oom | crash | timeout | stopped_slow | scope_violation |
     invariant_violation."""
     step_time_s: float | None
@@ -111,6 +115,7 @@ class TrialLedger:
         elif m is None:
             return None
         else:
+            status: Status
             if m.status == "ok":
                 status = "ok" if m.invariants_ok else "invariant_violation"
             else:

@@ -1,5 +1,6 @@
 from infrarsi.service import main
-from infrarsi_services.launcher.service import LauncherService
+
+from .service import LauncherService
 
 if __name__ == "__main__":
     main(LauncherService)

@@ -63,7 +63,8 @@ from infrarsi.service import Outbox, Service
 from infrarsi.settings import PREFIX as SETTINGS_PREFIX
 from infrarsi.settings import JobEnv, Settings, env_var
 from infrarsi.subjects import PROBE, TELEMETRY_STREAM, step_msg_id, telemetry_subject
-from infrarsi_services.launcher.output import GrowingFile, OutputSteps, OutputTail
+
+from .output import GrowingFile, OutputSteps, OutputTail
 
 log = get_logger(__name__)
 

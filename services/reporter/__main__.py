@@ -1,5 +1,6 @@
 from infrarsi.service import main
-from infrarsi_services.reporter.service import ReporterService
+
+from .service import ReporterService
 
 if __name__ == "__main__":
     main(ReporterService)

@@ -38,7 +38,8 @@ from infrarsi import events as ev
 from infrarsi.logs import get_logger
 from infrarsi.service import Outbox, Service
 from infrarsi.settings import Settings
-from infrarsi_services.reporter.bank import BankDistiller
+
+from .bank import BankDistiller
 
 log = get_logger(__name__)
 
@@ -90,7 +91,8 @@ class ReporterService(Service):
         for entry in self.bank.apply(event):
             await self.bus.publish(entry)
             self._bank_published += 1
-            log.info("bank entry published", entry_id=entry.payload.entry_id, event_id=entry.event_id)
+            if isinstance(entry.payload, ev.BankEntry):  # the distiller emits nothing else
+                log.info("bank entry published", entry_id=entry.payload.entry_id, event_id=entry.event_id)
 
     async def stop(self) -> None:
         if self._task is not None:

@@ -1,5 +1,6 @@
 from infrarsi.service import main
-from infrarsi_services.telemetry.service import TelemetryService
+
+from .service import TelemetryService
 
 if __name__ == "__main__":
     main(TelemetryService)

@@ -2,7 +2,8 @@
 
 Covers: a 7 MB malformed message and a 5,000-deep nested one are dead-lettered (a bounded copy and a digest)
 and the next valid event is handled; a restarted service replays past them instead of crash-looping; a
-consumer deleted under a running service is bound again; a consume loop that stops pulling is reported
+consumer deleted under a running service is bound again, and so is a subscription that fetches nothing while
+its consumer has pending messages (orphaned by a cluster leader change); a consume loop that stops pulling is reported
 ``stalled`` by the heartbeat and by ``infrarsi status``; a comma-separated server list connects.
 """
 
@@ -100,6 +101,51 @@ async def test_a_deleted_consumer_is_bound_again_and_the_next_event_handled(
         await bus.close()
 
 
+@contextlib.asynccontextmanager
+async def _proposer_running(url: str, service_bus: Bus):
+    """A proposer ``Runner`` on ``service_bus`` and a test bus, yielded as (runner, its task, test bus); the runner
+    is stopped and both buses closed on every path."""
+    runner = Runner(ProposerService(), service_bus, grace_s=2.0)
+    task = asyncio.create_task(runner.run())
+    bus = await Bus.connect(url, service="test")
+    try:
+        yield runner, task, bus
+    finally:
+        runner.stopping.set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, 20)
+        await service_bus.close()
+        await bus.close()
+
+
+async def test_a_subscription_that_fetches_nothing_while_its_consumer_has_pending_is_bound_again(
+    fresh_nats_server, wait_for, payload_samples, monkeypatch
+) -> None:
+    """The 3-node finding: after the stream leader was killed, a pull subscription fetched nothing (no error)
+    while its consumer's pending count grew, and the service went on "up". Here the first subscription is made
+    to fetch nothing, as the orphaned one did; the loop must notice the pending messages and bind again.
+    Without the re-check (``RECHECK_EMPTY_FETCHES``) the event is never handled."""
+    service_bus = await Bus.connect(fresh_nats_server, service="proposer")
+    real_fetch = service_bus.fetch
+    orphaned: list[object] = []
+
+    async def fetch(sub, batch=64, timeout_s=1.0):
+        if not orphaned:
+            orphaned.append(sub)  # the first binding goes deaf, as the orphaned subscription on the cluster
+        if sub is orphaned[0]:
+            await asyncio.sleep(timeout_s)
+            return []
+        return await real_fetch(sub, batch=batch, timeout_s=timeout_s)
+
+    monkeypatch.setattr(service_bus, "fetch", fetch)
+    async with _proposer_running(fresh_nats_server, service_bus) as (runner, task, bus):
+        await wait_for(lambda: orphaned)
+        study = ev.new_id()
+        await bus.publish(_study_created(study, payload_samples))
+        await wait_for(lambda: study in runner.service.status()["studies"], timeout_s=60.0)
+        assert runner.consumers["proposer"].rebinds >= 1 and not task.done()
+
+
 async def test_a_consumer_that_stops_pulling_is_reported_stalled(fresh_nats_server, wait_for, monkeypatch) -> None:
     monkeypatch.setattr(service_module, "STALL_S", 1.0)
     service_bus = await Bus.connect(fresh_nats_server, service="proposer")
@@ -109,10 +155,7 @@ async def test_a_consumer_that_stops_pulling_is_reported_stalled(fresh_nats_serv
         hung.set()
         await asyncio.sleep(3600)
 
-    runner = Runner(ProposerService(), service_bus, grace_s=2.0)
-    task = asyncio.create_task(runner.run())
-    bus = await Bus.connect(fresh_nats_server, service="test")
-    try:
+    async with _proposer_running(fresh_nats_server, service_bus) as (runner, _task, bus):
         await wait_for(lambda: runner.consumers)
         monkeypatch.setattr(service_bus, "fetch", hanging_fetch)
         await hung.wait()
@@ -126,12 +169,6 @@ async def test_a_consumer_that_stops_pulling_is_reported_stalled(fresh_nats_serv
         heartbeat = await bus.nc.subscribe(subjects.heartbeat_subject("proposer"))
         beat = json.loads((await heartbeat.next_msg(timeout=5.0)).data)
         assert beat["stalled"] == ["proposer"]
-    finally:
-        runner.stopping.set()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(task, 20)
-        await service_bus.close()
-        await bus.close()
 
 
 async def test_a_comma_separated_server_list_connects(fresh_nats_server) -> None:

@@ -197,11 +197,18 @@ def test_a_rerun_replays_the_draw_of_the_trial_it_reruns(tmp_path: Path) -> None
     while not all(backend.poll(h) for h in handles.values()):
         assert time.monotonic() < deadline, "the simulated jobs did not end"
         time.sleep(0.05)
-    steps = {}
+    steps, costs = {}, {}
     for trial_id, handle in handles.items():
-        assert backend.collect(handle).exit_code == 0
+        result = backend.collect(handle)
+        assert result.exit_code == 0
         lines = (tmp_path / "trials" / trial_id / "probe" / "probe-rank0.jsonl").read_bytes().splitlines()
         steps[trial_id] = [ev.decode(line).payload.step_time_s for line in lines]
+        costs[trial_id] = result.accelerator_s
     assert len(steps["t1"]) == 6
     assert steps["t1-retry"] == steps["t1"]
     assert steps["t2"] != steps["t1"]
+    # The cost the searcher learns is the simulated one, the same for the same draw whatever the host did
+    # meanwhile (it was ranks × wall time before: the 3-node and 1-node runs of one study parted on it).
+    assert costs["t1"] is not None and costs["t1-retry"] == costs["t1"] != costs["t2"]
+    startup = handles["t1"].private.trial.startup_s
+    assert costs["t1"] == pytest.approx(startup + sum(steps["t1"]))

@@ -155,7 +155,8 @@ def test_enqueued_bank_suggestions_come_first():
 
 def test_a_prior_that_fears_every_candidate_still_probes_the_least_risky_one():
     # with the exclusion at 0 every candidate is "too risky": the study must not stall before its first measurement
-    s = Searcher(SPACE, CAP, seed=0, kb=default_knowledge_base(), config=SearchConfig(oom_exclude=0.0))
+    s = Searcher(SPACE, CAP, seed=0, kb=default_knowledge_base(),
+                 config=SearchConfig(oom_exclude=0.0, design_oom_exclude=0.0))
     first = s.suggest(1)
     assert len(first) == 1 and first[0].origin == "prior" and "least risky" in first[0].reason
     assert first[0].p_oom == min(p.p_oom for p in s.predict(s.pool.candidates))
@@ -262,3 +263,19 @@ def test_a_backwards_memory_prior_does_not_walk_the_oom_ridge_before_the_first_f
     # confidently wrong prior was a near copy of the last OOM, trial after trial (40 OOMs in a row on a family
     # model); the probe now moves far from every OOM so far
     assert _probes_to_first_fit(Searcher) <= 6
+
+
+class FixedRisk(Searcher):
+    """P(OOM) set by hand (micro-batch 8 and 16: 0.3, the rest 0): what the cut-off does with a risk, whatever
+    the memory model would say."""
+
+    def _p_oom(self, idx: np.ndarray) -> np.ndarray:
+        return np.array([0.3 if self.pool.candidates[i]["micro_batch"] >= 8 else 0.0 for i in idx])
+
+
+def test_a_candidate_at_thirty_percent_oom_risk_is_not_proposed_by_default():
+    for config, expect_risky in ((SearchConfig(), False), (SearchConfig(oom_exclude=0.35), True)):
+        s = FixedRisk(SPACE, CAP, seed=0, kb=default_knowledge_base(), config=config)
+        _, log = run(0, 15, s)
+        risky = [sug.candidate for sug, _ in log if sug.candidate["micro_batch"] >= 8]
+        assert bool(risky) == expect_risky, (config.oom_exclude, risky)

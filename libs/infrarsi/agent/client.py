@@ -192,7 +192,8 @@ class ChatClient:
         request = urllib.request.Request(url, data=body, headers=headers, method="POST")
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:  # noqa: S310 — configured URL
-                return response.read()
+                answer: bytes = response.read()
+                return answer
         except urllib.error.HTTPError as exc:
             detail = f"HTTP {exc.code} from {self.endpoint.base_url}: {exc.read()[:500].decode(errors='replace')}"
             if exc.code == 429 or exc.code >= 500:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from typing import TypedDict, Unpack
 
 from infrarsi import events as ev
 from infrarsi.agent.answers import GoldenRepo, check_proposals
@@ -31,8 +32,18 @@ def budget_of(contract: Contract, spent_tokens: int = 0) -> TokenBudget:
                        usd_per_1k_tokens=contract.agent.usd_per_1k_tokens, spent_tokens=spent_tokens)
 
 
-def failed(asked: ev.AgentAsked, kind: ev.AgentRefusalKind, detail: str, **usage: float) -> ev.AgentAnswered:
-    return ev.AgentAnswered(ask_id=asked.ask_id, ok=False, error=kind, detail=detail[:1000], **usage)  # type: ignore[arg-type]
+class Usage(TypedDict, total=False):
+    """What an answer cost (the ``AgentAnswered`` fields of the same names)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float
+    attempts: int
+    latency_s: float
+
+
+def failed(asked: ev.AgentAsked, kind: ev.AgentRefusalKind, detail: str, **usage: Unpack[Usage]) -> ev.AgentAnswered:
+    return ev.AgentAnswered(ask_id=asked.ask_id, ok=False, error=kind, detail=detail[:1000], **usage)
 
 
 def answer(asked: ev.AgentAsked, study: StudySpace, golden: GoldenRepo, *,
@@ -56,7 +67,7 @@ def answer(asked: ev.AgentAsked, study: StudySpace, golden: GoldenRepo, *,
         return failed(asked, exc.kind, exc.detail, prompt_tokens=exc.prompt_tokens,
                       completion_tokens=exc.completion_tokens, cost_usd=budget.cost(tokens), attempts=exc.attempts)
     tokens = reply.prompt_tokens + reply.completion_tokens
-    usage = {"prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens,
+    usage: Usage = {"prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens,
              "cost_usd": budget.cost(tokens), "attempts": reply.attempts, "latency_s": round(reply.latency_s, 3)}
     if not budget.charge(tokens):
         return ev.AgentAnswered(ask_id=asked.ask_id, ok=False, text=reply.text, error="budget_exceeded",

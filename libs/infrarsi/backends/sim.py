@@ -19,7 +19,9 @@ add a marker file ``sim/patches/<id>.on``. The launcher treats it like any workl
 Everything it produces says it is simulated: events' ``source`` is ``sim``, the output tail starts with
 ``SIMULATOR:``, and the handle's host is ``simulator``. Time is scaled (``time_scale`` maps a simulated
 second to a wall second; the scenario's 120 s start-up is compressed further) so a study of dozens of trials
-runs in seconds; accelerator-seconds are therefore in scaled seconds too.
+runs in seconds; accelerator-seconds are therefore in scaled seconds too, and they are the *simulated* ones
+(start-up plus the steps played, per rank), never this host's wall time: a study's course must not depend on
+the load of the machine simulating it.
 """
 
 from __future__ import annotations
@@ -255,9 +257,15 @@ class SimBackend(Backend):
         ranks = handle.spec.ranks
         oom = trial.status == "oom" and job.cancelled is None
         exit_code = -15 if job.cancelled else trial.exit_code
+        # The simulated cost, not this host's wall time: the searcher divides expected improvement by a cost
+        # fitted on accelerator-seconds, so a wall-time cost made the study's course depend on the host's load
+        # (two runs of one study parted after 17 trials). Scaled seconds, like the steps.
+        played = trial.steps[: job.steps_written]
+        accelerator_s = ranks * (trial.startup_s + sum(s.step_time_s for s in played))
         return JobResult(
             exit_code=exit_code,
             wall_s=ended - handle.started_at,
+            accelerator_s=accelerator_s,
             oom=oom,
             oom_detail=trial.output if oom else "",
             peak_memory_bytes=trial.peak_bytes,

@@ -13,14 +13,15 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.special import ndtr
 
-from infrarsi.modeling.space import Candidate, Categorical, SearchSpace
+from infrarsi.modeling.space import Candidate, Categorical, KnobValue, SearchSpace
 
 
 def expected_improvement(mu: np.ndarray, sd: np.ndarray, best: float) -> np.ndarray:
     """EI for minimisation of log time: E[max(best - f, 0)], f ~ N(mu, sd²)."""
     sd = np.maximum(sd, 1e-9)
     z = (best - mu) / sd
-    return (best - mu) * ndtr(z) + sd * np.exp(-0.5 * z**2) / np.sqrt(2 * np.pi)
+    ei: np.ndarray = (best - mu) * ndtr(z) + sd * np.exp(-0.5 * z**2) / np.sqrt(2 * np.pi)
+    return ei
 
 
 def acquisition(ei: np.ndarray, p_oom: np.ndarray, p_hold: np.ndarray, cost: np.ndarray,
@@ -29,7 +30,8 @@ def acquisition(ei: np.ndarray, p_oom: np.ndarray, p_hold: np.ndarray, cost: np.
 
     Power 1 is risk-neutral EI; above 1 an OOM is priced as well as its lost improvement (see
     ``SearchConfig.oom_risk_power``)."""
-    return ei * (1.0 - p_oom) ** oom_risk_power * p_hold / np.maximum(cost, 1e-9)
+    worth: np.ndarray = ei * (1.0 - p_oom) ** oom_risk_power * p_hold / np.maximum(cost, 1e-9)
+    return worth
 
 
 @dataclass
@@ -199,11 +201,11 @@ class DominationIndex:
             vals = [c[k.name] for c in cands]
             if isinstance(k, Categorical):
                 if k.memory_order is not None:
-                    rank = {v: i for i, v in enumerate(k.memory_order)}
+                    rank: dict[KnobValue, int] = {v: i for i, v in enumerate(k.memory_order)}
                     cols.append(np.array([rank[v] for v in vals], dtype=float))
                     self._dirs.append(1)
                 else:
-                    lookup = {v: i for i, v in enumerate(k.choices)}
+                    lookup: dict[KnobValue, int] = {v: i for i, v in enumerate(k.choices)}
                     cols.append(np.array([lookup[v] for v in vals], dtype=float))
                     self._dirs.append(0)
             else:
@@ -229,7 +231,7 @@ class DominationIndex:
 
     def dominating(self, oom: Candidate) -> np.ndarray:
         kv, pv = self._row(oom)
-        ok = (self._patch_vals == pv).all(axis=1)
+        ok: np.ndarray = (self._patch_vals == pv).all(axis=1)  # (N,)
         for j, d in enumerate(self._dirs):
             col = self._knob_vals[:, j]
             if d == 0:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from scipy.optimize import minimize, minimize_scalar
@@ -55,7 +56,9 @@ class TransformerMeta:
     """For an on/off role held by a string knob (``attn: eager|flash`` → ``flash_attention``): value -> on.
     Common spellings (``eager``, ``flash``, ``sdpa``, ``none``...) are known without it."""
 
-    def knob(self, c: Mapping[str, object], role: str, default: object) -> object:
+    def knob(self, c: Mapping[str, object], role: str, default: object) -> Any:
+        """The value of the knob playing ``role`` (``Any``: a number, a string or a bool, as the contract holds
+        it; the caller converts it to what the role means)."""
         return c.get(self.roles.get(role, role), default)
 
     def flag(self, c: Mapping[str, object], role: str, default: bool) -> bool:
@@ -93,8 +96,8 @@ def structural_components(meta: TransformerMeta, knobs: Mapping[str, object]) ->
     sp = meta.flag(knobs, "sequence_parallel", False)
     flash = meta.flag(knobs, "flash_attention", True)
     offload = meta.flag(knobs, "offload_optimizer", False)
-    cf = float(meta.knob(knobs, "capacity_factor", 1.25))  # type: ignore[arg-type]
-    bucket_mb = float(meta.knob(knobs, "bucket_mb", 25))  # type: ignore[arg-type]
+    cf = float(meta.knob(knobs, "capacity_factor", 1.25))
+    bucket_mb = float(meta.knob(knobs, "bucket_mb", 25))
     overlap = meta.flag(knobs, "overlap_comm", False)
 
     def bytes_per_param(shards: int) -> float:  # bf16 param 2 + bf16 grad 2 + fp32 optimizer 12
@@ -148,15 +151,19 @@ class MemoryModel:
     """
 
     def __init__(self, space: SearchSpace, capacity_bytes: float, meta: TransformerMeta | None = None,
-                 kb: KnowledgeBase | None = None, correction_std: float = 0.12, censored: bool = True) -> None:
+                 kb: KnowledgeBase | None = None, correction_std: float = 0.12, censored: bool = True,
+                 interaction_std: float | None = None) -> None:
         self.space = space
         self.capacity_bytes = float(capacity_bytes)
         self.meta = meta
         self.kb = kb or default_knowledge_base()
         self.censored = censored
-        self.encoder = FeatureEncoder(space, interactions=False)
-        p = self.encoder.dim
         self.structured = meta is not None
+        # generic mode with interaction_std: products of knob pairs too (the time model's columns), so a peak
+        # that is a sum of terms — a batch-sized activation term beside a shard-split state term — is not
+        # forced into one product of per-knob factors
+        self.encoder = FeatureEncoder(space, interactions=interaction_std is not None and not self.structured)
+        p = self.encoder.dim
         if self.structured:
             assert meta is not None
             # which knobs can correct which component: the formula's known weak spots are the activation
@@ -188,7 +195,7 @@ class MemoryModel:
             # identified next to tens of GB of states and activations, so a loose prior here lets it wander by GBs
             self.prior_std = np.concatenate([std_s, std_a, [0.2]])
         else:
-            mean, std = self.kb.memory_priors(self.encoder)
+            mean, std = self.kb.memory_priors(self.encoder, interaction_std or 0.05)
             mean[0] = math.log(self.capacity_bytes * 0.6)
             std[0] = 1.0
             self.prior_mean, self.prior_std = mean, std
@@ -206,7 +213,7 @@ class MemoryModel:
         """A finished trial's peak; for an OOM, ``peak_bytes`` is the censoring bound."""
         if oom and not self.censored:
             return
-        self._x.append(self.encoder.encode_main(c))
+        self._x.append(self.encoder.encode(c))
         self._sa.append(self._components(c))
         self._y.append(math.log(max(peak_bytes, 1.0)))
         self._cens.append(oom)
@@ -229,19 +236,24 @@ class MemoryModel:
         u, v, w = theta[:p], theta[p:2 * p], theta[2 * p]
         s_term = sa[:, 0] * np.exp(x @ u)  # (n,)
         a_term = sa[:, 1] * np.exp(x @ v)  # (n,)
-        o_term = self.meta.workspace_bytes * math.exp(w)  # type: ignore[union-attr]
+        assert self.meta is not None  # structured
+        o_term = self.meta.workspace_bytes * math.exp(w)
         total = s_term + a_term + o_term
         grad = np.concatenate([x * (s_term / total)[:, None], x * (a_term / total)[:, None],
                                (o_term / total)[:, None]], axis=1)  # (n, 2p+1)
-        return np.log(total), grad
+        log_total: np.ndarray = np.log(total)
+        return log_total, grad
 
     def log_mean(self, theta: np.ndarray, x: np.ndarray, sa: np.ndarray) -> np.ndarray:
         """μ of ``log_mean_grad`` without the gradient (a whole pool at once: the gradient is (n, 2p+1))."""
         if not self.structured:
-            return x @ theta
+            linear: np.ndarray = x @ theta
+            return linear
+        assert self.meta is not None  # structured
         p = x.shape[1]
-        o_term = self.meta.workspace_bytes * math.exp(theta[2 * p])  # type: ignore[union-attr]
-        return np.log(sa[:, 0] * np.exp(x @ theta[:p]) + sa[:, 1] * np.exp(x @ theta[p:2 * p]) + o_term)
+        o_term = self.meta.workspace_bytes * math.exp(theta[2 * p])
+        log_total: np.ndarray = np.log(sa[:, 0] * np.exp(x @ theta[:p]) + sa[:, 1] * np.exp(x @ theta[p:2 * p]) + o_term)
+        return log_total
 
     # ---- fit
     def _nll_only(self, log_sigma: float, mu: np.ndarray, y: np.ndarray, cens: np.ndarray,
@@ -252,7 +264,7 @@ class MemoryModel:
         ok = ~cens
         nll = 0.5 * float(np.sum(r[ok] ** 2)) + ok.sum() * log_sigma - float(np.sum(log_ndtr(-r[cens])))
         nll += 0.5 * float(np.sum((theta - self.prior_mean) ** 2 / self.prior_std**2))
-        return nll + 0.5 * ((log_sigma - self.log_sigma_prior[0]) / self.log_sigma_prior[1]) ** 2
+        return float(nll + 0.5 * ((log_sigma - self.log_sigma_prior[0]) / self.log_sigma_prior[1]) ** 2)
 
     def _nll_terms(self, theta: np.ndarray, log_sigma: float, x: np.ndarray, sa: np.ndarray, y: np.ndarray,
                    cens: np.ndarray) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
@@ -385,7 +397,7 @@ class MemoryModel:
     def predict_log(self, cs: Sequence[Candidate], x: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Mean and std (parameter uncertainty + noise) of log peak bytes."""
         if x is None:
-            x = np.array([self.encoder.encode_main(c) for c in cs]).reshape(len(cs), self.encoder.n_main)
+            x = self.encoder.encode_many(cs).reshape(len(cs), self.encoder.dim)
         sa = np.array([self._components(c) for c in cs]).reshape(len(cs), 2)
         mu, g = self.log_mean_grad(self.theta, x, sa)
         var = np.sum((g @ self._cov) * g, axis=1) + math.exp(2 * self.log_sigma)
@@ -393,11 +405,13 @@ class MemoryModel:
 
     def predict_bytes(self, cs: Sequence[Candidate]) -> np.ndarray:
         mu, _ = self.predict_log(cs)
-        return np.exp(mu)
+        peak: np.ndarray = np.exp(mu)
+        return peak
 
     def p_oom(self, cs: Sequence[Candidate], x: np.ndarray | None = None) -> np.ndarray:
         mu, sd = self.predict_log(cs, x)
-        return ndtr((mu - math.log(self.capacity_bytes)) / sd)
+        p: np.ndarray = ndtr((mu - math.log(self.capacity_bytes)) / sd)
+        return p
 
     def prices(self, base: Candidate) -> list[tuple[str, object, float]]:
         """Memory price of each single-knob change from ``base``: (knob, value, predicted Δ log peak).
@@ -411,7 +425,7 @@ class MemoryModel:
             for v in vals:
                 if v == base[k.name]:
                     continue
-                c = base.replace(**{k.name: v})
+                c = base.with_knob(k.name, v)
                 out.append((k.name, v, float(self.predict_log([c])[0][0]) - mu0))
         for p in self.space.patches:
             c = Candidate.of(base.knobs, base.patches ^ {p.id})

@@ -115,9 +115,9 @@ class KnowledgeBase:
         kb = self.for_space(encoder)
         return _prior_vectors(encoder, kb.time_prior, kb.default_interaction)
 
-    def memory_priors(self, encoder: FeatureEncoder) -> tuple[np.ndarray, np.ndarray]:
+    def memory_priors(self, encoder: FeatureEncoder, interaction_std: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
         kb = self.for_space(encoder)
-        return _prior_vectors(encoder, kb.memory_prior, 0.05)
+        return _prior_vectors(encoder, kb.memory_prior, interaction_std)
 
 
 def _prior_vectors(

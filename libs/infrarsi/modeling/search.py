@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -30,7 +30,15 @@ from infrarsi.modeling.acquisition import (
 )
 from infrarsi.modeling.memory_model import MemoryModel, TransformerMeta, structural_components
 from infrarsi.modeling.priors import KnowledgeBase, default_knowledge_base
-from infrarsi.modeling.space import Candidate, Categorical, FeatureEncoder, SearchSpace, maximin_select
+from infrarsi.modeling.space import (
+    Candidate,
+    Categorical,
+    FeatureEncoder,
+    Knob,
+    KnobValue,
+    SearchSpace,
+    maximin_select,
+)
 from infrarsi.modeling.time_model import TimeModel
 
 Status = Literal["ok", "oom", "crash", "invariant_violation", "timeout", "stopped_slow", "scope_violation"]
@@ -82,8 +90,14 @@ class Prediction:
 class SearchConfig:
     n_seeds: int = 3
     """Space-filling seeds after the prior-guided first candidate."""
-    oom_exclude: float = 0.35
-    """Candidates with P(OOM) above this are never proposed (known-OOM region)."""
+    oom_exclude: float = 0.25
+    """Candidates with P(OOM) above this are never proposed (known-OOM region). 0.25, not the earlier 0.35,
+    since the memory model without a shape has knob-pair columns: on the robustness family's development
+    models the OOM share fell 22.6% -> 17.8% at the same median best/oracle (docs/modeling.md)."""
+    design_oom_exclude: float = 0.35
+    """The cut-off while the initial design is drawn. Before the first trial the memory model's prior puts a
+    typical candidate near P(OOM) 0.3 (without a shape it knows the level only to a factor e), so the
+    acquisition's cut-off would leave no design, only least-risky probes."""
     seed_max_p_oom: float = 0.2
     """The initial design draws only from candidates with P(OOM) below this."""
     oom_risk_power: float = 2.0
@@ -102,6 +116,10 @@ class SearchConfig:
     cost_power: float = 1.0
     stop_ei_fraction: float = 0.05
     """Stop when max expected improvement (log units) < this × the noise std."""
+    memory_interaction_std: float | None = 0.1
+    """Without a workload shape: prior std of the memory model's knob-pair columns (``None``: none). A peak is
+    a sum of terms (activations growing with the batch beside states split by sharding), which per-knob factors
+    alone misfit by 10-20% near the capacity; the measurements on the robustness family: docs/modeling.md."""
     prior_nu: float | None = None
     """Student-t degrees of freedom of the time model's effect priors (``TimeModel.prior_nu``): a knowledge-base
     prior the measurements contradict loses its weight. ``None`` (the default until the search benchmarks are
@@ -186,6 +204,19 @@ class CandidatePool:
         return np.flatnonzero((d > 0) & (d <= max_changes))
 
 
+@dataclass
+class _FitCache:
+    """What the current fit determines, kept until the next refit (``Searcher._pool_means``, ``_incumbent``)."""
+
+    pool_n: int | None = None
+    """Pool size ``mu_all`` and ``mem_mu`` were computed for."""
+    mu_all: np.ndarray | None = None
+    """Latent log time of every pool row."""
+    mem_mu: np.ndarray | None = None
+    """Mean log peak of every pool row."""
+    incumbent: float | None = None
+
+
 class Searcher:
     """Sequential/batch Bayesian search over one study's space. Deterministic given ``seed`` and the ordered
     observations."""
@@ -202,7 +233,8 @@ class Searcher:
         self._dom = DominationIndex(space, self.pool.candidates)
         self.time_model = TimeModel(space, self.kb, encoder=self.pool.encoder, noise_floor=noise_floor,
                                     prior_nu=self.config.prior_nu)
-        self.memory_model = MemoryModel(space, capacity_bytes, meta=meta, kb=self.kb)
+        self.memory_model = MemoryModel(space, capacity_bytes, meta=meta, kb=self.kb,
+                                        interaction_std=self.config.memory_interaction_std)
         self.invariants = InvariantModel({p.id: p.invariant_prior for p in space.patches})
         self.cost_model = CostModel()
         self.capacity_bytes = capacity_bytes
@@ -219,7 +251,7 @@ class Searcher:
         """(time-model rows, memory-model rows) after each observation: a checkpoint's prefix of each model."""
         self._fitted_at: dict[str, int] = {}
         """Checkpoint (observations) each model was last fitted in full at (``SearchConfig.refit_every``)."""
-        self._cache: dict[str, object] = {}
+        self._cache = _FitCache()
         self._neighbours: tuple[int, dict[int, list[int]]] = (0, {})
         """(pool size, row → its neighbour rows): the incumbents' neighbourhoods, kept while the pool stays."""
         """Pool-wide predictions of the current fit (cleared by a refit, keyed by the pool's size)."""
@@ -230,9 +262,9 @@ class Searcher:
     # ------------------------------------------------------------------------------------------- events
     @classmethod
     def replay(cls, space: SearchSpace, capacity_bytes: float, observations: Iterable[Observation],
-               **kwargs: object) -> Searcher:
-        """Rebuild from the ordered event log (the services are event-sourced)."""
-        s = cls(space, capacity_bytes, **kwargs)  # type: ignore[arg-type]
+               **kwargs: Any) -> Searcher:
+        """Rebuild from the ordered event log (the services are event-sourced); ``kwargs``: the constructor's."""
+        s = cls(space, capacity_bytes, **kwargs)
         for o in observations:
             s.observe(o)
         return s
@@ -314,7 +346,7 @@ class Searcher:
         self._fitted_at = {"time": k, "memory": k}
         self.invariants.fit()
         self._dirty = False
-        self._cache.clear()
+        self._cache = _FitCache()
 
     def checkpoint(self, n: int) -> int:
         """The observation count the models are fitted in full at, for ``n`` observations: ``n`` itself up to
@@ -330,20 +362,29 @@ class Searcher:
     def _pool_means(self) -> tuple[np.ndarray, np.ndarray]:
         """Latent log time and mean log peak of every pool row under the current fit (cached until a refit)."""
         n = len(self.pool.candidates)
-        if self._cache.get("pool_n") != n:
+        cache = self._cache
+        if cache.pool_n != n or cache.mu_all is None or cache.mem_mu is None:
             mu_all, _ = self.time_model.predict_encoded(self.pool.x_time, with_std=False)
             mm = self.memory_model
             if mm.structured and self.pool.mem_components is not None:
                 mem_mu = mm.log_mean(mm.theta, self.pool.x_main, self.pool.mem_components)
             else:
-                mem_mu = self.pool.x_main @ mm.theta
-            self._cache.update(pool_n=n, mu_all=mu_all, mem_mu=mem_mu)
-        return self._cache["mu_all"], self._cache["mem_mu"]  # type: ignore[return-value]
+                mem_mu = self._memory_x() @ mm.theta
+            cache.pool_n, cache.mu_all, cache.mem_mu = n, mu_all, mem_mu
+        return cache.mu_all, cache.mem_mu
 
     # --------------------------------------------------------------------------------------- predictions
+    def _memory_x(self) -> np.ndarray:
+        """The pool's rows as the memory model encodes them (with the knob-pair columns when it has them)."""
+        enc = self.memory_model.encoder
+        if enc.dim == enc.n_main:
+            return self.pool.x_main
+        assert enc.dim == self.pool.x_time.shape[1], "the memory model's pair columns are the time model's"
+        return self.pool.x_time
+
     def _memory_arrays(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         mm = self.memory_model
-        x = self.pool.x_main[idx]
+        x = self._memory_x()[idx]
         if mm.structured and self.pool.mem_components is not None:
             sa = self.pool.mem_components[idx]
             mu, g = mm.log_mean_grad(mm.theta, x, sa)
@@ -388,16 +429,17 @@ class Searcher:
         base = len(self.space.knobs)
         for j, p in enumerate(self.space.patches):
             logp += codes[:, base + j] * math.log(max(1.0 - inv.p_bad(p.id), 1e-12))
-        return np.exp(logp)
+        p_hold: np.ndarray = np.exp(logp)
+        return p_hold
 
     def _incumbent(self) -> float | None:
         """Best posterior mean log time among observed candidates that kept every invariant."""
         if not self._ok_rows:
             return None
-        if "incumbent" not in self._cache:
+        if self._cache.incumbent is None:
             mu, _ = self.time_model.predict_encoded(self.pool.x_time[np.array(self._ok_rows)], with_std=False)
-            self._cache["incumbent"] = float(mu.min())
-        return self._cache["incumbent"]  # type: ignore[return-value]
+            self._cache.incumbent = float(mu.min())
+        return self._cache.incumbent
 
     def _best_ok_rows(self) -> list[int]:
         """Pool rows of the three fastest measured ok observations (ties: the earlier observed)."""
@@ -430,7 +472,8 @@ class Searcher:
             near.extend(neighbours[row])
         near_arr = np.array([i for i in near if i < n and not blocked[i]], dtype=int)
         idx = np.unique(np.concatenate([top_any, top_fit, rand, near_arr]).astype(int))
-        return idx[~blocked[idx]]
+        shortlist: np.ndarray = idx[~blocked[idx]]
+        return shortlist
 
     # ---------------------------------------------------------------------------------------- suggest
     def suggest(self, n: int = 1, pending: Sequence[Candidate] = ()) -> list[Suggestion]:
@@ -455,7 +498,7 @@ class Searcher:
         assert sd is not None
         p_oom = self._p_oom(idx)
         p_hold = self._p_hold(idx)
-        cutoff = self.config.oom_exclude
+        cutoff = self.config.design_oom_exclude if n_done < 1 + self.config.n_seeds else self.config.oom_exclude
         usable = (p_oom <= cutoff) & (p_hold >= self.config.invariant_exclude)
         lifted = False
         if not usable.any():
@@ -613,20 +656,20 @@ class Searcher:
         moves = [(k.name, v) for k in self.space.knobs for v in (k.values() or ()) if v != base[k.name]]
         if not moves:
             return set()
-        mu, _ = self.memory_model.predict_log([base, *(base.replace(**{name: v}) for name, v in moves)])
+        mu, _ = self.memory_model.predict_log([base, *(base.with_knob(name, v) for name, v in moves)])
         return {m for m, d in zip(moves, mu[1:] - mu[0], strict=True) if d < 0}
 
-    def _is_saver(self, k: object, old: object, new: object) -> bool:
+    def _is_saver(self, k: Knob, old: KnobValue, new: KnobValue) -> bool:
         """A move the space declares memory-saving (a categorical's memory order, a knob's memory direction)."""
         if isinstance(k, Categorical):
             if k.memory_order is None:
                 return False
-            return k.memory_order.index(new) < k.memory_order.index(old)  # type: ignore[arg-type]
-        name = k.name  # type: ignore[attr-defined]
+            return k.memory_order.index(new) < k.memory_order.index(old)
+        name = k.name
         if name == "dp":
             return True  # moves with tp/pp under tp*pp*dp == devices
         d = self.space.memory_direction.get(name, 0)
-        return d != 0 and (float(new) - float(old)) * d < 0  # type: ignore[arg-type]
+        return d != 0 and (float(new) - float(old)) * d < 0
 
     # ------------------------------------------------------------------------------------ stop / verify
     def max_expected_improvement(self) -> float:
@@ -639,6 +682,7 @@ class Searcher:
         if idx.size == 0:
             return 0.0
         mu, sd = self.time_model.predict_encoded(self.pool.x_time[idx])
+        assert sd is not None  # asked for (with_std)
         p_ok = (1.0 - self._p_oom(idx)) * self._p_hold(idx)
         return float(np.max(expected_improvement(mu, sd, best) * p_ok))
 

@@ -92,6 +92,8 @@ class BoolKnob:
 
 
 Knob = IntRange | IntChoice | FloatRange | Categorical | BoolKnob
+NumericKnob = IntRange | IntChoice | FloatRange
+"""The knobs with a trend column (``FeatureEncoder``)."""
 
 MemoryDirection = Literal[1, -1, 0]
 """+1: a larger value never lowers peak memory; -1: a larger value never raises it; 0: unknown."""
@@ -153,6 +155,10 @@ class Candidate:
     def replace(self, patches: Iterable[str] | None = None, **knobs: KnobValue) -> Candidate:
         merged = self.knobs | knobs
         return Candidate.of(merged, self.patches if patches is None else patches)
+
+    def with_knob(self, name: str, value: KnobValue) -> Candidate:
+        """This candidate with one knob, named at run time, set to ``value`` (``replace`` takes literal names)."""
+        return Candidate.of(self.knobs | {name: value}, self.patches)
 
     def __str__(self) -> str:
         parts = [f"{k}={v}" for k, v in self.knob_items] + [f"+{p}" for p in sorted(self.patches)]
@@ -251,14 +257,14 @@ class SearchSpace:
         for k in self.knobs:
             vs = k.values()
             n *= math.inf if vs is None else len(vs)
-        return n * 2 ** len(self.patches)
+        return n * 2.0 ** len(self.patches)
 
     def iter_all(self) -> Iterator[Candidate]:
         """All feasible candidates of a finite space, in a fixed order."""
         if not self.is_finite:
             raise ValueError("space has continuous knobs; use sample()")
         names = [k.name for k in self.knobs]
-        value_lists = [k.values() for k in self.knobs]
+        value_lists: list[Sequence[KnobValue]] = [k.values() or () for k in self.knobs]  # finite: never ()
         patch_sets = list(_patch_subsets(self.patches))
         for combo in itertools.product(*value_lists):
             kv = dict(zip(names, combo, strict=True))
@@ -322,9 +328,9 @@ class SearchSpace:
                     if k.low <= nv <= k.high:
                         moves.append((k.name, nv))
             else:
-                for nv in k.values():
-                    if nv != v:
-                        moves.append((k.name, nv))
+                for other in k.values():
+                    if other != v:
+                        moves.append((k.name, other))
         for p in self.patches:
             moves.append(("+patch", p.id))
 
@@ -332,7 +338,7 @@ class SearchSpace:
             name, val = mv
             if name == "+patch":
                 return Candidate.of(base.knobs, base.patches ^ {val})
-            return base.replace(**{name: val})
+            return base.with_knob(name, val)
 
         out: dict[str, Candidate] = {}
         singles = [apply(c, m) for m in moves]
@@ -434,10 +440,10 @@ class FeatureEncoder:
             elif isinstance(k, Categorical):
                 base = k.default if k.default is not None else k.choices[0]
                 compact_of[k.name] = []
-                for v in k.choices:
+                for level in k.choices:
                     cols.append(len(specs))
-                    specs.append(FeatureSpec(f"{k.name}={v}", "level", k.name, v, compact=(v != base)))
-                    if v != base:
+                    specs.append(FeatureSpec(f"{k.name}={level}", "level", k.name, level, compact=(level != base)))
+                    if level != base:
                         compact_of[k.name].append(cols[-1])
             else:  # BoolKnob
                 cols.append(len(specs))
@@ -467,7 +473,7 @@ class FeatureEncoder:
         self.index = {n: i for i, n in enumerate(self.names)}
 
     @staticmethod
-    def _log_scale(k: Knob) -> bool:
+    def _log_scale(k: NumericKnob) -> bool:
         if isinstance(k, FloatRange):
             return k.log
         vs = k.values()
@@ -479,15 +485,17 @@ class FeatureEncoder:
     def dim(self) -> int:
         return len(self.specs)
 
-    def _trend(self, k: Knob, v: KnobValue) -> float:
+    def _trend(self, k: NumericKnob, v: KnobValue) -> float:
         """0 at the knob's smallest value: an interaction column (a product of two trends) is then zero wherever
         either factor is at its low end, instead of acting as a scaled main effect of the other factor (with
         log2(bucket_mb) in 4.6..7.6, ``recompute=none*bucket_mb:log2`` was mostly a second recompute column)."""
+        lo: float
+        hi: float
         if isinstance(k, FloatRange):
             lo, hi = k.low, k.high
         else:
             vs = k.values()
-            lo, hi = min(vs), max(vs)  # type: ignore[type-var]
+            lo, hi = min(vs), max(vs)
         if self._log_scale(k):
             return math.log2(float(v)) - math.log2(float(lo))
         return 0.0 if hi == lo else (float(v) - lo) / (hi - lo)
@@ -527,7 +535,8 @@ class FeatureEncoder:
         return x
 
     def encode(self, c: Candidate) -> np.ndarray:
-        return self.encode_many([c])[0]
+        row: np.ndarray = self.encode_many([c])[0]
+        return row
 
     def encode_many(self, cs: Sequence[Candidate]) -> np.ndarray:
         main = np.array([self.encode_main(c) for c in cs]).reshape(len(cs), self.n_main)  # (n, m)
@@ -535,7 +544,8 @@ class FeatureEncoder:
             return main
         ia = np.array([a for a, _ in self._pairs])
         ib = np.array([b for _, b in self._pairs])
-        return np.concatenate([main, main[:, ia] * main[:, ib]], axis=1)  # (n, m + pairs)
+        full: np.ndarray = np.concatenate([main, main[:, ia] * main[:, ib]], axis=1)  # (n, m + pairs)
+        return full
 
     def unit_box(self, cs: Sequence[Candidate]) -> np.ndarray:
         """Compact columns scaled to [0, 1] per column: the geometry for space-filling designs."""
@@ -543,4 +553,5 @@ class FeatureEncoder:
         cols = [i for i, s in enumerate(self.specs[: self.n_main]) if s.compact or s.kind == "level"]
         z = main[:, cols]
         lo, hi = z.min(axis=0), z.max(axis=0)
-        return (z - lo) / np.where(hi > lo, hi - lo, 1.0)
+        unit: np.ndarray = (z - lo) / np.where(hi > lo, hi - lo, 1.0)
+        return unit

@@ -20,7 +20,7 @@ from scipy.linalg import cho_solve, solve_triangular
 from scipy.optimize import minimize_scalar
 
 from infrarsi.modeling.priors import KnowledgeBase, default_knowledge_base
-from infrarsi.modeling.space import Candidate, FeatureEncoder, FloatRange, SearchSpace
+from infrarsi.modeling.space import Candidate, FeatureEncoder, FloatRange, IntChoice, IntRange, SearchSpace
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,7 @@ class TimeModel:
                 if isinstance(k, FloatRange):
                     lo, hi = (math.log2(k.low), math.log2(k.high)) if k.log else (0.0, 1.0)
                 else:
+                    assert isinstance(k, IntRange | IntChoice)  # a numeric column's knob
                     vals = [self.encoder._trend(k, v) for v in k.values()]
                     lo, hi = min(vals), max(vals)
                 ranges[i] = max(hi - lo, 1e-9)
@@ -219,11 +220,11 @@ class TimeModel:
         for _ in range(censored_iterations):
             self._fit_rows(np.vstack([x_known, xc]), np.concatenate([y_known, yc]), irls_iterations,
                            n_robust=self.n, log_noise=log_noise)
-            m, sd_latent = self.predict_encoded(xc)
+            mu_c, sd_latent = self.predict_encoded(xc)  # (m,)
             assert sd_latent is not None
             sd = np.sqrt(sd_latent**2 + self.noise_std**2)
-            z = (bounds - m) / sd
-            yc = np.maximum(bounds, m + sd * np.exp(-0.5 * z**2 - 0.5 * math.log(2 * math.pi) - log_ndtr(-z)))
+            z = (bounds - mu_c) / sd
+            yc = np.maximum(bounds, mu_c + sd * np.exp(-0.5 * z**2 - 0.5 * math.log(2 * math.pi) - log_ndtr(-z)))
 
     def update(self) -> bool:
         """The posterior of the last ``fit(upto=…)`` with every measured row after it folded in, at that fit's
@@ -331,13 +332,15 @@ class TimeModel:
         pick goes elsewhere."""
         la = self._prec_chol @ self._prec_chol.T + chosen.T @ chosen / self.noise_std**2
         v = solve_triangular(np.linalg.cholesky(la), x.T, lower=True)  # (p, N)
-        return np.sqrt(np.maximum(np.einsum("ij,ij->j", v, v), 1e-12))
+        std: np.ndarray = np.sqrt(np.maximum(np.einsum("ij,ij->j", v, v), 1e-12))
+        return std
 
     def covariance(self) -> np.ndarray:
         if self._empty():
             return np.diag(self.prior_std**2)
         inv_l = solve_triangular(self._prec_chol, np.eye(self.encoder.dim), lower=True)
-        return inv_l.T @ inv_l
+        cov: np.ndarray = inv_l.T @ inv_l
+        return cov
 
     def effects(self) -> list[FeatureEffect]:
         sd = np.sqrt(np.diag(self.covariance()))

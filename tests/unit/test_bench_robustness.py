@@ -1,0 +1,98 @@
+"""bench/robustness.py and the InfraRSI harness it shares with bench/search_vs_peers.py: budgets under the
+reported checkpoints, the stopping rule the proposer applies, and merging tuners run apart on the same models."""
+
+from __future__ import annotations
+
+import json
+import os
+from types import ModuleType
+
+import numpy as np
+import pytest
+from infrarsi.modeling.search import CandidatePool, Observation, Searcher
+from support.bench_spaces import load_bench
+
+bench = load_bench()
+
+
+def load_robustness() -> ModuleType:
+    """``bench/robustness.py`` (bench/ is on sys.path after ``load_bench``), its BLAS variables taken back."""
+    names = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+    before = {n: os.environ.get(n) for n in names}
+    try:
+        import robustness
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    return robustness
+
+
+robustness = load_robustness()
+
+
+def test_a_budget_under_twenty_reports_only_the_checkpoints_it_reached(tmp_path, capsys) -> None:
+    out = tmp_path / "r.json"
+    rc = robustness.main(["--models", "1", "--first-model", "100", "--seeds", "1", "--budget", "12",
+                          "--tuners", "infrarsi", "random", "--arms", "default", "--json", str(out)])
+    assert rc == 0
+    summary = json.loads(out.read_text())["summary"]
+    for tuner in ("infrarsi[default]", "random"):
+        assert "best_over_oracle_at_10_median" in summary[tuner]
+        assert "best_over_oracle_at_12_median" in summary[tuner]
+        assert "best_over_oracle_at_20_median" not in summary[tuner]  # past the budget: not reported
+    assert "random" in capsys.readouterr().out
+
+
+def test_the_harness_stops_infrarsi_when_should_stop_says_so_as_the_proposer_does() -> None:
+    # family model 101 (144 candidates, a development model): the expected gain runs out well before 40 trials
+    model = robustness.draw_model(101)
+    bs = robustness.bench_space(model, CandidatePool.build(model.study.space))
+    trials = bench.run_infrarsi(bs, 0, 40)
+    rng = np.random.default_rng(10_000)  # run_infrarsi's measurement draws, replayed
+    observations = []
+    for t in trials:
+        o = bs.evaluate(t.candidate, rng)
+        assert o.status == t.status
+        observations.append(Observation(t.candidate, o.status, o.step_time_s, o.peak_bytes, o.cost_seconds))
+    s = Searcher.replay(bs.space, bs.capacity_bytes, observations, kb=bs.kb, baseline=bs.baseline, seed=0,
+                        pool=bs.pool)
+    assert 1 + s.config.n_seeds <= len(trials) < 40  # not before the initial design was measured
+    assert s.should_stop()[0]
+    assert s.suggest(1), "the run ended on the stopping rule, not on an exhausted space"
+
+
+def test_merge_joins_tuners_run_apart_on_the_same_models(tmp_path, capsys) -> None:
+    parts = []
+    for tuner in ("random", "infrarsi"):
+        part = tmp_path / f"{tuner}.json"
+        assert robustness.main(["--models", "1", "--first-model", "100", "--seeds", "1", "--budget", "8",
+                                "--tuners", tuner, "--arms", "default", "--json", str(part)]) == 0
+        parts.append(str(part))
+    merged = tmp_path / "merged.json"
+    assert robustness.main(["--seeds", "1", "--budget", "8", "--json", str(merged), "--merge", *parts]) == 0
+    data = json.loads(merged.read_text())
+    assert data["models"] == 1
+    assert set(data["per_model"][0]["tuners"]) == {"random", "infrarsi[default]"}
+    assert set(data["summary"]) == {"random", "infrarsi[default]"}
+    capsys.readouterr()
+
+
+def test_search_config_overrides_reach_the_searcher_and_the_json(tmp_path, capsys) -> None:
+    out = tmp_path / "r.json"
+    assert robustness.main(["--models", "1", "--first-model", "100", "--seeds", "1", "--budget", "6",
+                            "--tuners", "infrarsi", "--arms", "default", "--json", str(out),
+                            "--search-config", "oom_exclude=0.35", "memory_interaction_std=None"]) == 0
+    recorded = json.loads(out.read_text())["search_config"]
+    assert recorded["oom_exclude"] == 0.35 and recorded["memory_interaction_std"] is None
+    config = robustness.search_config(["n_seeds=5"])
+    assert config.n_seeds == 5
+    model = robustness.draw_model(100)
+    bs = robustness.bench_space(model, CandidatePool.build(model.study.space), config=config)
+    trials = bench.run_infrarsi(bs, 0, 6)
+    assert [t.origin for t in trials[1:]] == ["seed"] * 5  # the default design has three seeds
+    with pytest.raises(SystemExit, match="no_such_field"):
+        robustness.search_config(["no_such_field=1"])
+    capsys.readouterr()
