@@ -91,7 +91,7 @@ per diff)."""
 def exchange_bound_s(spec: AgentSpec) -> float:
     """The longest one exchange may take: ``timeout_s`` per attempt, the backoff between attempts (the client's,
     1 s doubling), and ``GATE_ALLOWANCE_S``."""
-    backoff = sum(ChatClient.backoff_s * 2**i for i in range(spec.retries))
+    backoff = sum((ChatClient.backoff_s * (1 << i) for i in range(spec.retries)), 0.0)
     return spec.timeout_s * (spec.retries + 1) + backoff + GATE_ALLOWANCE_S
 
 
