@@ -26,7 +26,10 @@ Definitions (also in docs/trials.md):
   spread), while a loaded host stretches some intervals (descheduled between two records, the launcher
   late to see one) and leaves the median near 1 with a wide spread, which widens the allowance. A trial
   that still fails while the host's CPU pressure during it was ``≥ INTERFERENCE_RERUN`` is marked
-  ``interfered``: its verdict is not about the candidate, and it is re-run instead of rejected.
+  ``interfered``: its verdict is not about the candidate, and it is re-run instead of rejected. Fewer than
+  ``MIN_TIMING_RATIOS`` comparable intervals (a short horizon, mostly warm-up) leave the invariant
+  **unchecked** (``TrialMeasured.unchecked_invariants``), as does a loss check with no checkpoint in both
+  runs: named as such in the trial, the verify verdict and the report, never counted as held.
 """
 
 from __future__ import annotations
@@ -277,6 +280,9 @@ MAX_TIMING_ALLOWANCE = 0.35
 between runs, while the probe/launcher ratio is within one run and stays near 1 under load (0.997–1.000 at a
 load average of 14 on 2 cores, issue 15's agent study) — uncapped, a doctor CV of 20 % allowed 70 % and a probe
 clock slowed to half speed was verified as a ×3.1 speed-up."""
+MIN_TIMING_RATIOS = 3
+"""Comparable steady intervals below which the timing invariant is reported unchecked (a median of fewer
+says nothing about a clock)."""
 MEDIAN_SE = 1.2533
 """Standard error of a median = 1.2533 · σ / √n (normal samples)."""
 
@@ -302,11 +308,13 @@ def timing_check(
     *,
     noise_cv: float = 0.0,
     cpu_pressure: float | None = None,
-) -> ev.InvariantResult:
-    """The probe's step times vs the launcher's own clock (see the module doc for the rule and why)."""
+) -> ev.InvariantResult | ev.UncheckedInvariant:
+    """The probe's step times vs the launcher's own clock (see the module doc for the rule and why); too few
+    comparable steady steps leave it unchecked — named, never a pass."""
     ratios = timing_ratios(series, step_seen_s)
-    if len(ratios) < 3:
-        return ev.InvariantResult(name="timing", ok=True, detail=f"not checked: {len(ratios)} comparable steady steps")
+    if len(ratios) < MIN_TIMING_RATIOS:
+        return ev.UncheckedInvariant(
+            name="timing", reason=f"{len(ratios)} comparable steady steps (fewer than {MIN_TIMING_RATIOS})")
     observed = median(ratios)
     standard_error = MEDIAN_SE * robust_sigma(ratios) / math.sqrt(len(ratios))
     allowed = min(tolerance + 3.0 * max(noise_cv, 0.0) + 3.0 * standard_error, max(tolerance, MAX_TIMING_ALLOWANCE))
@@ -340,10 +348,10 @@ def _loss_checkpoints(spec: InvariantSpec, trial: Series, base: Series) -> tuple
     return what, [(s, t.get(s, math.nan), b.get(s, math.nan)) for s in wanted]
 
 
-def loss_check(spec: InvariantSpec, trial: Series, base: Series) -> ev.InvariantResult:
+def loss_check(spec: InvariantSpec, trial: Series, base: Series) -> ev.InvariantResult | ev.UncheckedInvariant:
     what, points = _loss_checkpoints(spec, trial, base)
     if not points:
-        return ev.InvariantResult(name="loss", ok=True, detail=f"not checked: no {what} checkpoint in both runs")
+        return ev.UncheckedInvariant(name="loss", reason=f"no {what} checkpoint in both runs")
     worst_step, worst, worst_allowed, missing = None, -1.0, spec.loss_tolerance, []
     ok = True
     for step, lt, lb in points:
@@ -370,9 +378,10 @@ def check_invariants(
     *,
     horizon: int,
     baseline: Series | None,
-) -> list[ev.InvariantResult]:
-    """Every invariant's verdict. ``baseline`` is ``None`` for a baseline trial: internal checks only."""
-    results = [scope_check(finished)]
+) -> tuple[list[ev.InvariantResult], list[ev.UncheckedInvariant]]:
+    """(every checked invariant's verdict, the invariants this trial could not check and why). ``baseline`` is
+    ``None`` for a baseline trial: internal checks only."""
+    results: list[ev.InvariantResult | ev.UncheckedInvariant] = [scope_check(finished)]
     if spec.steps:
         results.append(steps_check(trial.optimizer_steps, horizon, "optimiser steps counted by the probe"))
     if spec.tokens:
@@ -383,7 +392,8 @@ def check_invariants(
         results.append(loss_check(spec, trial, baseline))
     results.append(timing_check(trial, finished.step_seen_s, spec.timing_tolerance, noise_cv=spec.noise_cv,
                                 cpu_pressure=finished.cpu_pressure))
-    return results
+    return ([r for r in results if isinstance(r, ev.InvariantResult)],
+            [r for r in results if isinstance(r, ev.UncheckedInvariant)])
 
 
 def scope_check(finished: ev.TrialFinished) -> ev.InvariantResult:
@@ -475,12 +485,9 @@ def measure(
     def nan_to_zero(v: float | None) -> float:
         return 0.0 if v is None or math.isnan(v) else float(v)
 
-    if series.steps == 0 or finished.status != "ok":
-        invariants = check_invariants(spec, series, finished, horizon=horizon, baseline=baseline) if series.steps else []
-        invariants_ok = False
-    else:
-        invariants = check_invariants(spec, series, finished, horizon=horizon, baseline=baseline)
-        invariants_ok = all(r.ok for r in invariants)
+    invariants, unchecked = (check_invariants(spec, series, finished, horizon=horizon, baseline=baseline)
+                             if series.steps else ([], []))
+    invariants_ok = series.steps > 0 and finished.status == "ok" and all(r.ok for r in invariants)
     status: ev.TrialStatus = finished.status
     if status == "ok" and not invariants_ok:
         status = "invariant_violation"
@@ -516,6 +523,7 @@ def measure(
         accelerator_s=finished.accelerator_s,
         shape=series.shape,
         interfered=under_interference and finished.status == "ok",
+        unchecked_invariants=unchecked,
     )
     return measured, series
 

@@ -379,7 +379,8 @@ def decide(
     Round passes ⇔ every run finished ok, every invariant holds on every run (telemetry's verdicts and the
     paired checks), and the CI's lower bound > 1. ``passes`` counts passed rounds so far; the candidate is
     promotable once ``passes >= passes_required``. Invariants no run could check (coarse runs of a job
-    without a probe) are listed in ``unchecked_invariants``; the round is judged on the others.
+    without a probe; timing over too few steady steps) are listed in ``unchecked_invariants``; the round is
+    judged on the others. One held on some runs and unchecked on others says so in its detail.
     """
     by_pair: dict[int, dict[Arm, RunMeasurement]] = {}
     for run in round_.runs.values():
@@ -391,9 +392,13 @@ def decide(
         verdicts.setdefault(result.name, []).append((where, result))
 
     unchecked: set[str] = set()
+    unchecked_runs: dict[str, int] = {}
     for run in sorted(round_.runs.values(), key=lambda r: (r.pair, r.arm)):
         where = f"pair {run.pair + 1} {run.arm}"
-        unchecked.update(u for u in run.unchecked if run.arm == "candidate" or u in _BASELINE_ARM_INVARIANTS)
+        for name in run.unchecked:
+            if run.arm == "candidate" or name in _BASELINE_ARM_INVARIANTS:
+                unchecked.add(name)
+                unchecked_runs[name] = unchecked_runs.get(name, 0) + 1
         if run.coarse:
             unchecked.update(COARSE_PAIR_UNCHECKED)
         if run.status != "ok":
@@ -434,7 +439,9 @@ def decide(
                 observed=first.observed, expected=first.expected, tolerance=first.tolerance,
             ))
         else:
-            invariants.append(ev.InvariantResult(name=results[0][1].name, ok=True, detail=f"held on {len(results)} checks"))
+            also = f"; not checked on {unchecked_runs[name]} run(s)" if name in unchecked_runs else ""
+            invariants.append(ev.InvariantResult(name=results[0][1].name, ok=True,
+                                                 detail=f"held on {len(results)} checks{also}"))
     for run_failure in sorted(set(failed_runs)):
         failed.append(run_failure)
 

@@ -27,7 +27,12 @@ ends.
 **The mix rule.** At most ``floor(agent.share × trials)`` of the study's search trials (at least one when
 ``share`` > 0) come from the queue, origin ``llm``; when a slot frees and the queue holds a candidate not yet
 proposed, it goes first; otherwise the searcher fills the slot. A queued candidate still passes the contract
-check and the dedup of every proposal.
+check and the dedup of every proposal. **The first answer is waited for**: while the question asked when the
+search starts is unanswered, the agent's share of the free slots (``held_slots``) stays empty — with one slot
+in parallel, the search's first trial is the agent's, not the searcher's. The wait is bounded: the service
+records a failed exchange (``timeout``) once ``agent.role.exchange_bound_s`` has passed, and a failed answer
+frees the slots for the searcher. Later questions are not waited for (the search goes on; their candidates
+take the next free slots).
 """
 
 from __future__ import annotations
@@ -116,6 +121,12 @@ class AgentRole:
     def quota(self, study: StudySpace, target_trials: int) -> int:
         share = study.contract.agent.share
         return max(1, math.floor(share * target_trials)) if share > 0 else 0
+
+    def held_slots(self, study: StudySpace, target_trials: int) -> int:
+        """Free slots kept for the agent: its share not yet proposed, while the first question is unanswered."""
+        if self.answers or self.pending is None:
+            return 0
+        return max(0, self.quota(study, target_trials) - self.proposed)
 
     def maybe_ask(self, study_id: str, study: StudySpace, outcomes: list[TrialOutcome], ledger: TrialLedger,
                   searcher: Searcher) -> ev.AgentAsked | None:

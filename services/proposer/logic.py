@@ -311,6 +311,9 @@ class ProposerState(StudiesFold[_Study]):
                     candidate, reason = llm
                     out += self._propose(study, searcher, study.space.from_event(candidate), "llm", reason)
                     continue
+                n = (min(slots, left) - study.agent.held_slots(study.space, study.target_trials)) // repeats
+                if n <= 0:
+                    return out  # the agent's share waits for its first answer (agent.py, the mix rule)
             if self._design_done(study, searcher):
                 stop, why = searcher.should_stop()
                 if stop:

@@ -9,17 +9,16 @@ The agent role's one piece of I/O lives here: an ``AgentAsked`` the fold emitted
 as an event, and its handler asks the model and checks the answer (``infrarsi.agent.role.answer``, in a
 thread) and publishes ``AgentAnswered`` — unless the log already holds that answer (a redelivery after a
 restart), so a model is asked at most once per question and a replay never asks it. The handler holds the
-proposer's single slot while the model answers (bounded by ``agent.timeout_s`` × retries): trials keep
+proposer's single slot while the model answers, within a hard bound (``agent.role.exchange_bound_s``: the
+timeouts of every attempt, the backoff, the gates; past it the exchange is a ``timeout``): trials keep
 running meanwhile, only the next proposal waits.
 """
 
 from __future__ import annotations
 
-import asyncio
-
 from infrarsi.agent.answers import GoldenRepo
 from infrarsi.agent.client import AgentError, AgentUnconfigured, resolve_endpoint
-from infrarsi.agent.role import answer
+from infrarsi.agent.role import answer_within
 from infrarsi.contract import Contract
 from infrarsi.events import (
     AgentAnswered,
@@ -83,5 +82,5 @@ class ProposerService(ReactiveService):
         pending = study.agent.pending
         if pending is None or pending.ask_id != asked.ask_id:
             return  # answered already (the answer is in the log), or not this study's open question
-        answered = await asyncio.to_thread(answer, asked, study.space, GoldenRepo.of(study.created))
+        answered = await answer_within(asked, study.space, GoldenRepo.of(study.created))
         await out.emit(answered, key=f"answer:{asked.ask_id}")

@@ -8,7 +8,9 @@ diffs meet the library's patch checks on real files.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 
 import pytest
 import yaml
@@ -16,7 +18,7 @@ from infrarsi import events as ev
 from infrarsi.agent.answers import GoldenRepo
 from infrarsi.agent.client import ChatClient, Endpoint, redact
 from infrarsi.agent.prompts import proposal_messages
-from infrarsi.agent.role import answer
+from infrarsi.agent.role import GATE_ALLOWANCE_S, answer, answer_within, exchange_bound_s
 from infrarsi.commands.init import prepare_study
 from infrarsi.contract import locked_contract
 from infrarsi.study_space import load_study_space
@@ -165,6 +167,32 @@ def test_a_model_that_times_out_is_retried_then_named(study) -> None:
     assert not answered.ok and answered.error == "timeout" and answered.attempts == 3
     assert slept == [1.0, 2.0]  # exponential backoff between the three attempts
     assert len(script.requests) == 3
+
+
+def test_a_model_that_trickles_its_answer_is_cut_off_at_the_exchange_bound(study) -> None:
+    """One byte every 0.3 s never trips the client's 1 s socket timeout; the exchange's bound ends it, so the
+    search — which holds the agent's share of the slots for the first answer — does not wait forever."""
+    created, space, _ = study
+    # the contract's bound: 1 s × 2 attempts + 1 s backoff + the gates' allowance
+    assert exchange_bound_s(space.contract.agent) == 1.0 * 2 + 1.0 + GATE_ALLOWANCE_S
+    script = scripted(Turn(proposals(), trickle_s=0.3))
+    messages = proposal_messages(locked_contract(created), {}, [], [], ["patch:fused-qkv"], ["fused-qkv"])
+    asked = ev.AgentAsked(ask_id="a1", purpose="proposals", model="scripted", endpoint="", messages=messages,
+                          max_tokens=1000, tokens_spent_before=0)
+    with chat_server(script) as url:
+        client = ChatClient(Endpoint(url, "scripted", KEY), timeout_s=1.0, retries=0)
+
+        async def exchange() -> tuple[ev.AgentAnswered, float]:
+            t0 = time.monotonic()
+            answered = await answer_within(asked, space, GoldenRepo.of(created), bound_s=2.0, client=client)
+            waited = time.monotonic() - t0
+            script.closed.set()  # end the trickle, so the abandoned client thread ends before asyncio.run returns
+            return answered, waited
+
+        answered, waited = asyncio.run(exchange())
+    assert not answered.ok and answered.error == "timeout" and "within 2 s" in answered.detail
+    assert waited < 30, waited  # cut at the bound, not after the ~100 s the trickle would take
+    assert len(script.requests) == 1
 
 
 def test_a_server_error_is_retried_and_the_second_answer_used(study) -> None:

@@ -5,13 +5,21 @@ request, or that is malformed, is refused by name and nothing is written or open
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import subprocess
 from pathlib import Path
 
+import duckdb
 import pytest
+from infrarsi import events as ev
+from infrarsi.agent.draft_log import exchange_path
+from infrarsi.bus import Bus
 from infrarsi.cli import main
 from infrarsi.contract import load_contract
+from infrarsi.report import build_report, render_markdown
+from infrarsi.report.source import load_events
+from infrarsi.subjects import LIFECYCLE_STREAM
 from support.agent_repo import commit, proposals
 from support.chat_server import ChatScript, Turn, chat_server
 
@@ -68,6 +76,49 @@ def test_the_models_draft_is_shown_written_on_yes_and_locked(nats_server, monkey
     # the model saw the request, the scaffold's draft and the repository's files — as data
     prompt = script.requests[0]["body"]["messages"][1]["content"]
     assert REQUEST in prompt and "launch_keys" in prompt and '"train.py"' in prompt
+    # the exchange reached the study's log after StudyCreated (kept beside the contract until then), and the
+    # report shows it
+    log = asyncio.run(study_log(nats_server, study_id))
+    assert [e.type for e in log] == ["StudyCreated", "AgentAsked", "AgentAnswered"]
+    asked, answered = log[1].payload, log[2].payload
+    assert asked.purpose == "contract" and asked.messages[1].content == prompt and answered.ask_id == asked.ask_id
+    assert answered.ok and answered.contract is not None and answered.contract["scope"]["files"] == ["train.py"]
+    assert answered.tokens == 150 and answered.detail == ""  # the contract as the draft wrote it
+    assert exchange_path(target).is_file()
+    con = duckdb.connect()
+    load_events(con, list(enumerate(log, start=1)))
+    draft = build_report(con, study_id).contract_draft
+    assert draft is not None and draft.request == REQUEST and draft.reason == "the user allows train.py; batch-size ≤ 4"
+    md = render_markdown(build_report(con, study_id), tmp_path / "report.md")[0].read_text()
+    assert "Drafted by a language model (init --ask, model scripted, 150 tokens" in md and REQUEST in md
+
+
+def test_a_hand_edited_drafted_contract_still_carries_its_exchange(nats_server, monkeypatch, tmp_path, repo,
+                                                                    capsys) -> None:
+    """The draft accepted but the study opened later with plain ``init``, after an edit: the exchange is still
+    published, and its answer says the contract was edited since; a sidecar that does not decode is an error."""
+    with chat_server(ChatScript([Turn(proposals(contract=NARROWED, reason="narrower"))])) as url:
+        rc, target = init_ask(monkeypatch, tmp_path, repo, url, "--yes", nats_url=nats_server)
+    assert rc == 0
+    capsys.readouterr()
+    target.write_text(target.read_text().replace("trials: 8", "trials: 6"))
+    assert main(["--nats-url", nats_server, "--data-dir", str(tmp_path / "data"), "init", str(target)]) == 0
+    study_id = capsys.readouterr().out.strip()
+    log = asyncio.run(study_log(nats_server, study_id))
+    assert [e.type for e in log] == ["StudyCreated", "AgentAsked", "AgentAnswered"]
+    assert log[2].payload.detail == "the contract was edited after the user accepted this draft"
+
+    exchange_path(target).write_text("{not json")
+    assert main(["--nats-url", nats_server, "--data-dir", str(tmp_path / "data"), "init", str(target)]) == 2
+    assert "not an init --ask exchange" in capsys.readouterr().err
+
+
+async def study_log(nats_url: str, study_id: str) -> list[ev.Event]:
+    bus = await Bus.connect(nats_url, service="test")
+    try:
+        return [e async for e in bus.events(LIFECYCLE_STREAM) if e.study_id == study_id]
+    finally:
+        await bus.close()
 
 
 def test_nothing_is_written_without_acceptance(monkeypatch, tmp_path, repo, capsys) -> None:

@@ -1,7 +1,8 @@
 """A real HTTP server speaking the OpenAI chat-completions API, answering from a script (tests only).
 
 Each request to ``POST /v1/chat/completions`` takes the next ``Turn`` of the script (the last one repeats):
-an answer text with its token usage, an HTTP status, or a delay longer than the client's timeout. Every
+an answer text with its token usage, an HTTP status, a delay longer than the client's timeout, or an answer
+trickled a byte at a time (each byte within the client's socket timeout, the whole far beyond it). Every
 request is recorded (headers and JSON body) so tests can check what the model saw and what was sent.
 """
 
@@ -26,12 +27,16 @@ class Turn:
     delay_s: float = 0.0
     raw: bytes | None = None
     """Sent as the body instead of a chat-completions document (a broken server)."""
+    trickle_s: float = 0.0
+    """Seconds between the body's bytes (0: sent at once)."""
 
 
 @dataclass
 class ChatScript:
     turns: list[Turn]
     requests: list[dict[str, Any]] = field(default_factory=list)
+    closed: threading.Event = field(default_factory=threading.Event)
+    """Set when the server stops: a trickling answer stops too (the connection closes)."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def next_turn(self, request: dict[str, Any]) -> Turn:
@@ -70,7 +75,13 @@ def chat_server(script: ChatScript) -> Iterator[str]:
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
-                self.wfile.write(payload)
+                if not turn.trickle_s:
+                    self.wfile.write(payload)
+                for byte in payload if turn.trickle_s else b"":
+                    if script.closed.wait(turn.trickle_s):
+                        return
+                    self.wfile.write(bytes([byte]))
+                    self.wfile.flush()
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the client gave up (a timeout test)
 
@@ -84,5 +95,6 @@ def chat_server(script: ChatScript) -> Iterator[str]:
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}/v1"
     finally:
+        script.closed.set()
         server.shutdown()
         server.server_close()

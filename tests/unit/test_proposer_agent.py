@@ -88,7 +88,33 @@ def test_the_model_is_asked_at_the_start_and_its_candidate_goes_first_with_origi
     assert [p.candidate for p in llm] == [GOOD]  # the same candidate again is deduplicated
     assert llm[0].reason == "compile and sdpa fuse the attention" and llm[0].prediction is not None
     proposed = [e.payload for e in of_type(log, ev.TrialProposed)]
-    assert proposed.index(llm[0]) == 1  # the first slot that freed after the answer
+    assert proposed.index(llm[0]) == 0  # the slot was held for the first answer: the search's first trial
+    first_answer = next(i for i, e in enumerate(log) if isinstance(e.payload, ev.AgentAnswered))
+    first_trial = next(i for i, e in enumerate(log) if isinstance(e.payload, ev.TrialProposed))
+    assert first_answer < first_trial
+
+
+def test_the_agents_share_waits_for_the_first_answer_and_a_failed_one_frees_it(tmp_path: Path) -> None:
+    """With its share of the slots held (2 of 4 trials, 2 slots), nothing is proposed before the first answer;
+    a failed exchange (the service's bound: ``timeout``) frees them and the search runs its whole budget."""
+    created = agent_study(tmp_path, trials=4, share=0.5)
+    timeout = {"ok": False, "error": "timeout", "detail": "no checked answer within 1 s", "prompt_tokens": 0,
+               "completion_tokens": 0}
+    fold = state()
+    log = run_events([fold], ScriptedModel(loader(created.payload), answers=[timeout]),
+                     [created, envelope(RunRequested(parallel=2))])
+    kinds = [type(e.payload).__name__ for e in log if isinstance(e.payload, ev.AgentAsked | ev.AgentAnswered
+                                                                  | ev.TrialProposed)]
+    assert kinds[:3] == ["AgentAsked", "AgentAnswered", "TrialProposed"], kinds
+    assert len(of_type(log, ev.TrialProposed)) == 4 and of_type(log, ev.StudyFinished)
+    assert not [e for e in of_type(log, ev.TrialProposed) if e.payload.origin == "llm"]
+
+    # the same study answered well: its two trials are the first two proposed, before any of the searcher's
+    good = [ev.AgentKnobProposal(candidate=ev.Candidate(knobs={"train.micro_batch_size": mb}), reason=f"mb {mb}")
+            for mb in (1, 4)]
+    log = run_events([state()], ScriptedModel(loader(created.payload), answers=[good_answer(candidates=good)]),
+                     [msg_copy(created), envelope(RunRequested(parallel=2))])
+    assert [e.payload.origin for e in of_type(log, ev.TrialProposed)][:2] == ["llm", "llm"]
 
 
 def test_the_share_caps_the_agents_trials(tmp_path: Path) -> None:

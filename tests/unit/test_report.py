@@ -125,3 +125,24 @@ def test_a_coarse_study_says_so_and_names_what_went_unchecked(tmp_path):
     assert "COARSE MEASUREMENT" in md and "UNCHECKED invariants (never counted as held): loss, work.tokens" in md
     assert md.count("| UNCHECKED |") == 2 * len(report.verdicts)
     con.close()
+
+
+def test_a_probed_trial_with_timing_unchecked_is_named_in_the_report(tmp_path):
+    """A trial with a probe but too few steady steps for the timing check: the report names the invariant
+    unchecked on that trial instead of counting it as held (and says nothing of coarse measurement)."""
+    import msgspec
+    from infrarsi import events as ev
+
+    unchecked = [ev.UncheckedInvariant(name="timing", reason="2 comparable steady steps (fewer than 3)")]
+    events, marked = [], 0
+    for event in synthetic_study("p1", write_workload(tmp_path / "workload"), seed=3):
+        if isinstance(event.payload, ev.TrialMeasured) and marked < 2:
+            marked += 1
+            event = msgspec.structs.replace(event, payload=msgspec.structs.replace(event.payload, unchecked_invariants=unchecked))
+        events.append(event)
+    con = duckdb.connect(str(tmp_path / "analyst.duckdb"))
+    load_events(con, list(enumerate(events, start=1)))
+    md = render_markdown(build_report(con, "p1"), tmp_path / "r.md")[0].read_text()
+    assert "UNCHECKED invariants on probe-measured trials (never counted as held): timing on 2 trial(s)" in md
+    assert "COARSE MEASUREMENT" not in md
+    con.close()

@@ -12,6 +12,7 @@ import random
 import pytest
 from infrarsi import events as ev
 from infrarsi import stats
+from infrarsi import verification as vf
 from infrarsi.trial_ledger import TrialLedger
 from test_stats import SPEC, by_name, make_steps
 
@@ -93,3 +94,43 @@ def test_a_failure_under_cpu_pressure_is_re_run_not_a_verdict() -> None:
     ledger.finished("t1", ev.TrialFinished(status="ok", accelerator_s=10.0))
     outcome = ledger.measured("t1", loaded)
     assert outcome is not None and outcome.infrastructure, "the proposer re-runs it instead of rejecting the candidate"
+
+
+def test_too_few_steady_steps_leave_timing_unchecked_not_passed() -> None:
+    """A short trial (most of it warm-up) has fewer than three comparable intervals: the timing invariant is
+    named unchecked in the measurement — not listed as held — and a verify round built from such runs names it
+    unchecked in its verdict (issue 15: it used to read "ok, not checked")."""
+    steps = make_steps(n=5, warmup=3, eval_every=1000)
+    hacked = loaded_host_clock(steps, seed=0, stretched=0.0, hack=0.5)  # a slowed clock it cannot see
+    m, _ = stats.measure(steps, ev.TrialFinished(status="ok", ranks=2, accelerator_s=1.0, step_seen_s=hacked),
+                         candidate_key="k", kind="baseline", horizon=5, spec=SPEC, baseline=None,
+                         peak_flops_per_device=None)  # fmt: skip
+    assert "timing" not in by_name(m.invariants), m.invariants
+    [unchecked] = [u for u in m.unchecked_invariants if u.name == "timing"]
+    assert "comparable steady steps" in unchecked.reason
+    assert m.status == "ok" and m.invariants_ok  # the trial is measured; the invariant is not claimed
+
+    run = vf.RunMeasurement.from_measured("c0", "candidate", 0, m)
+    round_ = vf.Round("v1", ev.Candidate(knobs={"a": 1}), 1, 1)
+    round_.runs = {"b0": vf.RunMeasurement.from_measured("b0", "baseline", 0, m), "c0": run}
+    done = vf.decide(round_, passes_before=0, passes_required=1, loss_rule=vf.LossRule(tolerance=0.02, mode="relative"))
+    assert "timing" in done.unchecked_invariants
+    assert "timing" not in {i.name for i in done.invariants}
+
+
+def test_a_round_with_timing_checked_on_some_runs_says_where_it_was_not() -> None:
+    long_steps = make_steps(n=60, eval_every=1000)
+    checked, _ = measure(long_steps, loaded_host_clock(long_steps, seed=0, stretched=0.0))
+    short = make_steps(n=5, warmup=3, eval_every=1000)
+    unchecked, _ = stats.measure(short, ev.TrialFinished(status="ok", ranks=2, accelerator_s=1.0,
+                                                         step_seen_s=loaded_host_clock(short, seed=0)),
+                                 candidate_key="k", kind="baseline", horizon=5, spec=SPEC, baseline=None,
+                                 peak_flops_per_device=None)  # fmt: skip
+    round_ = vf.Round("v1", ev.Candidate(knobs={"a": 1}), 1, 2)
+    round_.runs = {"b0": vf.RunMeasurement.from_measured("b0", "baseline", 0, checked),
+                   "c0": vf.RunMeasurement.from_measured("c0", "candidate", 0, checked),
+                   "b1": vf.RunMeasurement.from_measured("b1", "baseline", 1, checked),
+                   "c1": vf.RunMeasurement.from_measured("c1", "candidate", 1, unchecked)}
+    done = vf.decide(round_, passes_before=0, passes_required=1, loss_rule=vf.LossRule(tolerance=0.02, mode="relative"))
+    timing = by_name(done.invariants)["timing"]
+    assert timing.ok and "not checked on 1 run(s)" in timing.detail, timing.detail

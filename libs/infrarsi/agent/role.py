@@ -6,17 +6,24 @@ Owns ``answer``: the budget check (an exchange the budget cannot cover is not se
 ``budget_exceeded``), and the gates of ``answers.check_proposals``. Every failure becomes an
 ``AgentAnswered`` with ``ok=False`` and its ``error`` by name — never an exception the service would crash
 on — so the study goes on and the cost is counted. Must not: publish (the proposer service does).
+
+Owns ``answer_within`` too: the same exchange with a hard bound (``exchange_bound_s``: every attempt's
+timeout, the backoff between them, and time for the gates). The client's timeout is per socket operation, so
+a server that trickles its answer a byte at a time would never time out; past the bound the exchange is
+``timeout`` and the study goes on — the search waits for the first answer (the agent's share is held for it,
+services/proposer/agent.py), so that wait must end.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from typing import TypedDict, Unpack
 
 from infrarsi import events as ev
 from infrarsi.agent.answers import GoldenRepo, check_proposals
 from infrarsi.agent.client import AgentError, AgentUnconfigured, ChatClient, TokenBudget
-from infrarsi.contract import Contract
+from infrarsi.contract import AgentSpec, Contract
 from infrarsi.study_space import StudySpace
 
 
@@ -74,3 +81,27 @@ def answer(asked: ev.AgentAsked, study: StudySpace, golden: GoldenRepo, *,
         detail=not_json[0].detail if not_json else "", candidates=checked.candidates, patches=checked.patches,
         priors=checked.priors, refused=checked.refused, **usage,
     )
+
+
+GATE_ALLOWANCE_S = 120.0
+"""What the bound allows the gates after the model has answered (a fresh worktree and ``git apply --check``
+per diff)."""
+
+
+def exchange_bound_s(spec: AgentSpec) -> float:
+    """The longest one exchange may take: ``timeout_s`` per attempt, the backoff between attempts (the client's,
+    1 s doubling), and ``GATE_ALLOWANCE_S``."""
+    backoff = sum((ChatClient.backoff_s * (1 << i) for i in range(spec.retries)), 0.0)
+    return spec.timeout_s * (spec.retries + 1) + backoff + GATE_ALLOWANCE_S
+
+
+async def answer_within(asked: ev.AgentAsked, study: StudySpace, golden: GoldenRepo, *, bound_s: float | None = None,
+                        env: Mapping[str, str] | None = None, client: ChatClient | None = None) -> ev.AgentAnswered:
+    """``answer`` in a thread, or a ``timeout`` failure once ``bound_s`` (default ``exchange_bound_s``) has
+    passed — whatever the server does. A late answer is dropped (its exchange is already recorded as failed)."""
+    bound = exchange_bound_s(study.contract.agent) if bound_s is None else bound_s
+    try:
+        return await asyncio.wait_for(asyncio.to_thread(answer, asked, study, golden, env=env, client=client), bound)
+    except TimeoutError:
+        return failed(asked, "timeout", f"no checked answer within {bound:g} s (agent.timeout_s per attempt, the "
+                                        "backoff between retries and the gates): the search goes on without it")

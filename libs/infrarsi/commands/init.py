@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import msgspec
 
 from infrarsi import events as ev
+from infrarsi.agent.draft_log import exchange_events, load_exchange
 from infrarsi.commands import UserError, data_dir_of
 from infrarsi.commands.init_ask import add_ask_arguments, draft_contract, split_command
 from infrarsi.contract import Contract, load_contract
@@ -173,6 +174,10 @@ async def run(args: argparse.Namespace) -> int:
     elif command or args.yes or args.repo is not None:
         raise UserError("a launch command, --repo and --yes go with --ask")
     load_contract(args.contract)  # validate before starting or reaching any server (ContractError: EXIT_USAGE)
+    try:
+        drafted = load_exchange(args.contract)  # init --ask's exchange, for the study's log
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
 
     # Imported late: validating a contract must work where NATS is not installed or reachable.
     from infrarsi.bank.federation import read_bank_entries
@@ -185,6 +190,10 @@ async def run(args: argparse.Namespace) -> int:
         except WorkspaceError as exc:
             raise UserError(f"{args.contract}: workload.repo: {exc}") from None
         event = await publish_study(bus, prepared)
+        if drafted is not None:
+            for exchanged in exchange_events(prepared.study_id, prepared.contract.cluster.id, drafted,
+                                             Path(args.contract).read_text()):
+                await bus.publish(exchanged)
 
     if args.json:
         print(

@@ -6,8 +6,9 @@ environment or the base's ``agent:`` section), its answer checked by ``infrarsi.
 (only the draftable sections, never wider than the base and the request allow, a valid contract), and the
 change from the base shown as a diff with the model's words. Nothing is written until the user accepts —
 at the prompt, or with ``--yes`` for scripts; then CONTRACT is written whole (the request and the model's
-reason in its header) and ``init`` goes on to lock it as usual. Every refusal names its reason and leaves
-CONTRACT as it was.
+reason in its header), the exchange beside it (``CONTRACT.ask.json``, ``agent.draft_log``: published into the
+study's log after ``StudyCreated``), and ``init`` goes on to lock it as usual. Every refusal names its reason
+and leaves CONTRACT as it was.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import yaml
 from infrarsi import events as ev
 from infrarsi import userfiles
 from infrarsi.agent.client import AgentError, AgentUnconfigured, ChatClient, ChatReply
+from infrarsi.agent.draft_log import DraftExchange, exchange_path, save_exchange, text_sha256
 from infrarsi.agent.drafts import Draft, DraftRefused, check_draft, draft_messages
 from infrarsi.contract import AgentSpec
 from infrarsi.errors import EXIT_FAILED, EXIT_REFUSED, UserError
@@ -60,7 +62,9 @@ def draft_contract(args: argparse.Namespace, command: list[str]) -> None:
     base = _base_draft(target, repo, command)
     files = repo_files(repo)
     client = _client(base)
-    reply = _ask(client, draft_messages(args.ask, base, files), max_tokens=AgentSpec().max_tokens)
+    messages = draft_messages(args.ask, base, files)
+    max_tokens = AgentSpec().max_tokens
+    reply = _ask(client, messages, max_tokens=max_tokens)
     try:
         draft = check_draft(reply.text, base, request=args.ask, repo_files=files, base_dir=target.resolve().parent)
     except DraftRefused as exc:
@@ -69,8 +73,24 @@ def draft_contract(args: argparse.Namespace, command: list[str]) -> None:
     print(review(base, draft, reply.prompt_tokens + reply.completion_tokens), file=sys.stderr)
     if not _accepted(args, target):
         raise UserError(f"draft not accepted; {target} was not written (pass --yes to accept it)", EXIT_REFUSED)
-    _write(target, draft, args.ask)
-    print(f"wrote {target}", file=sys.stderr)
+    text = _write(target, draft, args.ask)
+    save_exchange(target, _exchange(client, messages, max_tokens, reply, draft, text, base))
+    print(f"wrote {target} (the model's exchange beside it: {exchange_path(target).name})", file=sys.stderr)
+
+
+def _exchange(client: ChatClient, messages: list[ev.AgentMessage], max_tokens: int, reply: ChatReply, draft: Draft,
+              text: str, base: dict[str, Any]) -> DraftExchange:
+    """The accepted exchange as the study's log will hold it (``agent.draft_log``): prompt and answer redacted."""
+    ask_id = ev.new_id()
+    asked = ev.AgentAsked(ask_id=ask_id, purpose="contract", model=client.endpoint.model,
+                          endpoint=client.endpoint.base_url, max_tokens=max_tokens,
+                          messages=[ev.AgentMessage(role=m.role, content=client.redact(m.content)) for m in messages])
+    usd_per_1k = AgentSpec.model_validate(base.get("agent") or {}).usd_per_1k_tokens
+    tokens = reply.prompt_tokens + reply.completion_tokens
+    answered = ev.AgentAnswered(ask_id=ask_id, ok=True, text=reply.text, prompt_tokens=reply.prompt_tokens,
+                                completion_tokens=reply.completion_tokens, cost_usd=tokens / 1000.0 * usd_per_1k,
+                                attempts=reply.attempts, latency_s=round(reply.latency_s, 3), contract=draft.data)
+    return DraftExchange(asked=asked, answered=answered, contract_sha256=text_sha256(text))
 
 
 def repo_files(repo: Path) -> list[str]:
@@ -143,8 +163,8 @@ def _accepted(args: argparse.Namespace, target: Path) -> bool:
     return input(f"write {target} and open the study? [y/N] ").strip().lower() in ("y", "yes")
 
 
-def _write(target: Path, draft: Draft, request: str) -> None:
-    """CONTRACT, whole or not at all; its header keeps the request and the model's words."""
+def _write(target: Path, draft: Draft, request: str) -> str:
+    """CONTRACT, whole or not at all (its text returned); its header keeps the request and the model's words."""
     header = ["# Drafted by a language model (infrarsi init --ask) and accepted by the user.",
               *(f"# request: {line}" for line in request.splitlines()),
               *(f"# the model's reason: {line}" for line in (draft.reason or "(none given)").splitlines())]
@@ -154,3 +174,4 @@ def _write(target: Path, draft: Draft, request: str) -> None:
     with os.fdopen(fd, "w") as fh:
         fh.write(text)
     os.replace(tmp, target)
+    return text

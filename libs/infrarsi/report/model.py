@@ -30,6 +30,8 @@ import duckdb
 import msgspec
 
 from infrarsi import events as ev
+from infrarsi.agent.answers import NotJSON, parse_json_object
+from infrarsi.agent.draft_log import request_of
 from infrarsi.contract import Contract, ContractError, load_patch_library, locked_contract
 from infrarsi.report.source import VIEW, ReportSourceError, ensure_view
 
@@ -193,6 +195,19 @@ class AgentSummary:
     """(candidate key, the model's reason) of each checked candidate it proposed."""
 
 
+@dataclass(frozen=True)
+class ContractDraft:
+    """How the study's contract began: the model's draft that ``init --ask`` had the user accept."""
+
+    model: str
+    request: str
+    reason: str
+    tokens: int
+    cost_usd: float
+    note: str
+    """``AgentAnswered.detail``: e.g. that the contract was edited after the draft was accepted."""
+
+
 class Verdict(ev.VerifyCompleted, frozen=True, kw_only=True):
     """The final ``VerifyCompleted`` of one verification, with its audit trail."""
 
@@ -235,7 +250,9 @@ class Report:
     generated_from: dict[str, int] = field(default_factory=dict)
     """Event counts by type: what the report was built from."""
     agent: AgentSummary | None = None
-    """``None`` when the study never asked a model."""
+    """``None`` when the study never asked a model for proposals."""
+    contract_draft: ContractDraft | None = None
+    """``None`` unless the contract was drafted by ``init --ask``."""
 
     @property
     def winners(self) -> list[Verdict]:
@@ -402,6 +419,10 @@ def _build(con: duckdb.DuckDBPyConnection, study_id: str) -> Report:
     workload_dir = _workload_dir(created, contract)
     asked = _payloads(con, study_id, ev.AgentAsked)
     answers = _payloads(con, study_id, ev.AgentAnswered)
+    drafted = {a.ask_id: a for a in asked if a.purpose == "contract"}
+    contract_draft = _contract_draft(drafted, answers)
+    asked = [a for a in asked if a.ask_id not in drafted]
+    answers = [a for a in answers if a.ask_id not in drafted]
     origins = _patch_origins(answers, trials, model)
     verdicts = _verdicts(con, study_id, workload_dir, str(contract.workload.patch_dir), origins)
     agent = _agent_summary(asked, answers, trials, verdicts, baseline_s, contract) if asked else None
@@ -412,8 +433,22 @@ def _build(con: duckdb.DuckDBPyConnection, study_id: str) -> Report:
         baseline_ref=created.baseline_ref, baseline_step_s=baseline_s, doctor=doctor,
         doctor_run_step_s=doctor_runs, trials=trials, cost_by_outcome=cost, trials_by_outcome=n_by_outcome,
         best_speedup_curve=curve, verdicts=verdicts, model=model, invariant_failures=invariant_failures,
-        memory_capacity_bytes=capacity, generated_from=counts, agent=agent,
+        memory_capacity_bytes=capacity, generated_from=counts, agent=agent, contract_draft=contract_draft,
     )
+
+
+def _contract_draft(drafted: dict[str, ev.AgentAsked], answers: list[ev.AgentAnswered]) -> ContractDraft | None:
+    """The ``init --ask`` exchange (``agent.draft_log``), if the contract came from one."""
+    answer = next((a for a in answers if a.ask_id in drafted), None)
+    if answer is None:
+        return None
+    try:
+        reason = str(parse_json_object(answer.text).get("reason", ""))
+    except NotJSON:
+        reason = ""
+    asked = drafted[answer.ask_id]
+    return ContractDraft(model=asked.model, request=request_of(asked), reason=reason, tokens=answer.tokens,
+                         cost_usd=answer.cost_usd, note=answer.detail)
 
 
 def _payloads(con: duckdb.DuckDBPyConnection, study_id: str, payload_type: type[P]) -> list[P]:

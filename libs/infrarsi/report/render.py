@@ -80,6 +80,18 @@ def _ratio(log_ratio: float | None) -> str:
     return "—" if log_ratio is None else f"×{math.exp(log_ratio):.3f}"
 
 
+def _draft_blocks(report: Report) -> list[Block]:
+    """How the contract began, when ``init --ask`` drafted it: the request, the model's words, the cost."""
+    d = report.contract_draft
+    if d is None:
+        return []
+    note = f" Note: {d.note}." if d.note else ""
+    return [Para(f"Drafted by a language model (init --ask, model {d.model or '(from the environment)'}, {d.tokens} "
+                 f"tokens, ${d.cost_usd:.4f}) and accepted by the user. The request: \"{d.request}\". The model's "
+                 f"reason: {d.reason or '(none given)'}.{note} The prompt and answer are in the log (AgentAsked/"
+                 "AgentAnswered, purpose contract).")]
+
+
 def _agent_blocks(report: Report) -> list[Block]:
     """What the study's language model was asked, said and cost, and what the gates and the invariants made of
     its diffs — in its own words beside the measurements."""
@@ -137,8 +149,21 @@ def outline(report: Report) -> list[Block]:
             f"in its output. UNCHECKED invariants (never counted as held): {', '.join(unchecked) or 'none'}. "
             "Step times are the launcher's estimates; tokens/s and MFU are unknown."
         ))
+    probed = [t for t in report.trials if not t.coarse and t.unchecked_invariants]
+    if probed:
+        counts: dict[str, int] = {}
+        for t in probed:
+            for u in t.unchecked_invariants:
+                counts[u] = counts.get(u, 0) + 1
+        blocks.append(Para(
+            "UNCHECKED invariants on probe-measured trials (never counted as held): "
+            + ", ".join(f"{name} on {n} trial(s)" for name, n in sorted(counts.items()))
+            + " — too few steady steps to hold the probe's clock against the launcher's, or no loss checkpoint "
+            "in both runs."
+        ))
     # Contract
     blocks.append(Heading("Contract"))
+    blocks += _draft_blocks(report)
     blocks.append(Table(["field", "value"], [
         ["workload", f"{wl.repo} @ {report.baseline_ref[:12]}"],
         ["command", " ".join(wl.command)],
@@ -174,7 +199,7 @@ def outline(report: Report) -> list[Block]:
             for i in v.invariants:
                 rows.append([v.candidate_key, i.name, "ok" if i.ok else "FAIL", i.detail])
             for name in v.unchecked_invariants:
-                rows.append([v.candidate_key, name, "UNCHECKED", "coarse measurement: the job reports no steps to the probe"])
+                rows.append([v.candidate_key, name, "UNCHECKED", "no run of the round could check it"])
         blocks.append(Table(["candidate", "invariant", "verdict", "detail"], rows))
     else:
         blocks.append(Para("No verification ran."))
