@@ -25,14 +25,21 @@ DENSE = ROOT / "workloads" / "gpt" / "contracts" / "dense-1node.yaml"
 
 def _demo(tmp_path: Path, contract: Path, trials: int, timeout_s: float, *extra: str) -> tuple[int, dict, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("INFRARSI_")}
-    proc = subprocess.run(
+    proc = subprocess.Popen(
         [sys.executable, "-m", "infrarsi.cli", "--data-dir", str(tmp_path / "data"), "demo",
          "--contract", str(contract), "--trials", str(trials), "--json", *extra],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s,
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
-    out = proc.stdout
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        # SIGTERM, not subprocess.run's SIGKILL: demo stops the stack it started on SIGTERM, so a run that is
+        # too slow fails without leaving its nats-server behind for the rest of the suite.
+        proc.terminate()
+        out, err = proc.communicate(timeout=120)
+        pytest.fail(f"demo did not finish within {timeout_s:.0f} s; its output:\n{(out + err)[-4000:]}")
     summary = json.loads(out[out.index("{\n"):]) if "{\n" in out else {}
-    return proc.returncode, summary, proc.stdout + proc.stderr
+    return proc.returncode, summary, out + err
 
 
 def _no_stack_left(tmp_path: Path) -> None:
