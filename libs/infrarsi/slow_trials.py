@@ -5,7 +5,7 @@ Owns ``slow_verdict``: given rank 0's step times so far, the study's incumbent s
 steady steps (after the warm-up ``stats.detect_warmup`` finds) far slower than the incumbent — and the
 ``TrialStopRequested`` that says so. Pure (no I/O, no clock): telemetry calls it on each step it receives and
 publishes what it returns; the launcher does the stopping. Must not: decide which kinds of trial may be
-stopped beyond ``STOPPABLE_KINDS``, or publish.
+stopped beyond ``may_stop``, or publish.
 """
 
 from __future__ import annotations
@@ -20,6 +20,15 @@ from infrarsi.stats import detect_warmup
 
 STOPPABLE_KINDS: tuple[str, ...] = ("search",)
 """Only search trials: a baseline, a doctor repeat or a verify run is the reference or the proof, whatever its speed."""
+
+UNSTOPPABLE_ORIGINS: tuple[str, ...] = ("manual",)
+"""A candidate a person named (``infrarsi trial --set``, origin ``manual``) runs to the end: they asked what it
+does, not whether it beats an incumbent (on a tiny job a loaded host made one 17x the baseline and it was stopped)."""
+
+
+def may_stop(proposed: ev.TrialProposed) -> bool:
+    """Whether a trial may be stopped as slow at all: a search trial the search chose, never a reference run."""
+    return proposed.kind in STOPPABLE_KINDS and proposed.origin not in UNSTOPPABLE_ORIGINS
 
 MIN_STEADY_STEPS = 3
 """Steady steps (after the warm-up) before a verdict: one slow step is a GC pause, three in a row are the candidate."""

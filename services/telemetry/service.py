@@ -232,7 +232,7 @@ class TelemetryService(Service):
         if trial.stop_requested or trial.finished is not None or proposed is None:
             return
         study = self.studies.get(trial.study_id)
-        if (proposed.kind not in slow_trials.STOPPABLE_KINDS or study is None or study.coarse
+        if (not slow_trials.may_stop(proposed) or study is None or study.coarse
                 or study.stop_slow_factor is None or study.incumbent is None):  # fmt: skip
             return
         times = [trial.rank0_s[k] for k in sorted(trial.rank0_s)]

@@ -188,11 +188,11 @@ class Harness:
         await self.bus.publish(study_created_event(prepared))
         return prepared.study_id
 
-    async def propose(self, study_id: str, *, knobs=None, patches=(), kind="search", steps=None) -> str:
+    async def propose(self, study_id: str, *, knobs=None, patches=(), kind="search", steps=None, origin="manual") -> str:
         trial_id = ev.new_id()
         candidate = ev.Candidate(knobs=knobs or {}, patches=list(patches))
         proposal = ev.TrialProposed(
-            candidate=candidate, candidate_key=candidate.key(), kind=kind, origin="manual", steps=steps
+            candidate=candidate, candidate_key=candidate.key(), kind=kind, origin=origin, steps=steps
         )
         await self.bus.publish(owned_event(proposal, study_id=study_id, trial_id=trial_id))
         return trial_id

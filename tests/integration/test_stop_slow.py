@@ -24,7 +24,7 @@ async def test_a_slow_search_trial_is_stopped_early_and_its_steps_are_a_measurem
         base = await h.propose(study, kind="baseline")
         assert (await h.wait_for(base, "TrialMeasured")).status == "ok"
 
-        slow = await h.propose(study, knobs=SLOW)
+        slow = await h.propose(study, knobs=SLOW, origin="ei")  # chosen by the search (a manual trial runs to the end)
         finished = await h.wait_for(slow, "TrialFinished")
         stop = h.events[slow]["TrialStopRequested"]
         assert stop.incumbent_trial == base and stop.incumbent_step_s == pytest.approx(0.1, abs=0.05)

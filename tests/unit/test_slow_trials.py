@@ -10,7 +10,7 @@ from infrarsi import events as ev
 from infrarsi.modeling.priors import default_knowledge_base
 from infrarsi.modeling.search import Observation, Searcher
 from infrarsi.modeling.space import BoolKnob, Categorical, IntChoice, SearchSpace
-from infrarsi.slow_trials import MIN_STEADY_STEPS, slow_threshold, slow_verdict
+from infrarsi.slow_trials import MIN_STEADY_STEPS, may_stop, slow_threshold, slow_verdict
 from infrarsi.trial_ledger import TrialLedger
 
 GIB = 2**30
@@ -58,6 +58,20 @@ def test_one_fast_step_among_the_last_keeps_the_trial() -> None:
 
 def test_no_incumbent_no_verdict() -> None:
     assert verdict([50.0] * 8, incumbent=0.0) is None
+
+
+def test_only_trials_the_search_chose_may_be_stopped() -> None:
+    candidate = ev.Candidate(knobs={"x": 1})
+
+    def proposed(kind: str, origin: str) -> ev.TrialProposed:
+        return ev.TrialProposed(candidate=candidate, candidate_key=candidate.key(), kind=kind, origin=origin)  # type: ignore[arg-type]
+
+    assert may_stop(proposed("search", "ei"))
+    assert may_stop(proposed("search", "pairing"))
+    # `infrarsi trial --set ...`: the person named the candidate; it runs to the end whatever its speed.
+    assert not may_stop(proposed("search", "manual"))
+    assert not may_stop(proposed("baseline", "baseline"))
+    assert not may_stop(proposed("verify", "verify"))
 
 
 def _finished(status: str, **kw) -> ev.TrialFinished:
