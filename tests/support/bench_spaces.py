@@ -8,6 +8,7 @@ breaks an invariant — so the fastest *measured* time is a hack's, and the refe
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from dataclasses import dataclass
@@ -23,23 +24,27 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 CAPACITY = 1000.0
 
 
-def load_bench() -> ModuleType:
-    """``bench/search_vs_peers.py`` as the module ``search_vs_peers`` (bench/ on sys.path, as when it runs as a
-    script). Its import sets single-threaded BLAS variables for its own process; they are taken back here so
-    jobs that later tests start do not inherit them."""
+def import_bench_module(name: str) -> ModuleType:
+    """``bench/<name>.py`` as the module ``name`` (bench/ on sys.path, as when it runs as a script). A bench's
+    import sets single-threaded BLAS variables for its own process; they are taken back here so jobs that later
+    tests start do not inherit them."""
     if str(BENCH) not in sys.path:
         sys.path.insert(0, str(BENCH))
     names = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
     before = {n: os.environ.get(n) for n in names}
     try:
-        import search_vs_peers
+        return importlib.import_module(name)
     finally:
-        for name, value in before.items():
+        for env_name, value in before.items():
             if value is None:
-                os.environ.pop(name, None)
+                os.environ.pop(env_name, None)
             else:
-                os.environ[name] = value
-    return search_vs_peers
+                os.environ[env_name] = value
+
+
+def load_bench() -> ModuleType:
+    """``bench/search_vs_peers.py`` as the module ``search_vs_peers``."""
+    return import_bench_module("search_vs_peers")
 
 
 TOY_SPACE = SearchSpace(knobs=(IntChoice("mb", (1, 2, 4, 8)), Categorical("impl", ("slow", "fast"))),

@@ -4,33 +4,16 @@ reported checkpoints, the stopping rule the proposer applies, and merging tuners
 from __future__ import annotations
 
 import json
-import os
-from types import ModuleType
 
 import numpy as np
 import pytest
 from infrarsi.modeling.search import CandidatePool, Observation, Searcher
-from support.bench_spaces import load_bench
+from support.bench_spaces import import_bench_module, load_bench
 
 bench = load_bench()
 
 
-def load_robustness() -> ModuleType:
-    """``bench/robustness.py`` (bench/ is on sys.path after ``load_bench``), its BLAS variables taken back."""
-    names = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
-    before = {n: os.environ.get(n) for n in names}
-    try:
-        import robustness
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-    return robustness
-
-
-robustness = load_robustness()
+robustness = import_bench_module("robustness")
 
 
 def test_a_budget_under_twenty_reports_only_the_checkpoints_it_reached(tmp_path, capsys) -> None:
