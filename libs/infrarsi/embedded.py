@@ -110,6 +110,7 @@ class EmbeddedServer:
         extra_config: str = "",
         ready_timeout_s: float = 20.0,
         authorize: bool = False,
+        bank_link: bool = False,
     ) -> EmbeddedServer:
         """Start a server with its store under ``data_dir/jetstream`` and wait until it is healthy.
 
@@ -118,14 +119,15 @@ class EmbeddedServer:
         and may use only that principal's subjects (``infrarsi.credentials``). The stack-starting verbs
         pass it; so does any start over a data directory that already has credentials, so a later verb
         never opens a store that ``infrarsi up`` protected.
+        ``bank_link``: a cluster of the bank federation — the principals in their own account and the leaf link
+        in ``BANK`` (``credentials.cluster_accounts_block``; ``bank.server_config_fragment("leaf", ...)``).
         Without ``port`` it listens where the last server over this data dir did, when that port is free:
         clients of the killed one (a running ``infrarsi run``, the services) reconnect on their own.
         """
         data_dir = Path(data_dir).absolute()
         data_dir.mkdir(parents=True, exist_ok=True)
-        auth = ""
-        if authorize or credentials.has_credentials(data_dir):
-            auth = credentials.authorization_block(credentials.ensure(data_dir))
+        keys = credentials.ensure(data_dir) if authorize or credentials.has_credentials(data_dir) else None
+        auth = credentials.server_auth(keys, bank_link=bank_link)
         client_port = port or previous_port(data_dir) or free_port()
         for attempt in range(1, START_ATTEMPTS + 1):
             server = cls(data_dir=data_dir, port=client_port, monitor_port=free_port())
