@@ -244,7 +244,7 @@ class Searcher:
                                     prior_nu=self.config.prior_nu)
         self.memory_model = MemoryModel(space, capacity_bytes, meta=meta, kb=self.kb,
                                         interaction_std=self.config.memory_interaction_std)
-        self.invariants = InvariantModel({p.id: p.invariant_prior for p in space.patches})
+        self.invariants = InvariantModel({**self.kb.invariant, **{p.id: p.invariant_prior for p in space.patches}})
         self.cost_model = CostModel()
         self.capacity_bytes = capacity_bytes
         self.baseline = baseline
