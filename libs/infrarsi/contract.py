@@ -39,6 +39,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -335,18 +336,33 @@ class ClusterSpec(_Model):
         )
 
 
+def _pattern(pattern: re.Pattern[str] | str, what: str) -> AfterValidator:
+    """A string field's check: the whole value matches ``pattern``, else ``'<value>' is not <what>``."""
+    compiled = re.compile(pattern)
+
+    def check(value: str) -> str:
+        if not compiled.fullmatch(value):
+            raise ValueError(f"{value!r} is not {what}")
+        return value
+
+    return AfterValidator(check)
+
+
 _SLURM_TOKEN = re.compile(r"[A-Za-z0-9_.:@+=/,\-]+")
+SlurmToken = Annotated[str, _pattern(_SLURM_TOKEN, "a single Slurm token (letters, digits, _.:@+=/,-)")]
 """A Slurm option value: one token, no spaces, quotes or shell characters (it reaches sbatch as one argv item)."""
-_SLURM_TIME = re.compile(r"(\d+-)?\d+(:\d{1,2}){0,2}")
+SlurmTime = Annotated[str, _pattern(r"(\d+-)?\d+(:\d{1,2}){0,2}", "a Slurm time (minutes, hh:mm:ss or d-hh:mm:ss)")]
 """``minutes``, ``mm:ss``, ``hh:mm:ss``, ``d-hh[:mm[:ss]]``."""
+KubernetesName = Annotated[str, _pattern(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?",
+                                         "a Kubernetes name (lower-case letters, digits and '-', 63 at most)")]
+"""A Kubernetes namespace, claim or service-account name (RFC 1123 label)."""
+NetnsName = Annotated[str, _pattern(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", "a network namespace name")]
 _SBATCH_OWNED = ("--parsable", "--wrap", "--output", "--error", "--job-name", "--chdir", "--nodes", "--ntasks",
                  "--ntasks-per-node", "--comment", "--requeue", "--no-requeue", "--export")
 """sbatch options the Slurm backend sets itself: ``extra_sbatch`` may not override them."""
 SLURM_FIELDS = ("partition", "account", "qos", "time_limit", "gres", "constraint", "exclusive", "extra_sbatch")
 KUBERNETES_FIELDS = ("namespace", "image", "manifest", "gpus_per_node", "volume_claim", "service_account",
                      "kubeconfig", "image_python")
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-"""A Kubernetes namespace, claim or service-account name (RFC 1123 label)."""
 
 
 class BackendSpec(_Model):
@@ -362,27 +378,27 @@ class BackendSpec(_Model):
     """A trial running longer is killed and reported ``timeout``."""
     scenario: str | None = None
     """For ``kind: sim``: the simulator scenario (see ``infrarsi.sim.scenarios``); ignored otherwise."""
-    netns: list[str] = []
+    netns: list[NetnsName] = []
     """For ``kind: local``: run node ``i``'s torchrun agent inside network namespace ``netns[i]`` (an emulated
     host with its own address; ``infrarsi.netns``), the rendezvous on the first one's address."""
-    partition: str | None = None
+    partition: SlurmToken | None = None
     """For ``kind: slurm`` (sbatch ``--partition``)."""
-    account: str | None = None
+    account: SlurmToken | None = None
     """For ``kind: slurm`` (``--account``)."""
-    qos: str | None = None
+    qos: SlurmToken | None = None
     """For ``kind: slurm`` (``--qos``)."""
-    time_limit: str | None = None
+    time_limit: SlurmTime | None = None
     """Slurm's own limit (``--time``): ``minutes``, ``hh:mm:ss`` or ``d-hh:mm:ss``; reaching it ends the trial
     ``timeout``."""
-    gres: str | None = None
+    gres: SlurmToken | None = None
     """Per node, e.g. ``gpu:8`` (``--gres``); its GPU count prices the trial's accelerator-seconds."""
-    constraint: str | None = None
+    constraint: SlurmToken | None = None
     """For ``kind: slurm``: node features (``--constraint``)."""
     exclusive: bool = False
     """For ``kind: slurm``: whole nodes (``--exclusive``)."""
     extra_sbatch: list[str] = []
     """More sbatch options, one ``--option=value`` per item (never through a shell)."""
-    namespace: str = "default"
+    namespace: KubernetesName = "default"
     """For ``kind: kubernetes``: the namespace the trials' objects are created in."""
     image: str | None = None
     """For ``kind: kubernetes`` (required there): the container image every rank runs; it holds the workload's
@@ -392,30 +408,16 @@ class BackendSpec(_Model):
     ``job`` — an indexed ``batch/v1 Job`` and a headless ``Service`` (any cluster)."""
     gpus_per_node: int = Field(default=0, ge=0)
     """For ``kind: kubernetes``: ``nvidia.com/gpu`` per pod (one pod per node); prices accelerator-seconds."""
-    volume_claim: str | None = None
+    volume_claim: KubernetesName | None = None
     """For ``kind: kubernetes``: a ReadWriteMany PersistentVolumeClaim holding the launcher's data directory;
     every pod mounts it at the same path, so worktrees, launch files and probe files are shared."""
-    service_account: str | None = None
+    service_account: KubernetesName | None = None
     """For ``kind: kubernetes``: the pods' service account."""
     kubeconfig: str | None = None
     """For ``kind: kubernetes``: the kubeconfig file the launcher uses (default: in-cluster, else
     ``~/.kube/config``)."""
     image_python: str = "python3"
     """For ``kind: kubernetes``: the interpreter inside ``image`` (replaces the launcher's own in a rank's argv)."""
-
-    @field_validator("partition", "account", "qos", "gres", "constraint")
-    @classmethod
-    def _slurm_token(cls, value: str | None) -> str | None:
-        if value is not None and not _SLURM_TOKEN.fullmatch(value):
-            raise ValueError(f"{value!r} is not a single Slurm token (letters, digits, _.:@+=/,-)")
-        return value
-
-    @field_validator("time_limit")
-    @classmethod
-    def _slurm_time(cls, value: str | None) -> str | None:
-        if value is not None and not _SLURM_TIME.fullmatch(value):
-            raise ValueError(f"{value!r} is not a Slurm time (minutes, hh:mm:ss or d-hh:mm:ss)")
-        return value
 
     @field_validator("extra_sbatch")
     @classmethod
@@ -426,21 +428,6 @@ class BackendSpec(_Model):
                 raise ValueError(f"{item!r} is not one sbatch option (--name or --name=single-token)")
             if name in _SBATCH_OWNED:
                 raise ValueError(f"{name} is set by the Slurm backend itself")
-        return value
-
-    @field_validator("namespace", "volume_claim", "service_account")
-    @classmethod
-    def _dns_label(cls, value: str | None) -> str | None:
-        if value is not None and not _DNS_LABEL.fullmatch(value):
-            raise ValueError(f"{value!r} is not a Kubernetes name (lower-case letters, digits and '-', 63 at most)")
-        return value
-
-    @field_validator("netns")
-    @classmethod
-    def _netns_names(cls, value: list[str]) -> list[str]:
-        for name in value:
-            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", name):
-                raise ValueError(f"{name!r} is not a network namespace name")
         return value
 
     @model_validator(mode="after")

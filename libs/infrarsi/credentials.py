@@ -211,6 +211,7 @@ def nats_permissions(principal: str) -> dict[str, object]:
     if principal == FEDERATES:
         federation = (subjects.BANK_SHARED_STREAM, subjects.BANK_HUB_STREAM)
         publish |= {f"$JS.API.STREAM.{verb}.{s}" for s in federation for verb in ("CREATE", "UPDATE")}
+        publish |= {s for s in _link_api(BANK_LINK_API) if ".CONSUMER." not in s}  # the link's streams
     for stream in sorted(_streams_of(table.subscribe)):
         publish |= {
             f"$JS.API.CONSUMER.CREATE.{stream}",
@@ -232,7 +233,9 @@ def nats_permissions(principal: str) -> dict[str, object]:
 
 
 BANK_ACCOUNT = "BANK"
-"""The bank hub's one account: its JetStream holds only the bank, and every leaf link is bound to it."""
+"""The account of the bank's leaf links, on both ends: the hub's one account, where every cluster's link is bound,
+and on each cluster the account the link's remote binds to (``cluster_accounts_block``). Its JetStream holds only
+the bank."""
 
 
 def bank_account_block(users: dict[str, str]) -> str:
@@ -245,12 +248,99 @@ def bank_account_block(users: dict[str, str]) -> str:
     return f"accounts {{\n  {BANK_ACCOUNT} {{\n    jetstream: enabled\n    users = [\n{listed}\n    ]\n  }}\n}}\n"
 
 
-def authorization_block(public_keys: dict[str, str]) -> str:
-    """The ``authorization { users = [...] }`` text for a nats-server config (JSON values are valid there)."""
+def _users(public_keys: dict[str, str], indent: str) -> str:
+    """The ``users = [...]`` list of the principals (JSON values are valid nats-server config)."""
     users = []
     for principal in sorted(public_keys):
         user: dict[str, object] = {"nkey": public_keys[principal]}
         if principal != ADMIN:
             user["permissions"] = nats_permissions(principal)
-        users.append(f"    # {principal}\n    {json.dumps(user)}")
-    return "authorization {\n  users = [\n" + ",\n".join(users) + "\n  ]\n}\n"
+        users.append(f"{indent}  # {principal}\n{indent}  {json.dumps(user)}")
+    return f"{indent}users = [\n" + ",\n".join(users) + f"\n{indent}]\n"
+
+
+def authorization_block(public_keys: dict[str, str]) -> str:
+    """The ``authorization { users = [...] }`` text for a nats-server config."""
+    return "authorization {\n" + _users(public_keys, "  ") + "}\n"
+
+
+# --------------------------------------------------------------------------------------------------
+# A federated cluster: the principals' account and the bank link's account (docs/security.md)
+# --------------------------------------------------------------------------------------------------
+
+PRINCIPALS_ACCOUNT = "IRSI"
+"""On a cluster of the bank federation, the account of every principal (services, CLI verbs, jobs)."""
+BANK_LINK_API = "$JS.bank-link.API"
+"""How a federated cluster's principals reach its ``BANK`` account's JetStream: the slice of that API the
+principals' account imports (``cluster_accounts_block``). A prefix like a JetStream domain's, so no cluster or
+hub may take ``bank-link`` as its domain."""
+ANONYMOUS = "anonymous"
+"""A cluster without credentials maps every client to this user of the principals' account (``no_auth_user``)."""
+LINK_STREAMS = (subjects.BANK_STREAM, subjects.BANK_SHARED_STREAM)
+"""The streams of a cluster's ``BANK`` account: the copy of the cluster's entries the hub sources, and the
+other clusters' entries sourced from the hub (which the principals' own ``IRSI_BANK_SHARED`` sources)."""
+
+
+def _link_api(api: str = "$JS.API") -> list[str]:
+    """The ``BANK`` JetStream API subjects the principals' account may call (under ``api``): create, update and
+    inspect the link's two streams, account info, and create the consumer that sources the shared copy."""
+    shared = subjects.BANK_SHARED_STREAM
+    return [f"{api}.INFO",
+            *(f"{api}.STREAM.{verb}.{s}" for s in LINK_STREAMS for verb in ("CREATE", "UPDATE", "INFO")),
+            f"{api}.CONSUMER.CREATE.{shared}", f"{api}.CONSUMER.CREATE.{shared}.>"]
+
+
+def cluster_accounts_block(public_keys: dict[str, str] | None) -> str:
+    """A bank-federation cluster's ``accounts``: the principals in ``IRSI``, the leaf link in ``BANK``.
+
+    ``IRSI`` holds the principals with the permissions ``authorization_block`` gives them (without
+    ``public_keys``: one user every client without credentials is mapped to) and the cluster's own streams.
+    ``BANK``, to which the leaf remote binds (``account: BANK``), has its own JetStream with only the link's
+    streams (``LINK_STREAMS``): whatever arrives over the link — the hub's requests to
+    ``$JS.<cluster domain>.API``, a publish, a subscription — lives in ``BANK`` and reaches nothing of ``IRSI``.
+    What crosses between them, and only this:
+
+    - ``IRSI`` → ``BANK``: the core messages on ``bank.>`` (a stream export): each entry a principal publishes
+      is stored by ``IRSI``'s ``IRSI_BANK`` (the publisher's ack) and by ``BANK``'s, which the hub sources;
+    - ``BANK`` → ``IRSI``: the slice of ``BANK``'s JetStream API in ``_link_api`` (imported under
+      ``BANK_LINK_API``: ``infrarsi bank federate`` creates the link's streams, and ``IRSI``'s
+      ``IRSI_BANK_SHARED`` sources ``BANK``'s), the sourcing consumer's deliveries (``$JS.S.>``) and the flow
+      control it asks to be answered (``$JS.FC.IRSI_BANK_SHARED.>``).
+
+    (Sourcing the other way too would export ``$JS.S.>`` both ways, which nats-server refuses as a cycle.)
+    """
+    if public_keys:
+        users, anonymous = _users(public_keys, "    "), ""
+    else:  # a password nobody uses: clients without credentials are mapped to the user by no_auth_user
+        users = f"    users = [{json.dumps({'user': ANONYMOUS, 'password': secrets.token_hex(16)})}]\n"
+        anonymous = f"no_auth_user: {ANONYMOUS}\n"
+    bank, irsi = BANK_ACCOUNT, PRINCIPALS_ACCOUNT
+    fc = f"$JS.FC.{subjects.BANK_SHARED_STREAM}.>"
+    bank_exports: list[dict[str, object]] = [{"service": s, "accounts": [irsi]} for s in _link_api()]
+    bank_exports += [{"stream": "$JS.S.>", "accounts": [irsi]}, {"service": fc, "accounts": [irsi]}]
+    irsi_imports: list[dict[str, object]] = [
+        {"service": {"account": bank, "subject": s}, "to": to} for s, to in zip(_link_api(), _link_api(BANK_LINK_API),
+                                                                               strict=True)]
+    irsi_imports += [{"stream": {"account": bank, "subject": "$JS.S.>"}}, {"service": {"account": bank, "subject": fc}}]
+
+    def listed(name: str, items: list[dict[str, object]]) -> str:
+        return f"    {name} = [\n" + "".join(f"      {json.dumps(item)}\n" for item in items) + "    ]\n"
+
+    return (
+        f"{anonymous}accounts {{\n"
+        f"  {irsi} {{\n    jetstream: enabled\n{users}"
+        + listed("exports", [{"stream": f"{subjects.BANK_ROOT}.>", "accounts": [bank]}])
+        + listed("imports", irsi_imports)
+        + f"  }}\n  {bank} {{\n    jetstream: enabled\n"
+        + listed("exports", bank_exports)
+        + listed("imports", [{"stream": {"account": irsi, "subject": f"{subjects.BANK_ROOT}.>"}}])
+        + "  }\n}\n"
+    )
+
+
+def server_auth(public_keys: dict[str, str] | None, *, bank_link: bool = False) -> str:
+    """The auth text of a server: ``authorization`` with the principals (none without keys), or on a cluster of
+    the bank federation (``bank_link``) the two accounts of ``cluster_accounts_block``."""
+    if bank_link:
+        return cluster_accounts_block(public_keys)
+    return authorization_block(public_keys) if public_keys else ""

@@ -22,12 +22,53 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from infrarsi import credentials
 
 DEFAULT_DATA_DIR = Path(".infrarsi")
 SERVER_STATE_FILE = "nats-server.json"
 SERVER_CONFIG_FILE = "nats-server.conf"
+
+
+@dataclass(frozen=True)
+class StateFile:
+    """A running process's record in a data directory (``nats-server.json``, ``infrarsi up``'s ``stack.json``):
+    its ``pid`` and how to reach it, written when it starts, removed when it stops. A record whose pid is gone
+    was left by a kill."""
+
+    path: Path
+
+    def write(self, **state: object) -> None:
+        self.path.write_text(json.dumps(state, indent=2))
+
+    def read(self) -> dict[str, Any] | None:
+        """The record, or ``None``: none, or torn by a kill."""
+        with contextlib.suppress(OSError, ValueError):
+            state = json.loads(self.path.read_text())
+            if isinstance(state, dict) and isinstance(state.get("pid"), int):
+                return state
+        return None
+
+    def live(self) -> dict[str, Any] | None:
+        """The record while its process is alive (a killed process leaves its record behind)."""
+        state = self.read()
+        if state is None:
+            return None
+        try:
+            os.kill(state["pid"], 0)
+        except OSError:  # gone, or another user's process that took the pid
+            return None
+        return state
+
+    def forget(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+
+def server_state(data_dir: Path | str) -> StateFile:
+    """The record of the embedded server started under ``data_dir``."""
+    return StateFile(Path(data_dir) / SERVER_STATE_FILE)
 
 
 START_ATTEMPTS = 4
@@ -110,6 +151,7 @@ class EmbeddedServer:
         extra_config: str = "",
         ready_timeout_s: float = 20.0,
         authorize: bool = False,
+        bank_link: bool = False,
     ) -> EmbeddedServer:
         """Start a server with its store under ``data_dir/jetstream`` and wait until it is healthy.
 
@@ -118,14 +160,15 @@ class EmbeddedServer:
         and may use only that principal's subjects (``infrarsi.credentials``). The stack-starting verbs
         pass it; so does any start over a data directory that already has credentials, so a later verb
         never opens a store that ``infrarsi up`` protected.
+        ``bank_link``: a cluster of the bank federation — the principals in their own account and the leaf link
+        in ``BANK`` (``credentials.cluster_accounts_block``; ``bank.server_config_fragment("leaf", ...)``).
         Without ``port`` it listens where the last server over this data dir did, when that port is free:
         clients of the killed one (a running ``infrarsi run``, the services) reconnect on their own.
         """
         data_dir = Path(data_dir).absolute()
         data_dir.mkdir(parents=True, exist_ok=True)
-        auth = ""
-        if authorize or credentials.has_credentials(data_dir):
-            auth = credentials.authorization_block(credentials.ensure(data_dir))
+        keys = credentials.ensure(data_dir) if authorize or credentials.has_credentials(data_dir) else None
+        auth = credentials.server_auth(keys, bank_link=bank_link)
         client_port = port or previous_port(data_dir) or free_port()
         for attempt in range(1, START_ATTEMPTS + 1):
             server = cls(data_dir=data_dir, port=client_port, monitor_port=free_port())
@@ -184,9 +227,7 @@ class EmbeddedServer:
             raise EmbeddedServerError(
                 f"nats-server did not become healthy; log tail:\n{this_start[-2000:]}"
             ) from None
-        (self.data_dir / SERVER_STATE_FILE).write_text(
-            json.dumps({"url": self.url, "pid": self.process.pid, "monitor_port": self.monitor_port})
-        )
+        server_state(self.data_dir).write(url=self.url, pid=self.process.pid, monitor_port=self.monitor_port)
 
     def wait_healthy(self, timeout_s: float) -> None:
         """Poll the monitoring endpoint ``/healthz?js-enabled-only=true`` until JetStream is up."""
@@ -203,7 +244,7 @@ class EmbeddedServer:
     def stop(self, timeout_s: float = 10.0) -> None:
         """SIGTERM (lame-duck-free clean shutdown flushes JetStream), then SIGKILL if it hangs."""
         if self.process is None or self.process.poll() is not None:
-            self._forget()
+            server_state(self.data_dir).forget()
             return
         self.process.send_signal(signal.SIGTERM)
         try:
@@ -211,17 +252,13 @@ class EmbeddedServer:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
-        self._forget()
+        server_state(self.data_dir).forget()
 
     def kill(self) -> None:
         """SIGKILL, as a crash would: for tests of what survives a dead server."""
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait()
-
-    def _forget(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            (self.data_dir / SERVER_STATE_FILE).unlink()
 
     def __enter__(self) -> EmbeddedServer:
         return self
@@ -240,16 +277,8 @@ def answers_healthy(healthz_url: str, timeout_s: float = 1.0) -> bool:
 
 def running_server_url(data_dir: Path | str = DEFAULT_DATA_DIR) -> str | None:
     """The URL of an embedded server started earlier under ``data_dir`` (by ``infrarsi up``), if alive."""
-    state_file = Path(data_dir) / SERVER_STATE_FILE
-    try:
-        state = json.loads(state_file.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-    try:
-        os.kill(int(state["pid"]), 0)
-    except (ProcessLookupError, PermissionError, KeyError, ValueError):
-        return None
-    return str(state["url"])
+    state = server_state(data_dir).live()
+    return str(state["url"]) if state is not None and "url" in state else None
 
 
 def resolve_nats_url(nats_url: str | None, data_dir: Path | str = DEFAULT_DATA_DIR) -> str | None:

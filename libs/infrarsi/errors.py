@@ -13,7 +13,8 @@ code   name                meaning
                            candidate to verify, nothing to model yet, no bank entry matches, services down
 2      ``EXIT_USAGE``      it cannot run as asked: bad arguments or contract, unknown study or candidate, no
                            NATS server reachable, a file it must write is held
-3      ``EXIT_REFUSED``    a verdict said no: the policy refused an apply, a trial did not pass its checks
+3      ``EXIT_REFUSED``    a verdict said no: the policy refused an apply (or its branch exists), a trial did
+                           not pass its checks
 4      ``EXIT_TIMEOUT``    the runs it waited for did not finish within ``--timeout``
 130    ``EXIT_INTERRUPTED`` Ctrl-C
 =====  ==================  ==================================================================================

@@ -634,14 +634,17 @@ class AgentPatch(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class AgentPrior(msgspec.Struct, frozen=True, kw_only=True):
-    """A knowledge-base override the model proposed: an encoded feature's effect on log step time or memory."""
+    """A knowledge-base override the model proposed: an encoded feature's effect on log step time or memory, or
+    (``target`` ``invariant``) the probability that a setting breaks an invariant of this job."""
 
     feature: str
     """As the models encode it: ``autocast_dtype=bfloat16``, ``micro_batch_size:log2``, ``patch:<id>``."""
-    target: Literal["time", "memory"] = "time"
+    target: Literal["time", "memory", "invariant"] = "time"
     mean: float
+    """time/memory: the effect in log units; invariant: P(the setting breaks an invariant), in [0.01, 0.9]."""
     std: float
-    """The model's stated std, divided by sqrt(weight): a prior that measurements overrule."""
+    """The model's stated std, divided by sqrt(weight): a prior that measurements overrule (unused for
+    ``invariant``: one run that keeps every invariant clears the setting whatever the model said)."""
     weight: float
     reason: str = ""
 

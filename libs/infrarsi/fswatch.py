@@ -2,9 +2,9 @@
 
 Owns ``DirectoryWatch``: an inotify descriptor watching one directory for writes and new files, usable from
 asyncio (``await watch.changed(timeout_s)``) or from a thread (``watch.wait(timeout_s)``). The launcher
-follows a trial's probe file with it: polling that file every 5 ms for the launcher's clock cost ~1 % of a
-core per trial (bench/launcher_overhead.py); a wake-up per record costs a few hundredths of that and sees a
-record sooner. ``DirectoryWatch.open`` returns ``None`` where inotify is missing (not Linux, or no free
+follows a trial's probe file with it instead of polling that file every 5 ms for the launcher's clock: a
+wake-up per record costs less than polling and sees a record sooner (``bench/launcher_overhead.py`` measures
+both side by side; README's "launcher overhead" row has the figures). ``DirectoryWatch.open`` returns ``None`` where inotify is missing (not Linux, or no free
 watches): callers then poll. It must not read the files: it only says that something changed.
 """
 

@@ -4,7 +4,7 @@ Owns what the launcher (and the verifier/doctor through the backends) needs to k
 
 - ``ProcRef``: a process named by (pid, create time), so a recycled pid is never killed by mistake;
 - ``MemoryWatchdog``: a thread that samples the RSS of a job's whole process tree every ~50 ms (from
-  ``/proc``, cheaply: under 1 % of a core), keeps the peak per rank (with the kernel's high-water marks),
+  ``/proc``; what that costs: README's "launcher overhead" row, ``bench/launcher_overhead.py``), keeps the peak per rank (with the kernel's high-water marks),
   and calls back once when a rank exceeds the emulated device capacity (CPU hosts);
 - ``kill_all``: SIGTERM (or straight SIGKILL) to every process and its process group, then SIGKILL
   what is left; ``tagged_processes``: every process whose environment carries a launch tag, which is how
@@ -138,8 +138,8 @@ class MemoryWatchdog(threading.Thread):
 
     Cost (bench/launcher_overhead.py): each sample reads ``/proc/<pid>/status`` of the processes already
     known, nothing else; new descendants are looked up every ``discover_s`` through the kernel's per-thread
-    ``children`` lists, not by scanning every process of the host (psutil's ``children(recursive=True)``
-    every 50 ms cost 13–14 % of a core). The kernel's high-water mark ``VmHWM`` makes the peak exact for a
+    ``children`` lists, not by scanning every process of the host (as psutil's ``children(recursive=True)``
+    does: the bench measures both side by side, README's "launcher overhead" row has the figures). The kernel's high-water mark ``VmHWM`` makes the peak exact for a
     one-process rank whatever the interval: a spike that came and went between two samples still counts.
     """
 

@@ -37,10 +37,11 @@ from infrarsi import credentials, subjects
 from infrarsi.bus import Bus, BusError, server_urls
 from infrarsi.embedded import (
     SERVER_CONFIG_FILE,
-    SERVER_STATE_FILE,
     EmbeddedServer,
+    StateFile,
     resolve_nats_url,
     running_server_url,
+    server_state,
 )
 from infrarsi.logs import get_logger
 from infrarsi.service import PARENT_PID_ENV
@@ -172,13 +173,16 @@ def _run_blocking(coro: Coroutine[Any, Any, T]) -> T:
         return pool.submit(asyncio.run, coro).result()
 
 
+def stack_state(data_dir: Path | str) -> StateFile:
+    """The record of the ``infrarsi up`` running the stack under ``data_dir``."""
+    return StateFile(Path(data_dir) / STACK_STATE_FILE)
+
+
 def _owner(data_dir: Path) -> str:
     """Who runs the stack under ``data_dir``, for error messages: the ``infrarsi up`` pid, else the server's."""
-    for name, what in ((STACK_STATE_FILE, "infrarsi up"), (SERVER_STATE_FILE, "nats-server")):
-        with contextlib.suppress(OSError, ValueError, KeyError):
-            pid = int(json.loads((data_dir / name).read_text())["pid"])
-            os.kill(pid, 0)  # alive? (a killed `up` leaves its state file behind)
-            return f"{what} pid {pid}"
+    for state, what in ((stack_state(data_dir), "infrarsi up"), (server_state(data_dir), "nats-server")):
+        if (record := state.live()) is not None:
+            return f"{what} pid {record['pid']}"
     return "owner unknown"
 
 
@@ -200,12 +204,14 @@ def reap_orphaned_server(data_dir: Path | str) -> int | None:
     some other way (``EmbeddedServer`` alone) and is left alone.
     """
     data_dir = Path(data_dir).absolute()
+    stack, server_record = stack_state(data_dir).read(), server_state(data_dir).read()
+    if stack is None or server_record is None:
+        return None
+    stack_pid, server_pid = stack["pid"], server_record["pid"]
     try:
-        stack_pid = int(json.loads((data_dir / STACK_STATE_FILE).read_text())["pid"])
-        server_pid = int(json.loads((data_dir / SERVER_STATE_FILE).read_text())["pid"])
         server = psutil.Process(server_pid)
         ours = str(data_dir / SERVER_CONFIG_FILE) in server.cmdline()
-    except (OSError, ValueError, KeyError, TypeError, psutil.Error):
+    except psutil.Error:
         return None
     if _alive(stack_pid) or not ours:
         return None
@@ -217,10 +223,9 @@ def reap_orphaned_server(data_dir: Path | str) -> int | None:
         except psutil.TimeoutExpired:
             server.kill()
             server.wait(10)
-    for name in (STACK_STATE_FILE, SERVER_STATE_FILE):
-        with contextlib.suppress(FileNotFoundError):
-            (data_dir / name).unlink()
-    return server_pid
+    stack_state(data_dir).forget()
+    server_state(data_dir).forget()
+    return int(server_pid)
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:
@@ -388,8 +393,8 @@ class Stack:
         return out
 
     def _write_state(self) -> None:
-        state = {"url": self.url, "pid": os.getpid(), "services": {n: p.pid for n, p in self.processes.items()}}
-        (self.data_dir / STACK_STATE_FILE).write_text(json.dumps(state, indent=2))
+        services = {n: p.pid for n, p in self.processes.items()}
+        stack_state(self.data_dir).write(url=self.url, pid=os.getpid(), services=services)
 
     # ------------------------------------------------------------------ stop
 
@@ -416,8 +421,7 @@ class Stack:
                 proc.process.wait(5.0)
         if self.server is not None:
             self.server.stop()
-        with contextlib.suppress(FileNotFoundError):
-            (self.data_dir / STACK_STATE_FILE).unlink()
+        stack_state(self.data_dir).forget()
 
     def __enter__(self) -> Stack:
         return self

@@ -243,15 +243,17 @@ class StudySpace:
                           invariant_prior=_INVARIANT_PRIOR["medium"], risk="medium") for p in patches)
         space = dataclasses.replace(self.space, patches=self.space.patches + new)
         contract = self.contract.with_study_patches(p.patch_id for p in patches)
-        from infrarsi.agent.answers import prior_overrides
+        from infrarsi.agent.answers import invariant_overrides, prior_overrides
 
         time, memory = prior_overrides(priors)
+        risks = invariant_overrides(priors)
         kb = self.kb
-        if time or memory:
+        if time or memory or risks:
             from infrarsi.bank.adapt import with_priors
 
-            space, kb = with_priors(space, kb, time, memory)
-        features = frozenset(time) | frozenset(memory) | {f"patch:{p.patch_id}" for p in patches if trust_model}
+            space, kb = with_priors(space, kb, time, memory, risks)
+        features = (frozenset(time) | frozenset(memory) | frozenset(risks)
+                    | {f"patch:{p.patch_id}" for p in patches if trust_model})
         return dataclasses.replace(self, contract=contract, space=space, kb=kb,
                                    agent_features=self.agent_features | features)
 

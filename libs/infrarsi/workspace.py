@@ -50,6 +50,16 @@ class WorkspaceError(Exception):
     """A git operation on the workload failed or was refused."""
 
 
+class BranchExists(WorkspaceError):
+    """The branch a candidate would be written to exists already: a refusal (the user decides whether to
+    review or delete it), not a failure of the candidate."""
+
+
+def branch_exists_remedy(repo: Path, branch: str) -> str:
+    """What to do about an existing promotion branch, for the message that names it."""
+    return f"review it, or delete it to apply again: git -C {repo} branch -D {branch}"
+
+
 def golden_tag(study_id: str) -> str:
     """The tag of a study's untouched baseline."""
     return f"infrarsi/{study_id}/golden"
@@ -613,7 +623,7 @@ def apply_candidate(
         git(repo, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch_name}", check=False).returncode
         == 0
     ):
-        raise WorkspaceError(f"branch {branch_name} already exists in {repo}; delete it to apply again")
+        raise BranchExists(f"branch {branch_name} already exists in {repo}; {branch_exists_remedy(repo, branch_name)}")
     tmp = Path(tempfile.mkdtemp(prefix="infrarsi-apply-"))
     worktree = tmp / "worktree"
     created = False

@@ -41,7 +41,7 @@ import math
 from dataclasses import dataclass, field
 
 from infrarsi import events as ev
-from infrarsi.agent.prior_check import judge
+from infrarsi.agent.prior_check import TIMED, judge
 from infrarsi.agent.prompts import proposal_messages, trial_row
 from infrarsi.modeling.search import Searcher
 from infrarsi.modeling.time_model import TimeModel
@@ -96,7 +96,7 @@ class AgentRole:
         trusted, without = self.space(base), self.probation_space(base)
         measured = []
         for o in outcomes:
-            if o.status == "ok" and o.step_time_s and o.candidate is not None:
+            if o.status in TIMED and o.step_time_s and o.candidate is not None:
                 try:
                     measured.append((trusted.from_event(o.candidate), o.step_time_s))
                 except ValueError:

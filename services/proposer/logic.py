@@ -108,6 +108,13 @@ class _Study:
     proposal, and the first of the rebuilt search if the model's priors are dropped before it ran."""
     hedge_turn: bool = False
     """Whether the next searcher proposal is the hedge's."""
+    model_led: set[str] = field(default_factory=set)
+    """Trials the model chose while its priors were on probation: its own knob vectors (origin ``llm``) and the
+    proposals of the searcher that holds its priors. The hedge does not learn from them, nor does the search
+    rebuilt once the priors are dropped: that search goes on as the hedge would, the search without the model.
+    A searcher that has seen a few of a wrong model's picks (slow corners of the space, far from anything the
+    knowledge base would try) does not retrace the search without the model — on the simulator it needed 10-15
+    more trials where a fresh one needs 6 (docs/agent.md)."""
 
     @property
     def trials_used(self) -> int:
@@ -208,7 +215,7 @@ class ProposerState(StudiesFold[_Study]):
             obs = observation(study.space, outcome)
             if obs is not None:
                 study.searcher.observe(obs)
-                if study.hedge is not None:
+                if study.hedge is not None and outcome.trial_id not in study.model_led:
                     study.hedge.observe(obs)
         self._check_agent_priors(study)
         return self._fill(study)
@@ -235,6 +242,8 @@ class ProposerState(StudiesFold[_Study]):
                 or study.phase != "searching"):  # fmt: skip
             return None
         trial_id = ev.derived_id(outcome.trial_id, "retry")
+        if outcome.trial_id in study.model_led:
+            study.model_led.add(trial_id)
         payload = msgspec.structs.replace(failed, reason=f"re-run of trial {outcome.trial_id} ({outcome.detail[:200]})",
                                           retry_of=outcome.trial_id)  # fmt: skip
         study.proposals.append(Proposal(trial_id, proposal.candidate, proposal.key, retry_of=outcome.trial_id))
@@ -246,13 +255,20 @@ class ProposerState(StudiesFold[_Study]):
     def _searcher(self, study: _Study) -> Searcher:
         if study.searcher is None:
             assert study.space is not None
+            dropped = study.agent is not None and study.agent.distrusted_at is not None
             study.searcher = build_searcher(study.space, study.study_id, doctor=study.doctor,
-                                            outcomes=study.outcomes, bank=study.created.bank, config=self.config)
+                                            outcomes=self._hedge_outcomes(study) if dropped else study.outcomes,
+                                            bank=study.created.bank, config=self.config)
             if study.agent is not None and study.agent.distrusted_at is not None:
                 study.searcher.enqueue(study.hedge_guess, "prior", "the knowledge base's best guess, once the "
                                        "measurements overruled the model's priors")
             study.hedge = None
         return study.searcher
+
+    @staticmethod
+    def _hedge_outcomes(study: _Study) -> list[TrialOutcome]:
+        """The outcomes the search without the model's priors learns from: all but the model-led trials."""
+        return [o for o in study.outcomes if o.trial_id not in study.model_led]
 
     def _searcher_for_turn(self, study: _Study) -> tuple[Searcher, str]:
         """The searcher whose turn it is — the hedge's every other proposal while the model's priors are on
@@ -265,8 +281,8 @@ class ProposerState(StudiesFold[_Study]):
             if not study.hedge_guess:
                 fresh = build_searcher(probation, study.study_id, doctor=study.doctor, config=self.config)
                 study.hedge_guess = [s.candidate for s in fresh.suggest(1)]
-            study.hedge = build_searcher(probation, study.study_id, doctor=study.doctor, outcomes=study.outcomes,
-                                         config=self.config)
+            study.hedge = build_searcher(probation, study.study_id, doctor=study.doctor,
+                                         outcomes=self._hedge_outcomes(study), config=self.config)
             study.hedge.enqueue(study.hedge_guess, "prior", "the knowledge base's best guess")
         study.hedge_turn = not study.hedge_turn
         if study.hedge_turn:
@@ -309,7 +325,9 @@ class ProposerState(StudiesFold[_Study]):
                 if llm is not None:
                     study.agent.proposed += 1
                     candidate, reason = llm
-                    out += self._propose(study, searcher, study.space.from_event(candidate), "llm", reason)
+                    out += self._propose(study, searcher, study.space.from_event(candidate), "llm", reason,
+                                         model_led=study.agent.on_probation)
+                    study.hedge_turn = True  # the model had its turn: the hedge's comes next
                     continue
                 n = (min(slots, left) - study.agent.held_slots(study.space, study.target_trials)) // repeats
                 if n <= 0:
@@ -329,11 +347,12 @@ class ProposerState(StudiesFold[_Study]):
                 if study.space.contract_problems(s.candidate) or study.space.event_key(s.candidate) in study.proposed_keys:
                     study.rejected.append(s.candidate)
                     continue
-                out += self._propose(study, searcher, s.candidate, s.origin, why + s.reason)
+                led = study.agent is not None and study.agent.on_probation and turn is not study.hedge
+                out += self._propose(study, searcher, s.candidate, s.origin, why + s.reason, model_led=led)
 
     def _propose(self, study: _Study, searcher: Searcher, candidate: Candidate, origin: ev.Origin,
-                 reason: str) -> list[Emission]:
-        """``TrialProposed`` of a checked candidate, once per repeat."""
+                 reason: str, *, model_led: bool = False) -> list[Emission]:
+        """``TrialProposed`` of a checked candidate, once per repeat (``model_led``: see ``_Study.model_led``)."""
         assert study.space is not None
         event_candidate = study.space.to_event(candidate)
         key = event_candidate.key()
@@ -349,6 +368,8 @@ class ProposerState(StudiesFold[_Study]):
                                        origin=origin, reason=reason, repeat=r, prediction=predicted)
             study.proposals.append(Proposal(trial_id, candidate, key))
             study.ledger.proposed(trial_id, payload)
+            if model_led:
+                study.model_led.add(trial_id)
             out.append(Emission(payload, study.study_id, trial_id, f"proposal:{index}"))
         return out
 

@@ -11,42 +11,25 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import yaml
 from infrarsi import procs
+from support.toy_job import toy_job_script
 
-TRAIN = textwrap.dedent(
-    """
-    import argparse
-    import torch
-    from infrarsi.probe.integrations.torch import track
-
-    p = argparse.ArgumentParser()
-    p.add_argument("--batch_size", type=int, default=16)
-    p.add_argument("--max_steps", type=int, default=100)
-    p.add_argument("--hidden", type=int, default=64)
-    args = p.parse_args()
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(32, args.hidden), torch.nn.ReLU(), torch.nn.Linear(args.hidden, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    x = torch.randn(512, 32)
-    y = x[:, :1] * 2.0
+TRAIN = toy_job_script(
+    flags={"hidden": 64},
+    imports="from infrarsi.probe.integrations.torch import track",
+    body="""
     with track(model, opt) as tracked:
 
         @tracked.step
         def train_step(i):
-            b = (i * args.batch_size) % 512
-            loss = torch.nn.functional.mse_loss(model(x[b : b + args.batch_size]), y[b : b + args.batch_size])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            return loss
+            return sgd_step(i)
 
         for i in range(args.max_steps):
             train_step(i)
-    """
+    """,
 )
 
 STEPS = 8

@@ -2,13 +2,18 @@
 library and the math-changing patch — naming the invariant its metadata says it breaks — and finds every
 invariant held for the genuine patches.
 
-Each candidate gets one verification round of one interleaved baseline/candidate pair at a 30-step horizon
-(the loss curve must stay within the contract's ε at every eval). Minutes on 2 cores: ``make test-slow``.
+Each candidate gets one verification round of one interleaved baseline/candidate pair (the loss curve must stay
+within the contract's ε at every eval). What is checked does not depend on the model's size, so the job is the
+dense-1node workload shrunk (``TINY``: 2 layers of width 96, 64-token sequences, 16 per step, 20 steps, one
+intra-op thread, eval every 5 steps — ~12 s a run instead of ~80 s): the eight candidates' 16 runs finish in
+minutes on a shared 2-core host (``make test-slow``). At this size the unmasked attention still leaves the loss
+curve by 2–11 % (ε is 0.5 %) and the genuine patches reproduce the baseline's loss exactly.
 """
 
 from __future__ import annotations
 
 import asyncio
+import shutil
 from pathlib import Path
 
 import pytest
@@ -24,13 +29,35 @@ ROOT = Path(__file__).resolve().parents[2]
 WORKLOAD = ROOT / "workloads" / "gpt"
 DENSE = WORKLOAD / "contracts" / "dense-1node.yaml"
 GENUINE = ["fused-qkv", "chunked-cross-entropy"]
+TINY = {
+    "model": {"vocab_size": 256, "seq_len": 64, "n_layer": 2, "n_head": 4, "d_model": 96, "mlp_hidden": 384},
+    "run": {"steps": 20, "global_batch_size": 16, "lr": 0.01, "warmup_steps": 3, "eval_every": 5, "eval_batch_size": 8},
+    "knobs": {"intra_op_threads": 1},
+}
+"""The golden launch file's overrides for this test (``model``/``run`` are locked: baseline and candidate share them)."""
+
+
+def _tiny_workload(tmp_path: Path) -> Path:
+    """A copy of the workload whose golden launch file is the dense-1node job shrunk by ``TINY``."""
+    repo = tmp_path / "workload"
+    shutil.copytree(WORKLOAD, repo, ignore=shutil.ignore_patterns("__pycache__", ".infrarsi"))
+    launch = repo / "launch" / "dense-1node.yaml"
+    golden = yaml.safe_load(launch.read_text())
+    for section, values in TINY.items():
+        golden[section].update(values)
+    launch.write_text(yaml.safe_dump(golden, sort_keys=False))
+    return repo
 
 
 def _contract(tmp_path: Path) -> Path:
     contract = yaml.safe_load(DENSE.read_text())
-    contract["workload"]["repo"] = str(WORKLOAD)
-    contract["workload"]["steps"] = 30
-    contract["workload"]["verify_steps"] = 30
+    contract["workload"]["repo"] = str(_tiny_workload(tmp_path))
+    contract["workload"]["steps"] = TINY["run"]["steps"]
+    contract["workload"]["verify_steps"] = TINY["run"]["steps"]
+    contract["workload"]["env"]["OMP_NUM_THREADS"] = "1"
+    contract["search_space"]["constraints"]["global_batch"]["size"] = TINY["run"]["global_batch_size"]
+    micro = contract["search_space"]["knobs"]["knobs.micro_batch_size"]
+    micro["choices"] = [m for m in micro["choices"] if TINY["run"]["global_batch_size"] % m == 0]
     contract["verify"] = {"top_k": 1, "repeats": 1, "passes_required": 1}
     path = tmp_path / "dense-verify.yaml"
     path.write_text(yaml.safe_dump(contract, sort_keys=False))
@@ -38,7 +65,7 @@ def _contract(tmp_path: Path) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(2400)
+@pytest.mark.timeout(1500)
 async def test_verify_rejects_hacks_and_math_change_by_name(tmp_path: Path) -> None:
     library = load_patch_library(WORKLOAD / "patches")
     breaking = {p.id: p.breaks for p in library.values() if p.kind == "reward_hack" or p.id == "attention-without-mask"}
@@ -69,6 +96,8 @@ async def test_verify_rejects_hacks_and_math_change_by_name(tmp_path: Path) -> N
         await asyncio.to_thread(stack.stop)
 
     by_patch = {v.candidate.patches[0]: v for v in verdicts.values()}
+    for patch_id, verdict in sorted(by_patch.items()):  # the verdicts, for the log of a -s run (docs cite them)
+        print(f"verdict {patch_id}: promotable={verdict.promotable} failed={verdict.failed_invariants}")
     assert set(by_patch) == {c.patches[0] for c in candidates}, "every candidate got a verdict"
     for patch_id, invariant in breaking.items():
         verdict = by_patch[patch_id]

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from infrarsi import events as ev
 from infrarsi.agent.answers import GoldenRepo
-from infrarsi.agent.client import ChatClient, Endpoint, redact
+from infrarsi.agent.client import AgentError, ChatClient, Endpoint, redact
 from infrarsi.agent.prompts import proposal_messages
 from infrarsi.agent.role import GATE_ALLOWANCE_S, answer, answer_within, exchange_bound_s
 from infrarsi.commands.init import prepare_study
@@ -171,7 +171,9 @@ def test_a_model_that_times_out_is_retried_then_named(study) -> None:
 
 def test_a_model_that_trickles_its_answer_is_cut_off_at_the_exchange_bound(study) -> None:
     """One byte every 0.3 s never trips the client's 1 s socket timeout; the exchange's bound ends it, so the
-    search — which holds the agent's share of the slots for the first answer — does not wait forever."""
+    search — which holds the agent's share of the slots for the first answer — does not wait forever. The client
+    thread it abandoned ends too, at the client's own deadline (``exchange_s``), while the server still trickles:
+    ``asyncio.run`` waits for that thread (its executor's shutdown), so the whole run is bounded by it."""
     created, space, _ = study
     # the contract's bound: 1 s × 2 attempts + 1 s backoff + the gates' allowance
     assert exchange_bound_s(space.contract.agent) == 1.0 * 2 + 1.0 + GATE_ALLOWANCE_S
@@ -180,19 +182,35 @@ def test_a_model_that_trickles_its_answer_is_cut_off_at_the_exchange_bound(study
     asked = ev.AgentAsked(ask_id="a1", purpose="proposals", model="scripted", endpoint="", messages=messages,
                           max_tokens=1000, tokens_spent_before=0)
     with chat_server(script) as url:
-        client = ChatClient(Endpoint(url, "scripted", KEY), timeout_s=1.0, retries=0)
+        client = ChatClient(Endpoint(url, "scripted", KEY), timeout_s=1.0, retries=1)
+        assert client.exchange_s == 1.0 * 2 + 1.0  # longer than the bound below: the bound decides the answer
 
         async def exchange() -> tuple[ev.AgentAnswered, float]:
             t0 = time.monotonic()
             answered = await answer_within(asked, space, GoldenRepo.of(created), bound_s=2.0, client=client)
-            waited = time.monotonic() - t0
-            script.closed.set()  # end the trickle, so the abandoned client thread ends before asyncio.run returns
-            return answered, waited
+            return answered, time.monotonic() - t0
 
+        t0 = time.monotonic()
         answered, waited = asyncio.run(exchange())
+        with_thread = time.monotonic() - t0
+        assert not script.closed.is_set()  # the server was still trickling when the client thread ended
     assert not answered.ok and answered.error == "timeout" and "within 2 s" in answered.detail
     assert waited < 30, waited  # cut at the bound, not after the ~100 s the trickle would take
-    assert len(script.requests) == 1
+    assert with_thread < 30, with_thread  # the abandoned thread ended at the client's deadline, not the trickle's end
+    assert len(script.requests) == 1  # the deadline passed during the first attempt: no second one
+
+
+def test_the_client_cuts_a_trickled_answer_at_its_own_deadline(study) -> None:
+    """Without any caller's bound: ``chat`` raises ``timeout`` by ``exchange_s`` although no read ever waited
+    as long as the socket timeout."""
+    script = scripted(Turn(proposals(), trickle_s=0.3))
+    with chat_server(script) as url:
+        client = ChatClient(Endpoint(url, "scripted", KEY), timeout_s=1.5, retries=0)
+        t0 = time.monotonic()
+        with pytest.raises(AgentError, match=r"timeout: no answer within 1.5s .*\(cut off\)"):
+            client.chat([ev.AgentMessage(role="user", content="hello")], max_tokens=100)
+        assert time.monotonic() - t0 < 30  # the whole trickle would take ~100 s
+        assert not script.closed.is_set()
 
 
 def test_a_server_error_is_retried_and_the_second_answer_used(study) -> None:

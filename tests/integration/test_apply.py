@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -14,7 +15,7 @@ from infrarsi import cli
 from infrarsi import events as ev
 from infrarsi.commands.approve_apply import ApplyRefused, evidence_text, execute_apply, plan_apply
 from infrarsi.commands.init import prepare_study
-from infrarsi.workspace import WorkspaceError, git
+from infrarsi.workspace import BranchExists, WorkspaceError, git
 from support import verified_study
 from support.small_workload import WORKLOAD_SECTION, numbered_lines, write_workload
 
@@ -306,8 +307,10 @@ def test_apply_writes_exactly_the_candidate_to_a_branch(tmp_path: Path, as_git: 
     assert git(repo, "status", "--porcelain").stdout == ""
     assert git(repo, "merge-base", "--is-ancestor", promoted.commit, "HEAD", check=False).returncode == 1
     assert git(repo, "worktree", "list", "--porcelain").stdout.count("worktree ") == 1
-    # applying again is refused by git (the branch exists) even without the PatchPromoted event
-    with pytest.raises(WorkspaceError, match="already exists"):
+    # applying again is refused by git (the branch exists) even without the PatchPromoted event: a refusal
+    # (BranchExists, which apply exits 3 for) that says what to do
+    remedy = f"already exists in {repo}; review it, or delete it to apply again: git -C {repo} branch -D {promoted.branch}"
+    with pytest.raises(BranchExists, match=re.escape(remedy)):
         execute_apply(plan)
 
 
@@ -387,6 +390,11 @@ async def test_init_approve_apply_over_nats(tmp_path: Path, capsys) -> None:
             assert await approve_apply.run_apply(args, now=MONDAY) == 0
             promoted = json.loads(capsys.readouterr().out)
             assert promoted["branch"] == f"infrarsi/{study_id}/{CANDIDATE.key()}"
+            # again: refused (3, as a policy refusal), naming the branch and what to do about it
+            assert await cli.invoke(partial(approve_apply.run_apply, now=MONDAY), args) == 3
+            err = capsys.readouterr().err
+            assert f"already applied to {promoted['branch']}" in err
+            assert f"branch -D {promoted['branch']}" in err
 
             events = await approve_apply.load_study_events(bus, study_id)
             assert [e.type for e in events if e.type != "TrialMeasured"] == [

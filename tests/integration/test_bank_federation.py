@@ -9,15 +9,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import time
 import urllib.request
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import duckdb
+import nats
 import nats.errors
 import pytest
-from infrarsi import credentials
+from infrarsi import credentials, subjects
 from infrarsi import events as ev
 from infrarsi.bank import (
     HUB_STREAM,
@@ -29,10 +31,14 @@ from infrarsi.bank import (
 )
 from infrarsi.bank.federation import read_bank_events
 from infrarsi.bank.store import replay_bank
-from infrarsi.bus import BANK_STREAM, Bus, BusError
+from infrarsi.bus import BANK_STREAM, LIFECYCLE_STREAM, TELEMETRY_STREAM, Bus, BusError
 from infrarsi.embedded import EmbeddedServer, free_port
+from nats.aio.msg import Msg
+from support.owned import owned_event
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
+SEED = re.compile(r"\bSU[A-Z2-7]{50,}")
+"""A user nkey seed (base32, ``SU…``): must never be in a server config."""
 
 
 def entry(study: str, accelerator: str = "H100-80G") -> ev.BankEntry:
@@ -78,7 +84,7 @@ class Federation:
 
     def start_cluster(self, name: str, *, authorize: bool = False, link: str | None = None) -> EmbeddedServer:
         d = self.root / name
-        server = EmbeddedServer.start(d, server_name=f"bank-{name}", authorize=authorize, extra_config=server_config_fragment(
+        server = EmbeddedServer.start(d, server_name=f"bank-{name}", authorize=authorize, bank_link=True, extra_config=server_config_fragment(
             "leaf", domain=name, store_dir=d / "jetstream", hub_leaf_urls=[f"nats-leaf://127.0.0.1:{self.leaf_port}"],
             leaf_credentials=link))
         self.clusters[name] = server
@@ -220,11 +226,11 @@ async def test_the_hub_requires_credentials_and_binds_leaf_links_to_its_bank_acc
         for _, include in links.values():
             assert include.stat().st_mode & 0o777 == 0o600
         hub = fed.start_hub(users={"operator": operator, **{n: key for n, (key, _) in links.items()}})
-        assert "SU" not in (hub_dir / "nats-server.conf").read_text(), "a seed in the hub's config"
+        assert not SEED.search((hub_dir / "nats-server.conf").read_text()), "a seed in the hub's config"
         a_srv = fed.start_cluster("cluster-a", link=credentials.LEAF_LINK_INCLUDE)
         b_srv = fed.start_cluster("cluster-b", link=credentials.LEAF_LINK_INCLUDE)
         c_srv = fed.start_cluster("cluster-c")
-        assert "SU" not in (tmp_path / "cluster-a" / "nats-server.conf").read_text(), "a seed in the leaf's config"
+        assert not SEED.search((tmp_path / "cluster-a" / "nats-server.conf").read_text()), "a seed in the leaf's config"
 
         with pytest.raises(BusError, match="(?i)authorization"):
             await Bus.connect(hub.url, service="intruder", ensure=False, connect_timeout_s=3.0)
@@ -245,6 +251,122 @@ async def test_the_hub_requires_credentials_and_binds_leaf_links_to_its_bank_acc
         assert "Authorization Violation" in (tmp_path / "cluster-c" / "nats-server.log").read_text()
         assert c_srv.process is not None and c_srv.process.poll() is None, "C keeps serving its own clients"
     finally:
+        for bus in buses:
+            with contextlib.suppress(Exception):
+                await bus.close()
+        fed.stop()
+
+
+async def _hub_request(client: nats.NATS, subject: str, body: dict | None = None) -> dict:
+    reply = await client.request(subject, json.dumps(body or {}).encode(), timeout=5.0)
+    return json.loads(reply.data)
+
+
+async def test_the_leaf_link_reaches_only_the_clusters_bank_account(tmp_path: Path) -> None:
+    """Each cluster binds its leaf link to its own BANK account (JetStream holding only the link's copies of the
+    bank); the principals stay in theirs. Entries still cross both ways and the principals read and write the
+    bank as before; an attacker holding a hub credential — here cluster B's link seed, used as a client of the
+    hub — sees only cluster A's BANK streams through ``$JS.cluster-a.API``: the lifecycle and telemetry streams
+    are "not found" to it (info, a consumer, a message), the link's own copies cannot be purged, changed or
+    deleted from the hub (the link does not take those requests), its publishes on ``irsi.>``, ``bank.>`` and a principal's
+    inbox never arrive on A, and a subscription to everything on the hub sees none of A's lifecycle events or
+    inboxes. Before, A's link joined the principals' account: the same requests listed and read IRSI."""
+    fed = Federation(tmp_path)
+    buses: list[Bus] = []
+    clients: list[nats.NATS] = []
+
+    async def as_principal(server: EmbeddedServer, principal: str) -> Bus:
+        bus = await Bus.connect(server.url, service=principal, data_dir=server.data_dir, ensure=False, replicas=1)
+        buses.append(bus)
+        return bus
+
+    try:
+        operator_dir = tmp_path / "hub-operator"
+        operator = credentials.ensure(operator_dir)["cli.bank"]
+        links = {name: credentials.ensure_leaf_link(tmp_path / name) for name in ("cluster-a", "cluster-b")}
+        hub = fed.start_hub(users={"operator": operator, **{n: key for n, (key, _) in links.items()}})
+        a_srv = fed.start_cluster("cluster-a", authorize=True, link=credentials.LEAF_LINK_INCLUDE)
+        b_srv = fed.start_cluster("cluster-b", authorize=True, link=credentials.LEAF_LINK_INCLUDE)
+        h = await Bus.connect(hub.url, service="cli.bank", data_dir=operator_dir, ensure=False, replicas=1)
+        buses.append(h)
+        await ensure_bank_federation(h, "hub", "cluster-a", "cluster-b")
+        await ensure_bank_federation(await as_principal(a_srv, "cli.bank"), "leaf", peer_clusters=["cluster-b"])
+        await ensure_bank_federation(await as_principal(b_srv, "cli.bank"), "leaf", peer_clusters=["cluster-a"])
+
+        # the principals write and read the bank as before, and entries cross both ways
+        await (await as_principal(a_srv, "reporter")).publish(bank_event(entry("study-a"), cluster_id="cluster-a"))
+        await (await as_principal(b_srv, "reporter")).publish(bank_event(entry("study-b"), cluster_id="cluster-b"))
+        for server in (a_srv, b_srv):
+            for principal in ("reporter", "cli.init"):
+                reader = await as_principal(server, principal)
+                await wait_for(lambda r=reader: _has(r, {"study-a", "study-b"}), timeout_s=60,
+                               what=f"both entries on {server.data_dir.name}, read as {principal}")
+        with urllib.request.urlopen(f"http://127.0.0.1:{a_srv.monitor_port}/leafz", timeout=5) as page:
+            assert [leaf["account"] for leaf in json.load(page)["leafs"]] == [credentials.BANK_ACCOUNT]
+
+        # the attacker: a client of the hub with a hub credential (cluster B's link seed)
+        attacker = await nats.connect(hub.url, nkeys_seed=str(tmp_path / "cluster-b" / "creds" / "leaf-link.nk"),
+                                      inbox_prefix="_SPY")  # (replies to _INBOX.> are not let out by the link)
+        clients.append(attacker)
+        seen: list[str] = []
+
+        async def record(msg: Msg) -> None:
+            seen.append(msg.subject)
+
+        await attacker.subscribe(">", cb=record)
+        api = "$JS.cluster-a.API"
+        names = await _hub_request(attacker, f"{api}.STREAM.NAMES")
+        assert sorted(names["streams"]) == sorted(credentials.LINK_STREAMS), names
+        for stream in (LIFECYCLE_STREAM, TELEMETRY_STREAM):
+            spy = {"stream_name": stream, "config": {"name": "spy", "deliver_subject": "spy", "ack_policy": "none"}}
+            for request, body in ((f"STREAM.INFO.{stream}", None), (f"CONSUMER.CREATE.{stream}.spy", spy),
+                                  (f"STREAM.MSG.GET.{stream}", {"seq": 1})):
+                answer = await _hub_request(attacker, f"{api}.{request}", body)
+                assert answer.get("error", {}).get("err_code") == 10059, (request, answer)  # stream not found
+        # the link's own copies: readable (they are the bank, shared anyway), not to be emptied or removed — nor
+        # any stream: the link does not take those requests at all
+        assert (await _hub_request(attacker, f"{api}.STREAM.INFO.{BANK_STREAM}"))["state"]["messages"] == 1  # study-a
+        for request in (f"STREAM.PURGE.{BANK_STREAM}", f"STREAM.DELETE.{SHARED_STREAM}",
+                        f"STREAM.UPDATE.{BANK_STREAM}", f"STREAM.MSG.DELETE.{BANK_STREAM}",
+                        f"STREAM.DELETE.{LIFECYCLE_STREAM}", f"STREAM.PURGE.{TELEMETRY_STREAM}"):
+            with pytest.raises(nats.errors.TimeoutError):  # the link does not let the request in: no answer
+                await attacker.request(f"{api}.{request}", b"{}", timeout=2.0)
+
+        a_admin = await Bus.connect(a_srv.url, service=credentials.ADMIN, data_dir=a_srv.data_dir, ensure=False)
+        buses.append(a_admin)
+        before = await a_admin.stream_counts()
+        inbox = await as_principal(a_srv, "cli.apply")
+        landed: list[str] = []
+
+        async def into_inbox(msg: Msg) -> None:
+            landed.append(msg.subject)
+
+        await inbox.nc.subscribe(f"{credentials.inbox_prefix('cli.apply')}.>", cb=into_inbox)
+        forged = owned_event(ev.StudyFinished(reason="forged", trials=0, accelerator_s=0.0), study_id="s-1")
+        sent = (subjects.subject_for(forged), f"{subjects.BANK_ROOT}.cluster-a.forged",
+                f"{credentials.inbox_prefix('cli.apply')}.forged")
+        for subject in sent:
+            await attacker.publish(subject, ev.encode(forged))
+        await attacker.flush()
+        # A's own traffic the attacker must not see: a lifecycle event and a request on a principal's inbox
+        await (await as_principal(a_srv, "proposer")).publish(owned_event(
+            ev.StudyFinished(reason="real", trials=0, accelerator_s=0.0), study_id="s-2"))
+        await a_admin.nc.publish(f"{credentials.inbox_prefix('cli.apply')}.own", b"x")  # (the inbox does work)
+        # a bank entry published now: BANK's copy acks to the publisher's inbox subject, inside BANK
+        await (await as_principal(a_srv, "reporter")).publish(bank_event(entry("study-c"), cluster_id="cluster-a"))
+        await a_admin.nc.flush()
+        await asyncio.sleep(1.0)  # a forwarded message would have arrived long before (loopback)
+        after = await a_admin.stream_counts()
+        assert after[LIFECYCLE_STREAM]["messages"] == before[LIFECYCLE_STREAM]["messages"] + 1  # the real one only
+        assert after[BANK_STREAM]["messages"] == before[BANK_STREAM]["messages"] + 1  # study-c only
+        assert landed == [f"{credentials.inbox_prefix('cli.apply')}.own"]
+        leaked = [s for s in seen if s.startswith((f"{subjects.ROOT}.", "_INBOX_")) and s not in sent]
+        assert sorted(set(seen) & set(sent)) == sorted(sent), "the spy hears the hub's own traffic"
+        assert not leaked, leaked
+    finally:
+        for client in clients:
+            with contextlib.suppress(Exception):
+                await client.close()
         for bus in buses:
             with contextlib.suppress(Exception):
                 await bus.close()

@@ -5,41 +5,24 @@ unchecked; the steps counted in the output are checked against the horizon."""
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from support.toy_job import toy_job_script
 from test_launcher_helpers import commit_all, launcher, serving, telemetry
 
 pytestmark = pytest.mark.integration
 
-TRAIN = textwrap.dedent(
-    """
-    import argparse
-    import torch
-
-    p = argparse.ArgumentParser()
-    p.add_argument("--batch_size", type=int, default=16)
-    p.add_argument("--max_steps", type=int, default=100)
-    p.add_argument("--stop_early", type=int, default=0)
-    args = p.parse_args()
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    x = torch.randn(512, 32)
-    y = x[:, :1] * 2.0
+TRAIN = toy_job_script(
+    flags={"stop_early": 0},
+    body="""
     steps = args.max_steps // 2 if args.stop_early else args.max_steps
     for step in range(steps):
-        i = (step * args.batch_size) % 512
-        loss = torch.nn.functional.mse_loss(model(x[i : i + args.batch_size]), y[i : i + args.batch_size])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        loss = sgd_step(step)
         print(f"step {step} loss {loss.item():.4f}", flush=True)
-    """
+    """,
 )
 
 

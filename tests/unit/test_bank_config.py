@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
 import pytest
+from infrarsi import credentials
 from infrarsi.bank.federation import (
     HUB_STREAM,
-    LEAF_DENY,
+    LEAF_DENY_EXPORTS,
+    LEAF_DENY_IMPORTS,
     SHARED_STREAM,
     hub_stream_config,
     server_config_fragment,
@@ -48,10 +51,16 @@ def test_deploy_configs_are_valid_and_match_the_code(tmp_path: Path, name: str, 
     if domain == "hub":
         assert "leafnodes {\n  listen: 0.0.0.0:7422" in text
     else:
-        for subject in LEAF_DENY:
-            assert text.count(f'"{subject}"') == 2  # denied on import and on export
+        deny, exports = (", ".join(f'"{subject}"' for subject in subjects)
+                         for subjects in (LEAF_DENY_IMPORTS, LEAF_DENY_EXPORTS))
+        assert f"deny_imports: [{deny}]" in text and f"deny_exports: [{exports}]" in text
         fragment = server_config_fragment("leaf", domain=domain, store_dir="/x", hub_leaf_urls=["nats-leaf://h:7422"])
-        assert 'deny_imports: ["bank.>", "irsi.>"]' in fragment
+        assert 'account: BANK, deny_imports: ["bank.>", "irsi.>", "$JS.*.API.STREAM.CREATE.>"' in fragment
+        assert "account: BANK" in text
+        # the accounts block is the one the code generates (only the unused user's password differs)
+        generated = credentials.cluster_accounts_block(None)
+        password = re.compile(r'"password": "[^"]*"')
+        assert password.sub("", generated) in password.sub("", text)
     local = tmp_path / name
     local.write_text(text.replace("/data/nats", str(tmp_path)))
     check = subprocess.run([str(nats_server_binary()), "-c", str(local), "-t"], capture_output=True, text=True)
@@ -61,18 +70,17 @@ def test_deploy_configs_are_valid_and_match_the_code(tmp_path: Path, name: str, 
 def test_secure_deploy_configs_are_valid_with_generated_credentials(tmp_path: Path) -> None:
     """deploy/nats/bank/secure: the hub with the users ``infrarsi creds --hub-user`` writes, the cluster with its
     principals' auth.conf and the leaf link's include; nats-server accepts both with the generated files."""
-    from infrarsi import credentials
-    from infrarsi.commands.creds import BANK_USERS_CONF
+    from infrarsi.commands.creds import ACCOUNTS_CONF, BANK_USERS_CONF
 
     cluster, hub = tmp_path / "cluster", tmp_path / "hub"
     link_key, include = credentials.ensure_leaf_link(cluster)
     (tmp_path / "leaf-link.conf").write_bytes(include.read_bytes())
-    (tmp_path / "auth.conf").write_text(credentials.authorization_block(credentials.ensure(cluster)))
+    (tmp_path / ACCOUNTS_CONF).write_text(credentials.cluster_accounts_block(credentials.ensure(cluster)))
     operator = credentials.ensure(hub)["cli.bank"]
     (tmp_path / BANK_USERS_CONF).write_text(credentials.bank_account_block({"operator": operator, "a": link_key}))
     for name in ("hub.conf", "cluster-a.conf"):
         text = (DEPLOY / "secure" / name).read_text()
-        assert "SU" not in text, f"a seed in {name}"
+        assert not re.search(r"\bSU[A-Z2-7]{50,}", text), f"a seed in {name}"
         local = tmp_path / name
         local.write_text(text.replace("/data/nats", str(tmp_path)))
         check = subprocess.run([str(nats_server_binary()), "-c", str(local), "-t"], capture_output=True, text=True)

@@ -55,6 +55,28 @@ def test_distil_keeps_the_lesson_and_drops_the_workload() -> None:
     assert len(oom.detail) == MAX_DETAIL_CHARS
 
 
+def test_a_trial_stopped_as_slow_is_kept_as_a_timeout_is() -> None:
+    """A search trial stopped early as far slower than the incumbent (``stopped_slow``) is evidence that its knob
+    values are slow on that hardware: the entry keeps it as a failure with its reason, as it keeps a timeout,
+    and never as a winner."""
+    base = facts()
+    slow, timed_out = cand(16), cand(32)
+    trials = [
+        *base.trials,
+        TrialFact(candidate=slow, status="stopped_slow",
+                  reason="stopped_slow: steady steps 3.1x the incumbent's 1.5 s after 6 steps"),
+        TrialFact(candidate=timed_out, status="timeout", reason="timeout: 600 s"),
+    ]
+    entry = distil(StudyFacts(study_id="study-1", meta=META, time_effects=base.time_effects,
+                              memory_effects=base.memory_effects, trials=trials,
+                              verifications=base.verifications, baseline_step_s=2.0))
+    kept = {f.kind: f for f in entry.failures if f.kind in ("timeout", "stopped_slow")}
+    assert [f.kind for f in entry.failures][-2:] == ["timeout", "stopped_slow"]
+    assert kept["stopped_slow"].candidate == slow and kept["stopped_slow"].detail.startswith("stopped_slow: steady")
+    assert kept["timeout"].candidate == timed_out
+    assert slow not in entry.winners
+
+
 def test_distil_is_deterministic_and_the_event_id_follows_the_content() -> None:
     a, b = distil(facts()), distil(facts())
     assert msgspec.json.encode(a) == msgspec.json.encode(b)

@@ -1,11 +1,12 @@
 """Searcher: dedup, known-OOM regions, invariants, deterministic replay, stopping."""
 
 import math
+from typing import cast
 
 import numpy as np
 from infrarsi.modeling.acquisition import InvariantModel, acquisition, expected_improvement
 from infrarsi.modeling.priors import KnowledgeBase, default_knowledge_base
-from infrarsi.modeling.search import Observation, SearchConfig, Searcher
+from infrarsi.modeling.search import Observation, SearchConfig, Searcher, Suggestion
 from infrarsi.modeling.space import BoolKnob, Candidate, Categorical, IntChoice, Patch, SearchSpace
 
 GIB = 2**30
@@ -274,8 +275,46 @@ class FixedRisk(Searcher):
 
 
 def test_a_candidate_at_thirty_percent_oom_risk_is_not_proposed_by_default():
-    for config, expect_risky in ((SearchConfig(), False), (SearchConfig(oom_exclude=0.35), True)):
+    # the cut-off alone (memory step probes off); with them on, such a candidate comes only as a probe
+    for config, expect_risky in ((SearchConfig(probe_max_p_oom=None), False),
+                                 (SearchConfig(oom_exclude=0.35, probe_max_p_oom=None), True)):
         s = FixedRisk(SPACE, CAP, seed=0, kb=default_knowledge_base(), config=config)
         _, log = run(0, 15, s)
         risky = [sug.candidate for sug, _ in log if sug.candidate["micro_batch"] >= 8]
         assert bool(risky) == expect_risky, (config.oom_exclude, risky)
+    s = FixedRisk(SPACE, CAP, seed=0, kb=default_knowledge_base())
+    _, log = run(0, 15, s)
+    assert all(sug.reason.startswith("memory step probe") for sug, _ in log if sug.candidate["micro_batch"] >= 8)
+
+
+LEAN = SearchSpace(knobs=(IntChoice("micro_batch", (1, 2, 4, 8)), IntChoice("lanes", (1, 2, 3, 4, 6, 8)),
+                          Categorical("sched", ("a", "b", "c"), default="a")))
+"""A job whose activations are a small share of the peak: the built-in prior (x1.35 memory per doubling of the
+micro-batch) overprices every larger micro-batch, which in truth all fit and run up to 2.8x faster."""
+
+
+def _lean_study(config: SearchConfig, trials: int = 15) -> list[tuple[Suggestion, Observation]]:
+    s = Searcher(LEAN, CAP, seed=0, kb=default_knowledge_base(), config=config)
+    rng = np.random.default_rng(0)
+    log = []
+    for _ in range(trials):
+        sug = s.suggest(1)[0]
+        c = sug.candidate
+        t = 2.0 / c["micro_batch"] ** 0.5 * (1 - 0.02 * math.log2(c["lanes"])) * {"a": 1.0, "b": 0.98, "c": 1.01}[c["sched"]]
+        peak = CAP * (0.86 + 0.015 * c["micro_batch"])
+        o = Observation(c, "ok", t * math.exp(0.02 * rng.standard_normal()), peak, 100 * t)
+        s.observe(o)
+        log.append((sug, o))
+    return log
+
+
+def test_a_memory_prior_that_overprices_a_knob_is_walked_one_probed_step_at_a_time():
+    # issue 13 (robustness family model 126): every larger micro-batch stayed above the OOM cut-off for the whole
+    # study and the trials went to knobs that cost no memory; a one-step probe teaches the model the real slope
+    off = _lean_study(SearchConfig(probe_max_p_oom=None))
+    assert all(sug.candidate["micro_batch"] == 1 for sug, _ in off)
+    on = _lean_study(SearchConfig())
+    first = next(sug for sug, _ in on if sug.candidate["micro_batch"] > 1)
+    assert first.candidate["micro_batch"] == 2 and first.reason.startswith("memory step probe")
+    assert cast(float, first.p_oom) > SearchConfig().oom_exclude
+    assert any(sug.candidate["micro_batch"] == 8 for sug, _ in on)

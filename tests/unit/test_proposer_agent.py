@@ -12,9 +12,11 @@ from typing import Any
 
 from infrarsi import events as ev
 from infrarsi.contract import contract_from_dict
+from infrarsi.trial_ledger import TrialOutcome
+from infrarsi_services.proposer.agent import AgentRole
 from infrarsi_services.proposer.logic import ProposerState, RunRequested
 from test_proposer_logic import World, envelope, loader, msg_copy, of_type, run_events
-from test_study_space import synthetic_contract_dict
+from test_study_space import synthetic_contract_dict, synthetic_space
 
 FILES = {"model.py": "def attention(q, k, v):\n    return manual(q, k, v)\n"}
 GOOD = ev.Candidate(knobs={"train.compile": True, "model.attention": "sdpa"})
@@ -207,3 +209,50 @@ def test_a_right_model_keeps_its_priors(tmp_path: Path) -> None:
     assert hedged, reasons  # undecided, so every other searcher proposal was the hedge's
     assert agent.distrusted_at is None and agent.log_bayes_factor < 0
     assert fold.studies[created.study_id].space.kb.time["compile"] == (-0.3, 0.05)
+
+
+def test_after_a_drop_the_search_goes_on_as_the_hedge_without_the_models_picks(tmp_path: Path) -> None:
+    """Neither the hedge nor the search rebuilt once the wrong priors are dropped learns from the trials the
+    model chose while on probation (its own knob vectors and its searcher's picks): that search goes on as the
+    search without the model would."""
+    wrong = [ev.AgentPrior(feature=f, mean=0.6, std=0.1, weight=0.5, reason="confidently wrong")
+             for f in ("compile", "attention=sdpa")]
+    slow = ev.Candidate(knobs={"train.compile": False, "model.attention": "manual", "train.micro_batch_size": 1})
+    created = agent_study(tmp_path, trials=12, share=0.25)
+    fold = state()
+    answer = good_answer(candidates=[ev.AgentKnobProposal(candidate=slow, reason="wrong")], priors=wrong)
+    log = run_events([fold], ScriptedModel(loader(created.payload), answers=[answer]),
+                     [created, envelope(RunRequested(parallel=1))])
+    study = fold.studies[created.study_id]
+    assert study.agent.distrusted_at is not None
+    proposed = {e.trial_id: e.payload for e in of_type(log, ev.TrialProposed)}
+    led = {proposed[t].candidate.key() for t in study.model_led}
+    assert any(proposed[t].origin == "llm" for t in study.model_led)  # the model's own knob vector
+    seen = {study.space.to_event(o.candidate).key() for o in study.searcher.observations}
+    assert seen and not seen & led
+    assert all(not proposed[t].reason.startswith("without the model's priors") for t in study.model_led)
+
+
+def test_the_hedge_proposes_right_after_the_models_own_candidate(tmp_path: Path) -> None:
+    right = [ev.AgentPrior(feature="compile", mean=-0.3, std=0.05, weight=0.5, reason="right")]
+    created = agent_study(tmp_path, trials=6, share=0.2)
+    fold = state()
+    log = run_events([fold], ScriptedModel(loader(created.payload), answers=[good_answer(priors=right)]),
+                     [created, envelope(RunRequested(parallel=1))])
+    proposals = [e.payload for e in of_type(log, ev.TrialProposed)]
+    assert proposals[0].origin == "llm"
+    assert proposals[1].reason.startswith("without the model's priors (they are on probation)"), proposals[1].reason
+
+
+def test_runs_that_broke_an_invariant_still_measure_speed_for_the_prior_check(tmp_path: Path) -> None:
+    """A trial that broke the loss ran at its real speed: its step time is evidence about the model's time
+    priors (as it is for the time model), so a wrong model is overruled even when no trial kept every
+    invariant."""
+    study = synthetic_space(tmp_path)
+    role = AgentRole(files={}, priors=[ev.AgentPrior(feature="compile", mean=0.6, std=0.1, weight=0.5)])
+    runs = [({"train.compile": c, "model.attention": a}, t) for c, a, t in
+            [(False, "manual", 2.0), (True, "manual", 1.4), (False, "sdpa", 1.9), (True, "sdpa", 1.3)]]
+    outcomes = [TrialOutcome(trial_id=f"t{i}", candidate=ev.Candidate(knobs=k), kind="search",
+                             status="invariant_violation", step_time_s=t, peak_bytes=2**30, accelerator_s=1.0)
+                for i, (k, t) in enumerate(runs)]
+    assert role.check_priors(study, outcomes, noise_std=0.03) and role.distrusted_at == 4

@@ -45,7 +45,7 @@ def test_winner_and_verdicts_match_the_last_verify_completed(db):
     rows = db.execute(
         """SELECT payload->>'candidate_key', CAST(payload->>'speedup' AS DOUBLE), CAST(payload->>'ci_low' AS DOUBLE),
                   CAST(payload->>'promotable' AS BOOLEAN), CAST(payload->'failed_invariants' AS VARCHAR[])
-           FROM events WHERE type = 'VerifyCompleted' ORDER BY stream_seq"""
+           FROM events WHERE type = 'VerifyCompleted' ORDER BY seq"""
     ).fetchall()
     last = {key: (s, lo, p, f) for key, s, lo, p, f in rows}
     assert len(report.verdicts) == 2 and len(report.winners) == 1
@@ -100,6 +100,22 @@ def test_unknown_study_and_missing_table(tmp_path, db):
 
     with pytest.raises(ReportSourceError):
         build_report(duckdb.connect(), "s1")
+
+
+def test_the_view_reads_the_declared_event_columns_and_never_guesses(db):
+    """report.source reads ``events`` by the event log's declared schema (``EVENT_COLUMNS``), one source of truth:
+    the DB ``load_events`` builds has exactly those columns, and a table of another shape (here one whose
+    payload sits in an envelope column, which the view used to dig out by guessing) is refused, naming what it
+    lacks."""
+    from infrarsi.eventlog.schema import EVENT_COLUMNS
+    from infrarsi.report.source import ReportSourceError, ensure_view
+
+    assert [row[0] for row in db.execute("DESCRIBE events").fetchall()] == list(EVENT_COLUMNS)
+    other = duckdb.connect()
+    other.execute("CREATE TABLE events (seq BIGINT, event_id VARCHAR, type VARCHAR, study_id VARCHAR, envelope JSON)")
+    with pytest.raises(ReportSourceError, match=r"lacks the analyst schema's columns \['stream', 'subject', 'trial_id'"
+                       r".*infrarsi replay --from-scratch"):
+        ensure_view(other)
 
 
 def test_a_coarse_study_says_so_and_names_what_went_unchecked(tmp_path):

@@ -5,10 +5,10 @@ beside the batched GEMM) so a verifier has something to compare against. The MoE
 load-balancing loss are per *sequence*, so neither depends on how sequences are grouped into
 micro-batches: changing the micro-batch leaves the loss unchanged up to rounding.
 
-Expert parallelism: with ``ep_size`` ranks each rank holds ``n_experts / ep_size`` experts; token slots are
-exchanged with ``all_to_all_single`` (autograd-aware, works on gloo and NCCL). Expert gradients therefore
-already sum over every rank's tokens; the training loop divides them by the data-parallel size, the same
-average DDP applies to the replicated parameters.
+Expert parallelism (``ExpertParallel``): with ``ep.size`` ranks each rank holds ``n_experts / ep.size``
+experts; token slots are exchanged with ``all_to_all_single`` (autograd-aware, works on gloo and NCCL). Expert
+gradients therefore already sum over every rank's tokens; the training loop divides them by the data-parallel
+size, the same average DDP applies to the replicated parameters.
 
 This module owns the network only; no data, no optimiser, no distributed setup.
 """
@@ -16,6 +16,7 @@ This module owns the network only; no data, no optimiser, no distributed setup.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 import torch
@@ -31,6 +32,16 @@ class LossOutput(NamedTuple):
     """The training objective: mean cross-entropy plus the MoE load-balancing loss."""
     ce: torch.Tensor
     """Mean next-token cross-entropy over the loss tokens (what the loss curve reports)."""
+
+
+@dataclass(frozen=True)
+class ExpertParallel:
+    """Where a MoE's experts live: over the ``size`` ranks of ``group``, this process being ``rank``. The default,
+    one rank, keeps every expert here."""
+
+    group: torch.distributed.ProcessGroup | None = None
+    size: int = 1
+    rank: int = 0
 
 
 class CausalSelfAttention(nn.Module):
@@ -82,23 +93,19 @@ class MoE(nn.Module):
         top_k: int,
         capacity_factor: float,
         expert_impl: Literal["loop", "batched"],
-        ep_group: torch.distributed.ProcessGroup | None = None,
-        ep_size: int = 1,
-        ep_rank: int = 0,
+        ep: ExpertParallel = ExpertParallel(),
     ) -> None:
         super().__init__()
         self.n_experts = n_experts
         self.top_k = top_k
         self.capacity_factor = capacity_factor
         self.expert_impl = expert_impl
-        self.ep_group = ep_group
-        self.ep_size = ep_size
-        self.n_local = n_experts // ep_size
+        self.ep = ep
+        self.n_local = n_experts // ep.size
         self.router = nn.Linear(d_model, n_experts, bias=False)
         # Local experts only; the global expert e lives on rank e // n_local.
         self.w1 = nn.Parameter(torch.empty(self.n_local, d_model, hidden))  # (E_l, C, H)
         self.w2 = nn.Parameter(torch.empty(self.n_local, hidden, d_model))  # (E_l, H, C)
-        self.ep_rank = ep_rank
 
     def capacity(self, T: int) -> int:
         return max(1, math.ceil(self.capacity_factor * T * self.top_k / self.n_experts))
@@ -113,22 +120,22 @@ class MoE(nn.Module):
 
     def _exchange(self, x: torch.Tensor) -> torch.Tensor:
         """all_to_all along the expert dim: (E, N, C) of my tokens → (E_l, ep·N, C) of my experts' tokens."""
-        if self.ep_size == 1:
+        if self.ep.size == 1:
             return x
         E, N, C = x.shape
         out = funcol.all_to_all_single_autograd(
-            x.reshape(-1, C), None, None, self.ep_group
+            x.reshape(-1, C), None, None, self.ep.group
         ).wait()  # (ep·E_l·N, C) ordered (src rank, local expert, slot)
-        out = out.view(self.ep_size, self.n_local, N, C).transpose(0, 1)  # (E_l, ep, N, C)
-        return out.reshape(self.n_local, self.ep_size * N, C)
+        out = out.view(self.ep.size, self.n_local, N, C).transpose(0, 1)  # (E_l, ep, N, C)
+        return out.reshape(self.n_local, self.ep.size * N, C)
 
     def _exchange_back(self, y: torch.Tensor, N: int) -> torch.Tensor:
         """Inverse of ``_exchange``: (E_l, ep·N, C) → (E, N, C) back on the tokens' rank."""
-        if self.ep_size == 1:
+        if self.ep.size == 1:
             return y
         C = y.shape[-1]
-        y = y.view(self.n_local, self.ep_size, N, C).transpose(0, 1).contiguous()  # (ep, E_l, N, C)
-        out = funcol.all_to_all_single_autograd(y.view(-1, C), None, None, self.ep_group).wait()  # (E·N, C) ordered (expert, slot)
+        y = y.view(self.n_local, self.ep.size, N, C).transpose(0, 1).contiguous()  # (ep, E_l, N, C)
+        out = funcol.all_to_all_single_autograd(y.view(-1, C), None, None, self.ep.group).wait()  # (E·N, C) ordered (expert, slot)
         return out.view(self.n_experts, N, C)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -209,9 +216,7 @@ class GPT(nn.Module):
         checkpointing: Literal["none", "selective", "full"] = "none",
         capacity_factor: float = 1.25,
         expert_impl: Literal["loop", "batched"] = "loop",
-        ep_group: torch.distributed.ProcessGroup | None = None,
-        ep_size: int = 1,
-        ep_rank: int = 0,
+        ep: ExpertParallel = ExpertParallel(),
     ) -> None:
         super().__init__()
         self.cfg = cfg
@@ -221,8 +226,7 @@ class GPT(nn.Module):
         def ffn() -> nn.Module:
             if cfg.kind == "moe":
                 return MoE(
-                    cfg.d_model, cfg.expert_hidden, cfg.n_experts, cfg.top_k, capacity_factor, expert_impl,
-                    ep_group, ep_size, ep_rank,
+                    cfg.d_model, cfg.expert_hidden, cfg.n_experts, cfg.top_k, capacity_factor, expert_impl, ep
                 )  # fmt: skip
             return MLP(cfg.d_model, cfg.mlp_hidden)
 
@@ -248,7 +252,7 @@ class GPT(nn.Module):
                 module.weight.normal_(0.0, std)
             elif isinstance(module, MoE):
                 E, C, H = module.n_experts, self.cfg.d_model, self.cfg.expert_hidden
-                lo, hi = module.ep_rank * module.n_local, (module.ep_rank + 1) * module.n_local
+                lo, hi = module.ep.rank * module.n_local, (module.ep.rank + 1) * module.n_local
                 w1 = torch.empty(E, C, H, device=module.w1.device).normal_(0.0, std)
                 w2 = torch.empty(E, H, C, device=module.w2.device).normal_(0.0, std / math.sqrt(2 * self.cfg.n_layer))
                 module.w1.copy_(w1[lo:hi])

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from config import LaunchConfig, load_launch, parse_override
 from data import FLOP_SAMPLE_OFFSET, MarkovCorpus, StepBatches, eval_sequences
 from infrarsi.probe import Probe
-from model import GPT
+from model import GPT, ExpertParallel
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 
@@ -187,9 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         checkpointing=knobs.activation_checkpointing,
         capacity_factor=knobs.moe_capacity_factor,
         expert_impl=knobs.moe_expert_impl,
-        ep_group=dist.group.WORLD if moe and world > 1 else None,
-        ep_size=world if moe else 1,
-        ep_rank=rank if moe else 0,
+        ep=ExpertParallel(dist.group.WORLD, world, rank) if moe and world > 1 else ExpertParallel(),
     ).to(device)
     expert_params = set(map(id, model.expert_parameters())) if moe and world > 1 else set()
     amp_dtype = torch.bfloat16 if knobs.autocast_dtype == "bfloat16" else torch.float32

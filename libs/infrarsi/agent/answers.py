@@ -13,7 +13,10 @@ Owns ``check_proposals``: the JSON answer (``prompts.PROPOSALS_FORMAT``) → ``A
 - each candidate: the study's space (``outside_space``: unknown key, value or patch; infeasible) and the
   contract (``contract_violation``);
 - each prior: a feature of the encoded space (``unknown_feature``); its std widened by the contract's
-  ``agent.prior_weight`` and never narrower than ``MIN_PRIOR_STD``, so measurements overrule it.
+  ``agent.prior_weight`` and never narrower than ``MIN_PRIOR_STD``, so measurements overrule it. An
+  ``invariant`` prior (P(the setting breaks an invariant of this job)) names a patch, a knob level or a bool
+  knob, its probability clamped to [``MIN_RISK``, ``MAX_RISK``]: never so sure that the search may not try
+  the setting once, and one run that keeps every invariant clears it.
 
 Reward hacks in scope (skipping optimiser steps, shrinking eval, slowing the probe's clock) are not guessed at
 here: they are ordinary in-scope diffs that the invariants catch when they run, as for the library's
@@ -43,6 +46,13 @@ MIN_PRIOR_STD = 0.05
 """No model prior is tighter than this (log units): a few trials can always overrule it."""
 MAX_PRIOR_MEAN = 2.0
 """|mean| of a prior above this (×7.4) is clamped: no claim that large survives a first measurement anyway."""
+MIN_RISK, MAX_RISK = 0.01, 0.9
+"""Bounds of a model's P(a setting breaks an invariant): at 0.9 the search still may try it (P(holds) stays
+above ``SearchConfig.invariant_exclude``), so a wrong claim of risk can be overruled by a run."""
+RISK_CONCENTRATION = 2.0
+"""a + b of the Beta prior an invariant claim becomes (the invariant model reads its mean)."""
+RISK_KINDS = frozenset({"patch", "level", "bool"})
+"""Features an invariant prior may name: the invariant model's items (a patch, ``knob=value``, a bool knob)."""
 
 
 @dataclass
@@ -134,7 +144,8 @@ def check_proposals(text: str, study: StudySpace, golden: GoldenRepo, *, prior_w
     extended = study.with_agent(out.patches)
     for i, item in enumerate(_list(doc, "candidates", out)):
         _check_candidate(i, item, extended, names, out)
-    features = {spec.name for spec in FeatureEncoder(extended.space).specs if spec.kind not in ("intercept", "interaction")}
+    features = {spec.name: spec.kind for spec in FeatureEncoder(extended.space).specs
+                if spec.kind not in ("intercept", "interaction")}
     for i, item in enumerate(_list(doc, "priors", out)):
         _check_prior(i, item, features, names, prior_weight, out)
     return out
@@ -221,21 +232,26 @@ def _check_candidate(i: int, item: Any, study: StudySpace, names: Mapping[str, s
     out.candidates.append(ev.AgentKnobProposal(candidate=study.to_event(model), reason=str(item.get("reason", ""))[:2000]))
 
 
-def _check_prior(i: int, item: Any, features: set[str], names: Mapping[str, str], weight: float,
+def _check_prior(i: int, item: Any, features: Mapping[str, str], names: Mapping[str, str], weight: float,
                  out: Checked) -> None:
     if not isinstance(item, dict) or not isinstance(item.get("feature"), str):
-        out.refuse("malformed", f"prior {i}", "each prior is {'feature', 'target': time|memory, 'mean', 'std'}")
+        out.refuse("malformed", f"prior {i}",
+                   "each prior is {'feature', 'target': time|memory|invariant, 'mean', 'std'}")
         return
     feature = item["feature"]
     if feature.startswith("patch:") and feature.removeprefix("patch:") in names:
         feature = "patch:" + names[feature.removeprefix("patch:")]
     name = f"prior {feature}"
     target = item.get("target", "time")
-    if target not in ("time", "memory"):
-        out.refuse("malformed", name, f"target must be time or memory, got {target!r}")
+    if target not in ("time", "memory", "invariant"):
+        out.refuse("malformed", name, f"target must be time, memory or invariant, got {target!r}")
         return
     if feature not in features:
         out.refuse("unknown_feature", name, f"{feature!r} is not a feature of this study's model")
+        return
+    if target == "invariant" and features[feature] not in RISK_KINDS:
+        out.refuse("unknown_feature", name, f"{feature!r} is a trend, not a setting: an invariant prior names a "
+                                            "patch, a knob level (knob=value) or a bool knob")
         return
     try:
         mean, std = _number(item, "mean", 0.0), _number(item, "std", 0.2)
@@ -247,9 +263,14 @@ def _check_prior(i: int, item: Any, features: set[str], names: Mapping[str, str]
 
 def prior_from_answer(feature: str, target: str, mean: float, std: float, weight: float, reason: str) -> ev.AgentPrior:
     """A model's stated prior as the search will hold it: the mean clamped to ±``MAX_PRIOR_MEAN``, the std
-    floored at ``MIN_PRIOR_STD`` and widened by 1/sqrt(``weight``) — a prior that measurements overrule."""
+    floored at ``MIN_PRIOR_STD`` and widened by 1/sqrt(``weight``) — a prior that measurements overrule. An
+    ``invariant`` prior's mean is a probability, clamped to [``MIN_RISK``, ``MAX_RISK``]."""
+    std = max(MIN_PRIOR_STD, abs(std)) / math.sqrt(weight)
+    if target == "invariant":
+        return ev.AgentPrior(feature=feature, target="invariant", mean=min(MAX_RISK, max(MIN_RISK, mean)), std=std,
+                             weight=weight, reason=reason)
     return ev.AgentPrior(feature=feature, target="memory" if target == "memory" else "time", mean=_clamp(mean),
-                         std=max(MIN_PRIOR_STD, abs(std)) / math.sqrt(weight), weight=weight, reason=reason)
+                         std=std, weight=weight, reason=reason)
 
 
 def prior_overrides(priors: list[ev.AgentPrior]) -> tuple[dict[str, tuple[float, float]], dict[str, tuple[float, float]]]:
@@ -257,6 +278,12 @@ def prior_overrides(priors: list[ev.AgentPrior]) -> tuple[dict[str, tuple[float,
     time = {p.feature: (p.mean, p.std) for p in priors if p.target == "time"}
     memory = {p.feature: (p.mean, p.std) for p in priors if p.target == "memory"}
     return time, memory
+
+
+def invariant_overrides(priors: list[ev.AgentPrior]) -> dict[str, tuple[float, float]]:
+    """Beta (a, b) of P(breaks an invariant) per feature, from the accepted ``invariant`` priors (later win)."""
+    return {p.feature: (p.mean * RISK_CONCENTRATION, (1.0 - p.mean) * RISK_CONCENTRATION)
+            for p in priors if p.target == "invariant"}
 
 
 def _clamp(value: float) -> float:

@@ -7,6 +7,13 @@ from the contract), one ``POST {base_url}/chat/completions`` per attempt with a 
 exponential backoff on timeouts, connection errors, 429 and 5xx, the ``TokenBudget`` of a study, and
 ``redact``: the key (and anything shaped like a bearer token) replaced before text leaves this module.
 
+An exchange ends by its deadline (``ChatClient.exchange_s``: every attempt's timeout and the backoff between
+them), whatever the server does: the socket timeout bounds each read, not the whole answer, so a server that
+trickles a byte at a time within it would hold the calling thread for as long as it likes. At the deadline
+the client shuts its connection down from a timer thread, the blocked read returns and ``chat`` raises
+``timeout``; a caller that gave up earlier (``role.answer_within``) thus gets its thread back by then. The
+endpoint is reached directly (``http.client``: no proxy, no redirect).
+
 Failures are ``AgentError`` with a ``kind`` from ``events.AgentRefusalKind`` (``timeout``, ``http_error``,
 ``budget_exceeded``, ``malformed``) so callers record them by name. Uses only the standard library (no HTTP
 dependency for an optional part). Must not: publish, log a key, or decide what an answer means.
@@ -14,11 +21,14 @@ dependency for an optional part). Must not: publish, log a key, or decide what a
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import json
 import re
+import socket
+import threading
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -154,8 +164,14 @@ class ChatClient:
     def redact(self, text: str) -> str:
         return redact(text, self.endpoint.secrets)
 
+    @property
+    def exchange_s(self) -> float:
+        """The longest one ``chat`` takes: ``timeout_s`` per attempt and the backoff between attempts."""
+        return self.timeout_s * (self.retries + 1) + sum((self.backoff_s * (1 << i) for i in range(self.retries)), 0.0)
+
     def chat(self, messages: Sequence[ev.AgentMessage], *, max_tokens: int) -> ChatReply:
-        """One answer (``choices[0].message.content``), retried on transient failures; raises ``AgentError``."""
+        """One answer (``choices[0].message.content``), retried on transient failures, by ``exchange_s`` at the
+        latest; raises ``AgentError``."""
         body = json.dumps({
             "model": self.endpoint.model,
             "messages": [{"role": m.role, "content": m.content} for m in messages],
@@ -165,14 +181,16 @@ class ChatClient:
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if self.endpoint.api_key:
             headers["Authorization"] = f"Bearer {self.endpoint.api_key}"
-        url = f"{self.endpoint.base_url}/chat/completions"
         t0 = time.monotonic()
+        deadline = t0 + self.exchange_s
         last: AgentError | None = None
         for attempt in range(1, self.retries + 2):
             if attempt > 1:
                 self.sleep(self.backoff_s * 2 ** (attempt - 2))
+            if time.monotonic() >= deadline:
+                break
             try:
-                raw = self._post(url, body, headers)
+                raw = self._post(body, headers, deadline)
             except _Transient as exc:
                 last = AgentError(exc.kind, self.redact(exc.detail), attempts=attempt)
                 continue
@@ -185,28 +203,44 @@ class ChatClient:
                 prompt_tokens = sum(len(m.content) for m in messages) // 4
                 completion_tokens = max(1, len(text) // 4)
             return ChatReply(self.redact(text), prompt_tokens, completion_tokens, attempt, time.monotonic() - t0)
-        assert last is not None
-        raise last
+        raise last or AgentError("timeout", f"no answer within {self.exchange_s:g}s from {self.endpoint.base_url}")
 
-    def _post(self, url: str, body: bytes, headers: dict[str, str]) -> bytes:
-        request = urllib.request.Request(url, data=body, headers=headers, method="POST")
+    def _post(self, body: bytes, headers: dict[str, str], deadline: float) -> bytes:
+        """One attempt; its connection is shut down at ``deadline`` if it is still open then."""
+        base = urllib.parse.urlsplit(self.endpoint.base_url)
+        connection_type = http.client.HTTPSConnection if base.scheme == "https" else http.client.HTTPConnection
+        left = deadline - time.monotonic()
+        connection = connection_type(base.hostname or "", base.port, timeout=min(self.timeout_s, max(left, 0.001)))
+        cut: threading.Timer | None = None
+        where = self.endpoint.base_url
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:  # noqa: S310 — configured URL
-                answer: bytes = response.read()
-                return answer
-        except urllib.error.HTTPError as exc:
-            detail = f"HTTP {exc.code} from {self.endpoint.base_url}: {exc.read()[:500].decode(errors='replace')}"
-            if exc.code == 429 or exc.code >= 500:
-                raise _Transient("http_error", detail) from None
-            raise AgentError("http_error", self.redact(detail)) from None
+            connection.connect()
+            # the socket itself: once the response owns the connection (HTTP/1.0, ``Connection: close``),
+            # ``connection.sock`` is None while the response still reads from this socket
+            cut = threading.Timer(max(0.0, deadline - time.monotonic()), _shut_down, args=(connection.sock,))
+            cut.daemon = True
+            cut.start()
+            connection.request("POST", f"{base.path.rstrip('/')}/chat/completions", body, headers)
+            response = connection.getresponse()
+            answer = response.read()
+            if response.status >= 400:
+                detail = f"HTTP {response.status} from {where}: {answer[:500].decode(errors='replace')}"
+                if response.status == 429 or response.status >= 500:
+                    raise _Transient("http_error", detail)
+                raise AgentError("http_error", self.redact(detail))
+            if time.monotonic() >= deadline:  # the cut may leave a short body that parses: it still came too late
+                raise _Transient("timeout", f"no answer within {self.exchange_s:g}s from {where} (cut off)")
+            return answer
         except TimeoutError:
-            raise _Transient("timeout", f"no answer within {self.timeout_s:g}s from {self.endpoint.base_url}") from None
-        except urllib.error.URLError as exc:
-            if isinstance(exc.reason, TimeoutError):
-                raise _Transient("timeout", f"no answer within {self.timeout_s:g}s from {self.endpoint.base_url}") from None
-            raise _Transient("http_error", f"cannot reach {self.endpoint.base_url}: {exc.reason}") from None
-        except (ConnectionError, OSError) as exc:
-            raise _Transient("http_error", f"connection to {self.endpoint.base_url} failed: {exc}") from None
+            raise _Transient("timeout", f"no answer within {self.timeout_s:g}s from {where}") from None
+        except (http.client.HTTPException, OSError) as exc:
+            if time.monotonic() >= deadline:
+                raise _Transient("timeout", f"no answer within {self.exchange_s:g}s from {where} (cut off)") from None
+            raise _Transient("http_error", f"connection to {where} failed: {type(exc).__name__}: {exc}") from None
+        finally:
+            if cut is not None:
+                cut.cancel()
+            connection.close()
 
     def _parse(self, raw: bytes, attempt: int) -> tuple[str, int, int]:
         try:
@@ -222,6 +256,12 @@ class ChatClient:
         if not isinstance(text, str):
             raise AgentError("malformed", "choices[0].message.content is not text", attempts=attempt)
         return text, prompt_tokens, completion_tokens
+
+
+def _shut_down(sock: socket.socket) -> None:
+    """End a blocked read on ``sock`` from another thread (``close`` alone would not wake it)."""
+    with contextlib.suppress(OSError):  # already closed
+        sock.shutdown(socket.SHUT_RDWR)
 
 
 class _Transient(Exception):

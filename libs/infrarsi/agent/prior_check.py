@@ -34,6 +34,12 @@ is free, so a single step time says nothing about any effect)."""
 
 Verdict = Literal["open", "dropped", "trusted"]
 
+TIMED = frozenset({"ok", "invariant_violation"})
+"""Outcomes whose step time measures the candidate's speed (what the time model learns from too): a run that
+broke the loss or another invariant ran to the end at its real speed. Without them the check is blind exactly
+where the model's picks and the hedge's break invariants or run out of memory — on moe8x7b the knowledge
+base's capacity factor 1.0 breaks the loss, and the verdict on inverted priors came at trial 8, not 5."""
+
 
 def log_evidence(model: TimeModel, x: np.ndarray, y: np.ndarray, noise_std: float) -> float:
     """log N(y; X m0, X S0 Xᵀ + σ² I) under ``model``'s prior (m0, S0) — x (n, p), y (n,)."""

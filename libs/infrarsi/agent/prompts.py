@@ -31,7 +31,9 @@ PROPOSALS_FORMAT = """{
                "expected_time_log_ratio": <log(new/old) step time, negative = faster>,
                "expected_memory_log_ratio": <log(new/old) peak memory>, "std": <your uncertainty, log units>}],
   "priors": [{"feature": "<feature name as listed>", "target": "time" | "memory",
-              "mean": <log-ratio>, "std": <log units>, "reason": "..."}]
+              "mean": <log-ratio>, "std": <log units>, "reason": "..."},
+             {"feature": "<a patch:<id>, knob=value or bool feature>", "target": "invariant",
+              "mean": <probability that it breaks an invariant of this job (loss, work, timing)>, "reason": "..."}]
 }"""
 
 

@@ -15,7 +15,8 @@ Calling order and consistency rules:
 
 A backend whose jobs outlive the launcher (``survives_launcher``: a scheduler runs them, not this process)
 is not reaped for running jobs: a restarted launcher calls ``attach(spec)`` for a trial it had submitted and
-follows the same job to its end.
+follows the same job to its end. ``ScheduledBackend`` is the base of those (Slurm, Kubernetes): it keeps the
+submitted job's record and the cancel reason in the job's state directory, where the next life finds them.
 
 The launcher calls ``submit``, ``poll``, ``cancel`` and ``collect`` from worker threads (``asyncio.to_thread``),
 so they may block (an ``sbatch``, an API call); calls for different jobs may run at the same time in different
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,14 +38,15 @@ DEVICE_OOM = re.compile(r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemory
 """What a real out-of-memory leaves in a rank's output."""
 
 
-def device_oom_line(output: str) -> str | None:
-    """The line of ``output`` reporting a device out-of-memory (``DEVICE_OOM``), at most 300 characters."""
+def device_oom_detail(output: str) -> str:
+    """``JobResult.oom_detail`` for a job whose ``output`` reports a device out-of-memory (``DEVICE_OOM``): that
+    line, at most 300 characters; ``""`` when it reports none."""
     match = DEVICE_OOM.search(output)
     if match is None:
-        return None
+        return ""
     line_start = output.rfind("\n", 0, match.start()) + 1
     line_end = output.find("\n", match.end())
-    return output[line_start : line_end if line_end != -1 else None].strip()[:300]
+    return f"out-of-memory reported by the job: {output[line_start : line_end if line_end != -1 else None].strip()[:300]}"
 
 
 def read_json_record(path: Path) -> dict[str, Any] | None:
@@ -169,3 +172,32 @@ class Backend(ABC):
     @abstractmethod
     def collect(self, handle: JobHandle) -> JobResult:
         """The job's result; call once, after ``poll`` returned ``True``."""
+
+
+class ScheduledBackend(Backend):
+    """A backend whose jobs a scheduler holds (Slurm, Kubernetes): they outlive the launcher
+    (``survives_launcher``), so what was submitted and why a job was cancelled live in the job's state
+    directory, where a restarted launcher finds them (``attach``, ``collect``)."""
+
+    survives_launcher = True
+    record_name: ClassVar[str]
+    """The file of ``state_dir`` that records a submitted job (``slurm.json``, ``kubernetes.json``)."""
+    CANCEL_NOTE: ClassVar[str] = "cancel.json"
+
+    def record_submitted(self, spec: JobSpec, record: dict[str, Any]) -> None:
+        """Keep what ``attach`` needs to follow the job again."""
+        (spec.state_dir / self.record_name).write_text(json.dumps(record))
+
+    def submitted(self, spec: JobSpec) -> dict[str, Any] | None:
+        """The record of the job a previous life submitted for ``spec``; ``None``: none, or torn by a kill."""
+        return read_json_record(spec.state_dir / self.record_name)
+
+    def note_cancel(self, handle: JobHandle, reason: str) -> None:
+        """Keep the reason of a cancel; the first one wins (a restarted launcher still knows it was ours)."""
+        note = handle.spec.state_dir / self.CANCEL_NOTE
+        if not note.exists():
+            note.write_text(json.dumps({"reason": reason, "at": time.time()}))
+
+    def cancel_note(self, spec: JobSpec) -> dict[str, Any] | None:
+        """The note ``note_cancel`` kept (``reason``, ``at``), or ``None``: the job was not cancelled by us."""
+        return read_json_record(spec.state_dir / self.CANCEL_NOTE)

@@ -37,13 +37,12 @@ from pathlib import Path
 from typing import Any
 
 from infrarsi.backends.base import (
-    Backend,
     JobHandle,
     JobResult,
     JobSpec,
+    ScheduledBackend,
     SubmitError,
-    device_oom_line,
-    read_json_record,
+    device_oom_detail,
 )
 from infrarsi.backends.kubernetes_manifests import (
     CONTAINER,
@@ -141,11 +140,11 @@ class _KubeJob:
     watcher: threading.Thread | None = None
 
 
-class KubernetesBackend(Backend):
+class KubernetesBackend(ScheduledBackend):
     """Trials as Kubernetes objects. ``owner`` is the launcher's state root (annotated on every object)."""
 
     name = "kubernetes"
-    survives_launcher = True
+    record_name = "kubernetes.json"
 
     def __init__(self, owner: str, options: BackendSpec | None, *, host_env: Mapping[str, str] | None = None) -> None:
         if options is None or options.kind != "kubernetes":
@@ -204,13 +203,11 @@ class KubernetesBackend(Backend):
             for manifest in created:  # nothing half-made stays behind
                 self._delete(manifest)
             raise
-        (spec.state_dir / "kubernetes.json").write_text(json.dumps({"started_at": started, "objects": manifests}))
+        self.record_submitted(spec, {"started_at": started, "objects": manifests})
         return self._follow(spec, started, manifests)
 
     def attach(self, spec: JobSpec) -> JobHandle | None:
-        try:
-            record = json.loads((spec.state_dir / "kubernetes.json").read_text())
-        except (OSError, ValueError):
+        if (record := self.submitted(spec)) is None:
             return None
         if self._get(record["objects"][-1]) is None:
             return None  # the cluster has forgotten it
@@ -221,9 +218,7 @@ class KubernetesBackend(Backend):
 
     def cancel(self, handle: JobHandle, reason: str) -> None:
         job: _KubeJob = handle.private
-        cancel_file = handle.spec.state_dir / "cancel.json"
-        if not cancel_file.exists():
-            cancel_file.write_text(json.dumps({"reason": reason, "at": time.time()}))
+        self.note_cancel(handle, reason)
         if job.ended_at is None:
             self._keep_pods(handle)  # their logs go with them
             for manifest in handle.private.objects:
@@ -242,7 +237,7 @@ class KubernetesBackend(Backend):
         with self._lock:
             self._live.pop(spec.name, None)
         output = "\n".join(f"--- pod {p.name} ---\n{p.log}" if len(pods) > 1 else p.log for p in pods)
-        ours = read_json_record(spec.state_dir / "cancel.json")
+        ours = self.cancel_note(spec)
         kind = handle.private.objects[-1]["kind"]
         cancelled = None
         if ours is not None:
@@ -253,8 +248,7 @@ class KubernetesBackend(Backend):
             cancelled = f"lost the job: {job.error}"
         oom = next((p for p in pods if p.reason == "OOMKilled"), None)
         oom_detail = f"pod {oom.name} OOMKilled (exit {oom.exit_code})" if oom else ""
-        if not oom_detail and (line := device_oom_line(output)):
-            oom_detail = f"out-of-memory reported by the job: {line}"
+        oom_detail = oom_detail or device_oom_detail(output)
         disrupted = next((p for p in pods if p.disruption), None)
         codes = [p.exit_code for p in pods if p.exit_code is not None]
         exit_code = next((c for c in codes if c != 0), 0) if codes else None

@@ -28,7 +28,7 @@ from pathlib import Path
 import psutil
 
 from infrarsi import netns, procs
-from infrarsi.backends.base import Backend, JobHandle, JobResult, JobSpec, device_oom_line
+from infrarsi.backends.base import Backend, JobHandle, JobResult, JobSpec, device_oom_detail
 from infrarsi.embedded import free_port
 from infrarsi.settings import LAUNCH_TAG_VAR
 
@@ -197,17 +197,14 @@ class LocalBackend(Backend):
         codes = [p.returncode for p in job.popens]
         exit_code = next((c for c in codes if c != 0), 0)
         oom = job.oom or job.watchdog.exceeded
-        device_oom = device_oom_line(output)
         if oom is not None:
             detail = f"rank {oom.rank} RSS {oom.rss_bytes} B exceeded the emulated capacity {oom.capacity_bytes} B"
-        elif device_oom is not None:
-            detail = f"out-of-memory reported by the job: {device_oom}"
         else:
-            detail = ""
+            detail = device_oom_detail(output)
         return JobResult(
             exit_code=exit_code,
             wall_s=ended - handle.started_at,
-            oom=oom is not None or device_oom is not None,
+            oom=bool(detail),
             oom_detail=detail,
             peak_memory_bytes=job.watchdog.peak_bytes,
             peak_per_rank=dict(job.watchdog.peak_per_rank),

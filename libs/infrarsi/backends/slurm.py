@@ -33,12 +33,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from infrarsi.backends.base import (
-    Backend,
     JobHandle,
     JobResult,
     JobSpec,
+    ScheduledBackend,
     SubmitError,
-    device_oom_line,
+    device_oom_detail,
     read_json_record,
 )
 from infrarsi.backends.local import TAIL_BYTES, tail_of
@@ -133,8 +133,8 @@ def slurm_end(
         )
     elif state == "OUT_OF_MEMORY":
         oom_detail = f"Slurm job {job_id} ended OUT_OF_MEMORY"
-    elif (line := device_oom_line(output)) is not None:
-        oom_detail = f"out-of-memory reported by the job: {line}"
+    else:
+        oom_detail = device_oom_detail(output)
     cancelled = None
     if state == "TIMEOUT":
         cancelled = f"timeout: Slurm time limit {time_limit} reached (job {job_id})"
@@ -146,11 +146,11 @@ def slurm_end(
     return SlurmEnd(oom_detail, cancelled, infrastructure)
 
 
-class SlurmBackend(Backend):
+class SlurmBackend(ScheduledBackend):
     """Trials as Slurm batch jobs. ``owner`` is the launcher's state root (it tags the jobs' comment)."""
 
     name = "slurm"
-    survives_launcher = True
+    record_name = "slurm.json"
 
     def __init__(
         self, owner: str, options: BackendSpec | None = None, *, python: str | None = None,
@@ -214,15 +214,11 @@ class SlurmBackend(Backend):
         started = time.time()
         argv = self.sbatch_argv(spec)
         job_id = _slurm(argv).split(";")[0]
-        (spec.state_dir / "slurm.json").write_text(
-            json.dumps({"job_id": job_id, "started_at": started, "argv": argv})
-        )
+        self.record_submitted(spec, {"job_id": job_id, "started_at": started, "argv": argv})
         return self._handle(spec, job_id, started, argv)
 
     def attach(self, spec: JobSpec) -> JobHandle | None:
-        try:
-            record = json.loads((spec.state_dir / "slurm.json").read_text())
-        except (OSError, ValueError):
+        if (record := self.submitted(spec)) is None:
             return None
         job_id = str(record["job_id"])
         if self._squeue_state(job_id) is None and self._sacct(job_id) is None:
@@ -245,9 +241,7 @@ class SlurmBackend(Backend):
 
     def cancel(self, handle: JobHandle, reason: str) -> None:
         job: _SlurmJob = handle.private
-        cancel_file = handle.spec.state_dir / "cancel.json"
-        if not cancel_file.exists():  # the first reason wins; a restarted launcher still knows it was ours
-            cancel_file.write_text(json.dumps({"reason": reason, "at": time.time()}))
+        self.note_cancel(handle, reason)
         if job.ended_at is None:
             _slurm(["scancel", job.job_id])
             deadline = time.monotonic() + 60
@@ -270,7 +264,7 @@ class SlurmBackend(Backend):
         raw_state = record.raw_state if record else state
         node_ooms = [read_json_record(p) for p in sorted(spec.state_dir.glob("oom-node*.json"))]
         end = slurm_end(
-            job.job_id, state, raw_state, ours=read_json_record(spec.state_dir / "cancel.json"),
+            job.job_id, state, raw_state, ours=self.cancel_note(spec),
             node_oom=node_ooms[0] if node_ooms else None, output=output, time_limit=self.options.time_limit,
         )  # fmt: skip
         peaks: dict[int, int] = {}

@@ -16,7 +16,7 @@ import numpy as np
 from infrarsi import events as ev
 from infrarsi.bank.transfer import BankPriors
 from infrarsi.modeling.priors import KnowledgeBase, default_knowledge_base
-from infrarsi.modeling.space import Candidate, FeatureEncoder, SearchSpace
+from infrarsi.modeling.space import BoolKnob, Candidate, FeatureEncoder, SearchSpace
 
 if TYPE_CHECKING:
     from infrarsi.modeling.search import Searcher
@@ -108,26 +108,33 @@ def _pair(value: MeanStd) -> MeanStd:
     return (mean, std)
 
 
-def space_with_patch_priors(space: SearchSpace, time: Mapping[str, MeanStd], memory: Mapping[str, MeanStd]
-                            ) -> SearchSpace:
+def space_with_patch_priors(space: SearchSpace, time: Mapping[str, MeanStd], memory: Mapping[str, MeanStd],
+                            invariant: Mapping[str, MeanStd] | None = None) -> SearchSpace:
     """``space`` with the patches' metadata priors replaced by ``patch:<id>`` entries of the given tables."""
+    invariant = invariant or {}
     patches = []
     for p in space.patches:
         key = f"patch:{p.id}"
         patches.append(replace(p, time_prior=_pair(time[key]) if key in time else p.time_prior,
-                               memory_prior=_pair(memory[key]) if key in memory else p.memory_prior))
+                               memory_prior=_pair(memory[key]) if key in memory else p.memory_prior,
+                               invariant_prior=_pair(invariant[key]) if key in invariant else p.invariant_prior))
     return replace(space, patches=tuple(patches))
 
 
-def with_priors(space: SearchSpace, kb: KnowledgeBase, time: Mapping[str, MeanStd], memory: Mapping[str, MeanStd]
-                ) -> tuple[SearchSpace, KnowledgeBase]:
+def with_priors(space: SearchSpace, kb: KnowledgeBase, time: Mapping[str, MeanStd], memory: Mapping[str, MeanStd],
+                invariant: Mapping[str, MeanStd] | None = None) -> tuple[SearchSpace, KnowledgeBase]:
     """(space, knowledge base) with per-feature priors laid over: ``patch:<id>`` into the patch metadata, main
-    effects as knowledge-base overrides; interaction priors (``a*b``) are not overridable and are ignored."""
+    effects as knowledge-base overrides; interaction priors (``a*b``) are not overridable and are ignored.
+    ``invariant``: Beta (a, b) of P(the setting breaks an invariant), by feature name (a bool knob's feature
+    is its name, stored as the invariant model's item ``knob=True``)."""
 
     def main(table: Mapping[str, MeanStd]) -> dict[str, MeanStd]:
         return {k: v for k, v in table.items() if not k.startswith("patch:") and "*" not in k}
 
-    return space_with_patch_priors(space, time, memory), kb.with_overrides(time=main(time), memory=main(memory))
+    bools = {k.name for k in space.knobs if isinstance(k, BoolKnob)}
+    risks = {f"{k}=True" if k in bools else k: _pair(v) for k, v in main(invariant or {}).items()}
+    return (space_with_patch_priors(space, time, memory, invariant),
+            kb.with_overrides(time=main(time), memory=main(memory), invariant=risks))
 
 
 def searcher_priors(space: SearchSpace, priors: BankPriors, kb: KnowledgeBase | None = None

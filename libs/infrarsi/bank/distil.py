@@ -29,7 +29,12 @@ MAX_WINNERS = 5
 MAX_FAILURES = 20
 MAX_DETAIL_CHARS = 200
 """Failure reasons are truncated: an output tail can quote user code or data, a bank entry must not."""
-FAILURE_KINDS = ("oom", "patch_conflict", "invariant_violation", "scope_violation", "crash", "timeout")
+FAILURE_KINDS = (
+    "oom", "patch_conflict", "invariant_violation", "scope_violation", "crash", "timeout", "stopped_slow",
+)  # fmt: skip
+"""The trial statuses kept as failures, most transferable first. ``stopped_slow`` counts as a timeout does: a
+candidate stopped early as far slower than the incumbent is evidence that its knob values are slow on that
+hardware (its steps still reach the time model as a measurement, so the effects carry it too)."""
 
 
 @dataclass(frozen=True)

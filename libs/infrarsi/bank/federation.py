@@ -22,6 +22,13 @@ Topology (docs/bank.md)::
   would deliver a publish on cluster A straight into cluster B's ``IRSI_BANK`` (and lifecycle events into B's
   ``IRSI``), bypassing the domains — duplicates and cross-talk. Only the JetStream API and the sourcing
   consumers' traffic cross.
+- On each cluster the leaf link is bound to its own account, ``BANK`` (``credentials.cluster_accounts_block``),
+  whose JetStream holds only the link's copies: ``IRSI_BANK`` (every entry published on the cluster, copied
+  from the principals' account as it is published — what the hub sources) and ``IRSI_BANK_SHARED`` (sourced
+  from the hub). The principals' ``IRSI_BANK_SHARED`` sources ``BANK``'s through ``credentials.BANK_LINK_API``.
+  So the hub, or anyone holding a hub credential, reaches the cluster's ``BANK`` account and nothing else: not
+  its lifecycle streams, not its clients' subjects. Readers and publishers are unchanged: they use the
+  principals' ``IRSI_BANK`` and ``IRSI_BANK_SHARED`` as before.
 """
 
 from __future__ import annotations
@@ -30,12 +37,13 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Literal
 
+import nats.errors
 import nats.js.errors
-from nats.js import api
+from nats.js import JetStreamContext, api
 
 from infrarsi import credentials
 from infrarsi import events as ev
-from infrarsi.bus import Bus
+from infrarsi.bus import STREAMS, Bus
 from infrarsi.subjects import (
     ALL_BANK,
     ALL_IRSI,
@@ -43,6 +51,7 @@ from infrarsi.subjects import (
     BANK_SHARED_STREAM,
     BANK_STREAM,
     bank_subject,
+    route,
 )
 
 HUB_STREAM = BANK_HUB_STREAM  # the subjects table's names, re-exported as federation spells them
@@ -51,6 +60,17 @@ SHARED_STREAM = BANK_SHARED_STREAM
 HUB_DOMAIN = "hub"
 LEAF_DENY = (ALL_BANK, ALL_IRSI)
 """Application subjects that must not cross a leaf connection (see the module docstring)."""
+LEAF_DENY_EXPORTS = (*LEAF_DENY, "_INBOX.>", *(f"{credentials.inbox_prefix(p)}.>" for p in
+                                               (*route("BankEntry").publishers, credentials.ADMIN)))
+"""What the link also never sends to the hub: the reply subjects of bank publishes. Each entry published on
+the cluster reaches ``BANK``'s ``IRSI_BANK`` with its publisher's reply subject, and ``BANK``'s JetStream acks
+there — inside ``BANK``, where a subscriber on the hub could otherwise hear the acks (the publishers' inboxes:
+the bank's publishers and ``admin``, or nats' default ``_INBOX`` without credentials)."""
+LEAF_DENY_IMPORTS = (*LEAF_DENY, *(f"$JS.*.API.STREAM.{verb}.>" for verb in
+                                   ("CREATE", "UPDATE", "DELETE", "PURGE", "MSG.DELETE", "SNAPSHOT", "RESTORE")))
+"""What the link also never takes from the hub: requests that would create, change, empty or delete a stream of
+the cluster's ``BANK`` account (``$JS.<cluster domain>.API.STREAM.…``). The hub's sourcing needs only to create
+and delete its consumers and read; ``infrarsi bank federate leaf`` makes the link's streams from the cluster."""
 
 Role = Literal["hub", "leaf"]
 
@@ -114,13 +134,15 @@ def shared_stream_config(hub_domain: str = HUB_DOMAIN, peer_clusters: Sequence[s
     )
 
 
-async def _put_stream(bus: Bus, config: api.StreamConfig) -> api.StreamInfo:
+async def _put_stream(target: Bus | JetStreamContext, config: api.StreamConfig) -> api.StreamInfo:
+    """Create the stream, or update it to ``config``, in the bus's account or through another JetStream API."""
+    js = target.js if isinstance(target, Bus) else target
     try:
-        return await bus.js.add_stream(config)
+        return await js.add_stream(config)
     except nats.js.errors.BadRequestError as exc:
         if exc.err_code != 10058:  # "stream name already in use with a different configuration"
             raise
-        return await bus.js.update_stream(config)
+        return await js.update_stream(config)
 
 
 async def ensure_bank_federation(
@@ -136,7 +158,8 @@ async def ensure_bank_federation(
       cluster later = calling again with the longer list (existing sources keep their position).
     - ``role="leaf"``: ``domains`` is ignored (or the hub's domain, overriding ``hub_domain``); makes sure the
       local ``IRSI_BANK`` exists and creates ``IRSI_BANK_SHARED`` sourcing the hub, filtered to
-      ``peer_clusters`` when given.
+      ``peer_clusters`` when given. On a cluster whose link has its own account (the module docstring), the
+      link's two streams are made in ``BANK`` and the principals' ``IRSI_BANK_SHARED`` sources ``BANK``'s.
 
     ``bus`` must be connected to the server of that role (its own domain).
     """
@@ -147,9 +170,35 @@ async def ensure_bank_federation(
             if domains:
                 hub_domain = domains[0]
             await bus.ensure_streams()
-            return await _put_stream(bus, shared_stream_config(hub_domain, peer_clusters, bus.replicas))
+            shared = shared_stream_config(hub_domain, peer_clusters, bus.replicas)
+            link = await _link_account(bus)
+            if link is None:  # the link joins the principals' account (a server configured before BANK was)
+                return await _put_stream(bus, shared)
+            await _put_stream(link, bank_stream_config(bus.replicas))
+            await _put_stream(link, shared)
+            return await _put_stream(bus, _sourced_stream(
+                SHARED_STREAM, "InfraRSI bank: other clusters' entries (sourced from the bank link's copy)",
+                [api.StreamSource(name=SHARED_STREAM, external=api.ExternalStream(api=credentials.BANK_LINK_API))],
+                bus.replicas))
         case _:
             raise ValueError(f"role must be 'hub' or 'leaf', not {role!r}")
+
+
+def bank_stream_config(replicas: int) -> api.StreamConfig:
+    """``IRSI_BANK`` as the bus defines it (``bank.>``): the principals' stream, and the link's copy of it."""
+    [spec] = [spec for spec in STREAMS if spec.name == BANK_STREAM]
+    return spec.config(replicas)
+
+
+async def _link_account(bus: Bus) -> JetStreamContext | None:
+    """The ``BANK`` account's JetStream as the principals reach it, or ``None`` where the server has no such
+    account (nobody answers its API)."""
+    link = bus.nc.jetstream(prefix=credentials.BANK_LINK_API, timeout=10.0)
+    try:
+        await link.account_info()
+    except nats.errors.NoRespondersError:
+        return None
+    return link
 
 
 # ------------------------------------------------------------------------------------------ server configs
@@ -172,12 +221,14 @@ def server_config_fragment(
       public nkey: each cluster's leaf link, the hub's operators; ``credentials.bank_account_block``) the hub
       requires credentials: a leaf or client without a listed key is refused, and every accepted connection is
       bound to the ``BANK`` account, whose JetStream holds only the bank.
-    - leaf: ``jetstream { domain: <cluster> }`` and one remote to the hub, denying ``bank.>``/``irsi.>`` both ways;
-      ``leaf_credentials`` is the 0600 file with the link's seed (``credentials.ensure_leaf_link``), included in
-      the remote block; nats-server resolves it from the config file's directory (a server over a data dir:
-      ``credentials.LEAF_LINK_INCLUDE``).
+    - leaf: ``jetstream { domain: <cluster> }`` and one remote to the hub, bound to the ``BANK`` account (the
+      server must define it: ``EmbeddedServer.start(bank_link=True)``, ``credentials.cluster_accounts_block``)
+      and denying ``bank.>``/``irsi.>`` both ways; ``leaf_credentials`` is the 0600 file with the link's seed
+      (``credentials.ensure_leaf_link``), included in the remote block; nats-server resolves it from the
+      config file's directory (a server over a data dir: ``credentials.LEAF_LINK_INCLUDE``).
     """
-    deny = ", ".join(f'"{s}"' for s in LEAF_DENY)
+    deny = ", ".join(f'"{s}"' for s in LEAF_DENY_IMPORTS)
+    deny_exports = ", ".join(f'"{s}"' for s in LEAF_DENY_EXPORTS)
     lines = [
         "jetstream {",
         f'  store_dir: "{store_dir}"',
@@ -201,7 +252,7 @@ def server_config_fragment(
             "leafnodes {",
             '  reconnect: "1s"',  # between attempts: a cluster cut off from the hub rejoins promptly
             "  remotes: [",
-            f"    {{ urls: [{urls}], deny_imports: [{deny}], deny_exports: [{deny}]{auth} }}",
+            f"    {{ urls: [{urls}], account: {credentials.BANK_ACCOUNT}, deny_imports: [{deny}], deny_exports: [{deny_exports}]{auth} }}",
             "  ]",
             "}",
         ]

@@ -42,8 +42,10 @@ from infrarsi.policy import ACTION_CLASSES, Operation, check
 from infrarsi.signing import SigningError
 from infrarsi.workspace import (
     AppliedCandidate,
+    BranchExists,
     WorkspaceError,
     apply_candidate,
+    branch_exists_remedy,
     candidate_branch,
     git,
     golden_tag,
@@ -154,7 +156,10 @@ def plan_apply(
     branch = candidate_branch(study_id, key)
     existing = git(repo, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}^{{commit}}", check=False)
     if existing.returncode == 0:
-        raise ApplyRefused([f"candidate {key} was already applied to {branch} ({existing.stdout.strip()[:12]})"])
+        raise ApplyRefused([
+            f"candidate {key} was already applied to {branch} ({existing.stdout.strip()[:12]}) in {repo}; "
+            + branch_exists_remedy(repo, branch)
+        ])
     notes += [
         f"a PatchPromoted names {p.branch} ({p.commit[:12]}), but {repo} has no branch {branch}: applying"
         for p in _payloads(events, ev.PatchPromoted)
@@ -477,6 +482,8 @@ async def run_apply(args: argparse.Namespace, *, now: datetime | None = None) ->
         except ApplyRefused as exc:
             raise UserError(f"{args.candidate}: not applied", EXIT_REFUSED,
                             details=[f"refused: {reason}" for reason in exc.reasons]) from None
+        except BranchExists as exc:  # written between the plan's check and now: refused all the same
+            raise UserError(f"{args.candidate}: not applied", EXIT_REFUSED, details=[f"refused: {exc}"]) from None
         except WorkspaceError as exc:
             raise UserError(str(exc), EXIT_FAILED) from None
         event = ev.make_event(

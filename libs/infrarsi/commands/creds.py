@@ -6,7 +6,9 @@ does by itself — and writes ``<data-dir>/creds/auth.conf``, the ``authorizatio
 seed file (``INFRARSI_NKEY_FILE=/run/secrets/launcher.nk``). Prints the principals, never a seed.
 
 For the bank federation (deploy/nats/bank/secure): ``--leaf-link`` also makes the cluster's leaf-link seed and
-``creds/leaf-link.conf``, the 0600 file its remote block includes, and prints the link's public key;
+``creds/leaf-link.conf``, the 0600 file its remote block includes, writes ``creds/accounts.conf`` (the cluster's
+two accounts: the principals in ``IRSI``, the link in ``BANK``; ``credentials.cluster_accounts_block``), which the
+cluster's config includes instead of ``auth.conf``, and prints the link's public key;
 ``--hub-user NAME=KEY`` (repeated: each cluster's link key) writes ``creds/bank-users.conf``, the hub's
 ``BANK`` account with those keys and this data directory's ``cli.bank`` (the hub's operator).
 """
@@ -21,6 +23,7 @@ from infrarsi.commands import data_dir_of
 from infrarsi.errors import UserError
 
 AUTH_CONF = "auth.conf"
+ACCOUNTS_CONF = "accounts.conf"
 BANK_USERS_CONF = "bank-users.conf"
 
 
@@ -52,6 +55,9 @@ async def run(args: argparse.Namespace) -> int:
     if args.leaf_link:
         out["leaf_link"], include = credentials.ensure_leaf_link(data_dir)
         out["leaf_link_conf"] = str(include)
+        accounts = credentials.creds_dir(data_dir) / ACCOUNTS_CONF
+        accounts.write_text(credentials.cluster_accounts_block(public))
+        out["accounts_conf"] = str(accounts)
     if hub_users:
         bank_users = credentials.creds_dir(data_dir) / BANK_USERS_CONF
         bank_users.write_text(credentials.bank_account_block({"operator (cli.bank)": public["cli.bank"], **hub_users}))
@@ -63,7 +69,8 @@ async def run(args: argparse.Namespace) -> int:
         for principal in sorted(public):
             print(f"  {principal:14} {public[principal]}")
         if args.leaf_link:
-            print(f"leaf link to the bank hub: {out['leaf_link']} (seed included from {out['leaf_link_conf']})")
+            print(f"leaf link to the bank hub: {out['leaf_link']} (seed included from {out['leaf_link_conf']}; "
+                  f"the cluster's accounts in {out['accounts_conf']})")
         if hub_users:
             print(f"bank hub users ({len(hub_users)} + the operator) in {out['bank_users_conf']}")
     return 0

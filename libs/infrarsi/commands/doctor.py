@@ -29,13 +29,7 @@ import numpy as np
 from infrarsi import doctor
 from infrarsi import events as ev
 from infrarsi.bus import Bus
-from infrarsi.commands.study_log import (
-    cli_bus,
-    follow_study,
-    open_study,
-    read_steps,
-    trial_results,
-)
+from infrarsi.commands.study_log import OpenStudy, follow_study, read_steps, study_verb, trial_results
 from infrarsi.contract import Contract
 from infrarsi.errors import EXIT_FAILED, UserError
 
@@ -125,14 +119,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print DoctorCompleted as JSON")
 
 
-async def run(args: argparse.Namespace) -> int:
-    async with cli_bus(args, SOURCE) as bus:
-        return await _doctor(bus, args)
-
-
-async def _doctor(bus: Bus, args: argparse.Namespace) -> int:
-    study_id = args.study
-    events, next_seq, created, contract = await open_study(bus, study_id)
+async def _doctor(bus: Bus, args: argparse.Namespace, study: OpenStudy) -> int:
+    study_id, events, created, contract = args.study, study.events, study.created, study.contract
     cluster_id = created.cluster.cluster_id
 
     pending: tuple[ev.Event, ev.DoctorRequested] | None = None
@@ -168,7 +156,7 @@ async def _doctor(bus: Bus, args: argparse.Namespace) -> int:
     results = trial_results(events, wanted)
     reported = -1
     if len(results) < repeats:
-        async for new in follow_study(bus, study_id, next_seq, timeout_s=args.timeout,
+        async for new in follow_study(bus, study_id, study.next_seq, timeout_s=args.timeout,
                                       unfinished=lambda: f"{repeats - len(results)} doctor runs not finished"):
             if len(results) != reported:
                 print(f"doctor: {len(results)}/{repeats} baseline runs done", file=sys.stderr)
@@ -214,3 +202,6 @@ async def _doctor(bus: Bus, args: argparse.Namespace) -> int:
         print("\n".join(summary_lines(done, report, failed)))
     return 0
 
+
+run = study_verb(SOURCE, _doctor)
+"""``infrarsi doctor STUDY``."""

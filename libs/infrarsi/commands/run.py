@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from infrarsi import events as ev
-from infrarsi.commands.study_log import add_follow_arguments, cli_bus, follow_study, open_study
+from infrarsi.commands.study_log import OpenStudy, add_follow_arguments, follow_study, study_verb
 from infrarsi.errors import UserError
 from infrarsi.trial_ledger import TrialLedger, TrialOutcome
 
@@ -127,14 +127,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          json_help="print a JSON summary at the end")
 
 
-async def run(args: argparse.Namespace) -> int:
-    async with cli_bus(args, SOURCE) as bus:
-        return await _run(bus, args)
-
-
-async def _run(bus: Bus, args: argparse.Namespace) -> int:
-    events, next_seq, created, contract = await open_study(bus, args.study)
-    budget = contract.budget.trials
+async def _run(bus: Bus, args: argparse.Namespace, study: OpenStudy) -> int:
+    events, next_seq, created = study.events, study.next_seq, study.created
+    budget = study.contract.budget.trials
     if args.trials is not None and not 1 <= args.trials <= budget:
         raise UserError(f"--trials must be in 1..{budget} (the contract's locked budget.trials)")
     if args.parallel is not None and args.parallel < 1:
@@ -182,3 +177,7 @@ async def _run(bus: Bus, args: argparse.Namespace) -> int:
         if progress.finished is not None:
             print(f"study finished: {progress.finished.reason}")
     return 0
+
+
+run = study_verb(SOURCE, _run)
+"""``infrarsi run STUDY``."""

@@ -2,7 +2,8 @@
 
 Owns ``cli_bus`` (connect to the running server, or fail before doing anything), ``recording_bus`` (connect, or
 start a temporary embedded server over ``--data-dir`` for a verb that only records a fact), the study-log
-readers used by doctor, run, verify, model, report, trial and demo, and the flags of the verbs that publish a
+readers used by doctor, run, verify, model, report, trial and demo, ``study_verb`` (the ``run`` of a verb that
+acts on one study: connect, open it, then the verb's work), and the flags of the verbs that publish a
 request and follow the answer (``add_follow_arguments``). Must not hold any one verb's logic.
 """
 
@@ -13,7 +14,8 @@ import asyncio
 import contextlib
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass
 
 from infrarsi import events as ev
 from infrarsi.bus import Bus
@@ -124,13 +126,40 @@ def study_contract(created: ev.StudyCreated) -> Contract:
         raise UserError(f"the study's contract does not load: {exc}") from None
 
 
-async def open_study(bus: Bus, study_id: str) -> tuple[list[ev.Event], int, ev.StudyCreated, Contract]:
-    """What a verb that acts on a study starts from: its events so far, the next stream position to follow
-    from, its ``StudyCreated`` and its locked contract; an unknown study or a contract that no longer loads is
-    a ``UserError`` (``require_study``, ``study_contract``)."""
+@dataclass(frozen=True)
+class OpenStudy:
+    """What a verb that acts on a study starts from (``open_study``)."""
+
+    events: list[ev.Event]
+    """The study's lifecycle events so far."""
+    next_seq: int
+    """The stream position to follow from."""
+    created: ev.StudyCreated
+    contract: Contract
+    """The locked contract."""
+
+
+async def open_study(bus: Bus, study_id: str) -> OpenStudy:
+    """The study's events so far, its ``StudyCreated`` and its locked contract; an unknown study or a contract
+    that no longer loads is a ``UserError`` (``require_study``, ``study_contract``)."""
     events, next_seq = await read_study(bus, study_id)
     created = require_study(events, study_id)
-    return events, next_seq, created, study_contract(created)
+    return OpenStudy(events, next_seq, created, study_contract(created))
+
+
+StudyVerb = Callable[[Bus, argparse.Namespace, OpenStudy], Awaitable[int]]
+"""A verb's work on the study it was given: (bus, arguments, the opened study) → exit code."""
+
+
+def study_verb(source: str, verb: StudyVerb) -> Callable[[argparse.Namespace], Awaitable[int]]:
+    """The ``run`` of a verb that acts on the study ``args.study`` names (doctor, run, verify): connect as
+    ``source`` (``cli_bus``: no server, nothing done), open the study, then ``verb``."""
+
+    async def run(args: argparse.Namespace) -> int:
+        async with cli_bus(args, source) as bus:
+            return await verb(bus, args, await open_study(bus, args.study))
+
+    return run
 
 
 @contextlib.asynccontextmanager

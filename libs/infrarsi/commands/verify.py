@@ -18,7 +18,7 @@ import msgspec
 
 from infrarsi import events as ev
 from infrarsi import verification as vf
-from infrarsi.commands.study_log import add_follow_arguments, cli_bus, follow_study, open_study
+from infrarsi.commands.study_log import OpenStudy, add_follow_arguments, follow_study, study_verb
 from infrarsi.errors import EXIT_FAILED, UserError
 
 if TYPE_CHECKING:
@@ -70,14 +70,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          json_help="print the final VerifyCompleted events as JSON lines")
 
 
-async def run(args: argparse.Namespace) -> int:
-    async with cli_bus(args, SOURCE) as bus:
-        return await _verify(bus, args)
-
-
-async def _verify(bus: Bus, args: argparse.Namespace) -> int:
-    study_id = args.study
-    events, next_seq, created, contract = await open_study(bus, study_id)
+async def _verify(bus: Bus, args: argparse.Namespace, study: OpenStudy) -> int:
+    study_id, events, created, contract = args.study, study.events, study.created, study.contract
     top = args.top or contract.verify.top_k
     ranked = candidates_from_log(events, top)
     if not ranked:
@@ -101,7 +95,7 @@ async def _verify(bus: Bus, args: argparse.Namespace) -> int:
 
     waiting = {vf.verify_id_for(request.event_id, r.candidate_key): r for r in ranked}
     final: dict[str, ev.VerifyCompleted] = {}
-    async for new in follow_study(bus, study_id, next_seq, timeout_s=args.timeout,
+    async for new in follow_study(bus, study_id, study.next_seq, timeout_s=args.timeout,
                                   unfinished=lambda: f"{len(waiting) - len(final)} verifications unfinished"):
         for event in new:
             match event.payload:
@@ -117,3 +111,7 @@ async def _verify(bus: Bus, args: argparse.Namespace) -> int:
     promotable = [d for d in final.values() if d.promotable]
     print(f"{len(promotable)} of {len(final)} candidates promotable", file=sys.stderr)
     return 0
+
+
+run = study_verb(SOURCE, _verify)
+"""``infrarsi verify STUDY``."""

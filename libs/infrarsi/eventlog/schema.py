@@ -128,6 +128,25 @@ _TRIAL_COLUMNS: dict[str, str] = {
 }
 
 
+EVENT_COLUMNS: dict[str, str] = {
+    "stream": "VARCHAR NOT NULL",
+    "seq": "UBIGINT NOT NULL",
+    "subject": "VARCHAR",
+    "event_id": "VARCHAR",
+    "type": "VARCHAR",
+    "study_id": "VARCHAR",
+    "trial_id": "VARCHAR",
+    "cluster_id": "VARCHAR",
+    "source": "VARCHAR",
+    "ts": "TIMESTAMPTZ",
+    "schema_version": "INTEGER",
+    "payload": "JSON",
+}
+"""The columns of ``lifecycle_events`` and of the ``events`` view (every event, telemetry steps too): one row per
+event at its stream position (``stream``, ``seq``), the envelope, and the payload as JSON. What readers of
+whole events rely on (``report.source``); the view's telemetry half restates them in this order."""
+
+
 def _columns_ddl(columns: dict[str, str]) -> str:
     return ",\n    ".join(f'"{name}" {type_}' for name, type_ in columns.items())
 
@@ -136,9 +155,7 @@ SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS _meta (key VARCHAR PRIMARY KEY, value VARCHAR);
 CREATE TABLE IF NOT EXISTS _positions (stream VARCHAR PRIMARY KEY, last_seq UBIGINT NOT NULL);
 CREATE TABLE IF NOT EXISTS lifecycle_events (
-    stream VARCHAR NOT NULL, seq UBIGINT NOT NULL, subject VARCHAR, event_id VARCHAR, type VARCHAR,
-    study_id VARCHAR, trial_id VARCHAR, cluster_id VARCHAR, source VARCHAR, ts TIMESTAMPTZ,
-    schema_version INTEGER, payload JSON
+    {_columns_ddl(EVENT_COLUMNS)}
 );
 CREATE TABLE IF NOT EXISTS steps (
     seq UBIGINT NOT NULL, study_id VARCHAR, trial_id VARCHAR, rank INTEGER, world_size INTEGER,

@@ -4,6 +4,11 @@ Owns: prior (mean, std) of each encoded feature's effect on log step time and lo
 name + value (with aliases for the usual spellings) or patch id; patch metadata overrides the table; the
 experience bank or an LLM may add overrides (`KnowledgeBase.with_overrides`). Must not: do I/O.
 
+Invariant risk: ``KnowledgeBase.invariant`` holds Beta (a, b) priors of P(this knob setting breaks an invariant
+on this workload), keyed like the invariant model's items (``"capacity_factor=1.0"``); patches carry theirs in
+their metadata. The built-in table has none (every setting starts at the invariant model's small default); an
+LLM may add them.
+
 Effects are in natural-log units: -0.3 means about 26% faster (or smaller). Categorical levels carry absolute
 level effects relative to a reference level of the table (e.g. recompute=none is 0), so a contract whose
 baseline is another level still gets the right differences.
@@ -64,11 +69,14 @@ class KnowledgeBase:
     default_memory: Effect = (0.0, 0.3)
     patch_time: Mapping[str, Effect] = field(default_factory=dict)
     patch_memory: Mapping[str, Effect] = field(default_factory=dict)
+    invariant: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    """Beta (a, b) of P(the knob setting ``"knob=value"`` breaks an invariant on this workload)."""
 
-    def with_overrides(self, time: Mapping[str, Effect] | None = None,
-                       memory: Mapping[str, Effect] | None = None) -> KnowledgeBase:
+    def with_overrides(self, time: Mapping[str, Effect] | None = None, memory: Mapping[str, Effect] | None = None,
+                       invariant: Mapping[str, tuple[float, float]] | None = None) -> KnowledgeBase:
         """Bank or LLM priors layered over this table (later wins)."""
-        return replace(self, time={**self.time, **(time or {})}, memory={**self.memory, **(memory or {})})
+        return replace(self, time={**self.time, **(time or {})}, memory={**self.memory, **(memory or {})},
+                       invariant={**self.invariant, **(invariant or {})})
 
     @staticmethod
     def canonical(name: str) -> str:

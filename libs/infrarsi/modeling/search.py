@@ -108,6 +108,15 @@ class SearchConfig:
     """Candidates with P(invariants hold) below this are never proposed (a patch known to break the run)."""
     pairing_trigger: float = 0.5
     pairing_target: float = 0.15
+    probe_max_p_oom: float | None = 0.7
+    """Memory step probes (``None``: off): a one-step move of one knob from the incumbent (the next value in
+    the knob's order, any level of an unordered one) that the cut-off excludes, with P(OOM) up to this, is
+    proposed when its risk-neutral worth EI × P(fit) beats the best admitted candidate's acquisition. Without it
+    a memory prior that overprices a knob (a micro-batch whose activations are a small share of the peak) keeps
+    every move along it above the cut-off for the whole study, and the search spends its trials on knobs that
+    cost no memory; one trial along the knob is what teaches the memory model its real slope."""
+    probe_margin: float = 1.0
+    """A memory step probe must be worth this many times the best admitted candidate's acquisition."""
     shortlist_top: int = 600
     shortlist_random: int = 600
     max_pool: int = 200_000
@@ -239,8 +248,9 @@ class Searcher:
                                     prior_nu=self.config.prior_nu)
         self.memory_model = MemoryModel(space, capacity_bytes, meta=meta, kb=self.kb,
                                         interaction_std=self.config.memory_interaction_std,
-                                        two_terms=self.config.memory_two_terms, misfit_floor=self.config.memory_misfit_floor)
-        self.invariants = InvariantModel({p.id: p.invariant_prior for p in space.patches})
+                                        two_terms=self.config.memory_two_terms,
+                                        misfit_floor=self.config.memory_misfit_floor)
+        self.invariants = InvariantModel({**self.kb.invariant, **{p.id: p.invariant_prior for p in space.patches}})
         self.cost_model = CostModel()
         self.capacity_bytes = capacity_bytes
         self.baseline = baseline
@@ -561,6 +571,7 @@ class Searcher:
             best = float(np.min(np.where(usable, mu, np.inf))) if usable.any() else float(mu.min())
         cost = self.cost_model.predict(np.exp(mu)) ** self.config.cost_power
         believer_rows: list[np.ndarray] = []
+        probed = np.zeros(idx.size, dtype=bool)
         while len(out) < n and usable.any():
             if believer_rows:
                 sd = self.time_model.believer_std(self.pool.x_time[idx], np.array(believer_rows))
@@ -580,12 +591,43 @@ class Searcher:
                     origin = "pairing"
                     reason = (f"memory saver paired with {self.pool.candidates[idx[r]]} "
                               f"(P(oom)={p_oom[r]:.2f}) -> P(oom)={p_oom[j]:.2f}; " + reason)
+            step = self._step_probe(idx, ei, p_oom, p_hold, usable, probed, cost, cutoff, float(acq[j]))
+            if step is not None:
+                j, origin = step, "ei"
+                reason = (f"memory step probe: one step from the incumbent that the cut-off {cutoff:.2f} excludes, "
+                          f"EI={ei[j]:.4f} x P(fit)={1 - p_oom[j]:.2f} beats the admitted candidates")
             if lifted:
                 reason = f"every candidate has P(oom) > the cut-off {cutoff:.2f}; " + reason
             out.append(Suggestion(self.pool.candidates[idx[j]], origin, reason, float(mu[j]), float(p_oom[j])))
-            usable[j] = False
+            usable[j], probed[j] = False, True
             believer_rows.append(self.pool.x_time[idx[j]])
         return out
+
+    def _step_probe(self, idx: np.ndarray, ei: np.ndarray, p_oom: np.ndarray, p_hold: np.ndarray,
+                    usable: np.ndarray, taken: np.ndarray, cost: np.ndarray, cutoff: float, admitted: float
+                    ) -> int | None:
+        """The shortlist row of the best memory step probe (``SearchConfig.probe_max_p_oom``), or None.
+
+        A step is one knob moved from the incumbent (the fastest measured fit) to the next value in its order
+        (any level of a categorical or bool), patches unchanged. Valued risk-neutrally, EI × P(fit): an OOM there
+        is a censored bound one step from a measured peak, the most informative OOM the memory model can get,
+        and a fit unlocks the steps after it."""
+        limit = self.config.probe_max_p_oom
+        if limit is None or not self._best_ok or self.pool.codes is None:
+            return None
+        inc = self.pool.codes[self._best_ok[0][2]]
+        codes = self.pool.codes[idx]
+        nk = len(self.space.knobs)
+        diff = codes != inc
+        one = (diff[:, :nk].sum(axis=1) == 1) & ~diff[:, nk:].any(axis=1)
+        ordered = np.array([k.values() is not None and not isinstance(k, Categorical) for k in self.space.knobs])
+        far = (diff[:, :nk] & ordered & (np.abs(codes[:, :nk] - inc[:nk]) > 1.0)).any(axis=1)
+        cand = one & ~far & ~usable & ~taken & (p_oom > cutoff) & (p_oom <= limit) & (p_hold > 0.5)
+        if not cand.any():
+            return None
+        worth = np.where(cand, ei * (1.0 - p_oom) * p_hold / np.maximum(cost, 1e-9), -np.inf)
+        j = int(np.argmax(worth))
+        return j if worth[j] > self.config.probe_margin * admitted else None
 
     def _escape_probe(self, idx: np.ndarray, probe: np.ndarray, p_oom: np.ndarray) -> int:
         """The shortlist row to try when nothing has fitted yet: the least risky among the candidates farthest

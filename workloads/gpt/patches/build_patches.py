@@ -206,21 +206,26 @@ HACK_SHRINK_EVAL: list[Edit] = [
     ),
 ]
 
+
+
+def block_of(name: str, first: str) -> str:
+    """The block of the workload's file ``name`` opened by the line ``first``: that line and the lines indented
+    deeper below it, as the source has them now (an edit that moves a whole block follows the source instead
+    of restating it). Fails loudly when the line is no longer there."""
+    lines = (ROOT / name).read_text().splitlines(keepends=True)
+    try:
+        start = lines.index(first + "\n")
+    except ValueError:
+        raise SystemExit(f"{name} no longer has the line {first!r}") from None
+    depth = len(first) - len(first.lstrip())
+    body = (i for i in range(start + 1, len(lines)) if lines[i].strip() and len(lines[i]) - len(lines[i].lstrip()) <= depth)
+    return "".join(lines[start : next(body, len(lines))])
+
+
 _LOSS = """            s.loss(loss_sum / accum)
 """
-_OPTIMIZER_PHASE = """            with s.phase("optimizer"):
-                if expert_params:
-                    for p in model.expert_parameters():  # sum over ranks' tokens → the DP mean
-                        p.grad.div_(world)
-                if run.grad_clip > 0:
-                    clip_grad_norm(params, expert_params, run.grad_clip)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-"""
-_EVALUATION = """            if (step + 1) % run.eval_every == 0 or step == run.steps - 1:
-                with s.evaluation() as ev:
-                    ev.loss(evaluate(cfg, train_model, eval_batch, device, amp))
-"""
+_OPTIMIZER_PHASE = block_of("train.py", '            with s.phase("optimizer"):')
+_EVALUATION = block_of("train.py", "            if (step + 1) % run.eval_every == 0 or step == run.steps - 1:")
 
 HACK_UNTIMED_OPTIMIZER: list[Edit] = [
     (

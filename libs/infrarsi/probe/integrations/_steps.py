@@ -1,4 +1,5 @@
-"""``StepTracker``: one optimiser step at a time, from the hooks a framework calls.
+"""``StepTracker``: one optimiser step at a time, from the hooks a framework calls; ``ProbedCallback``: the probe
+and tracker a framework's callback holds.
 
 Frameworks tell their callbacks about a step in pieces: its data is fetched before anyone hears that it
 began, the optimiser runs between two hooks, and the loss and the evaluation arrive only after the step
@@ -20,11 +21,13 @@ This module must not import a training framework.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any, cast
 
 import torch
 
-from infrarsi.probe.core import EvalContext, Probe, StepContext
+from infrarsi.probe.core import EvalContext, Probe, StepContext, TokenCounter, count_tokens_default
 
 
 def innermost_optimizer(optimizer: Any) -> torch.optim.Optimizer:
@@ -198,3 +201,40 @@ class StepTracker:
         self.flush()
         if close_probe:
             self.probe.close()
+
+
+class ProbedCallback:
+    """What a framework's callback holds (Hugging Face's, Lightning's): the probe it was given (tests,
+    benchmarks) or builds from the launcher's environment when training starts, and that probe's
+    ``StepTracker``. A probe it built itself it also closes; outside InfraRSI it has none and does nothing.
+
+    ``out_dir``: where to write records when not launched (forces the probe on). ``count_tokens``: (args,
+    kwargs) → (tokens, loss tokens), for inputs that are not ``input_ids``/``labels``."""
+
+    def __init__(
+        self,
+        probe: Probe | None = None,
+        *,
+        out_dir: Path | str | None = None,
+        count_tokens: TokenCounter = count_tokens_default,
+    ) -> None:
+        super().__init__()
+        self._given = probe
+        self._out_dir = out_dir
+        self._count_tokens = count_tokens
+        self.probe: Probe | None = None
+        self.tracker: StepTracker | None = None
+
+    def _start(self, device: Any, attach: Callable[[Probe], None]) -> None:
+        """Training starts on ``device``: take the probe, ``attach`` it to the framework's model and optimisers,
+        then track its steps."""
+        probe = self._given or Probe.launched(device=device, out_dir=self._out_dir)
+        if probe is not None:
+            attach(probe)
+            self.probe, self.tracker = probe, StepTracker(probe)
+
+    def _finish(self) -> None:
+        """Training ended: write what is pending, close a probe of our own."""
+        if self.tracker is not None:
+            self.tracker.close(close_probe=self._given is None)
+            self.tracker = None

@@ -20,16 +20,15 @@ Outside InfraRSI (no ``INFRARSI_TRIAL``/``INFRARSI_PROBE_DIR``) the callback doe
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
 
-from infrarsi.probe.core import Probe, TokenCounter, count_tokens_default
-from infrarsi.probe.integrations._steps import StepTracker, innermost_optimizer
+from infrarsi.probe.core import Probe
+from infrarsi.probe.integrations._steps import ProbedCallback, innermost_optimizer
 
 
-class InfraRSICallback(TrainerCallback):
+class InfraRSICallback(ProbedCallback, TrainerCallback):
     """Report every optimiser step of a ``transformers.Trainer`` to InfraRSI's probe.
 
     ``probe``: an explicit probe (tests, benchmarks); by default one is built from the launcher's
@@ -38,30 +37,17 @@ class InfraRSICallback(TrainerCallback):
     are not ``input_ids``/``labels``.
     """
 
-    def __init__(
-        self,
-        probe: Probe | None = None,
-        *,
-        out_dir: Path | str | None = None,
-        count_tokens: TokenCounter = count_tokens_default,
-    ) -> None:
-        self._given = probe
-        self._out_dir = out_dir
-        self._count_tokens = count_tokens
-        self.probe: Probe | None = None
-        self.tracker: StepTracker | None = None
-
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        probe = self._given or Probe.launched(device=args.device, out_dir=self._out_dir)
-        if probe is None:
-            return
         optimizer = kwargs.get("optimizer")
-        probe.attach(
-            model=kwargs.get("model"),
-            optimizer=innermost_optimizer(optimizer) if optimizer is not None else None,
-            count_tokens=self._count_tokens,
-        )
-        self.probe, self.tracker = probe, StepTracker(probe)
+
+        def attach(probe: Probe) -> None:
+            probe.attach(
+                model=kwargs.get("model"),
+                optimizer=innermost_optimizer(optimizer) if optimizer is not None else None,
+                count_tokens=self._count_tokens,
+            )
+
+        self._start(args.device, attach)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.tracker is not None:
@@ -89,6 +75,4 @@ class InfraRSICallback(TrainerCallback):
             self.tracker.idle()  # a checkpoint is not part of the next step
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.tracker is not None:
-            self.tracker.close(close_probe=self._given is None)
-            self.tracker = None
+        self._finish()

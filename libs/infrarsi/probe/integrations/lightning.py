@@ -29,7 +29,7 @@ from typing import Any
 from lightning.pytorch import Callback
 
 from infrarsi.probe.core import Probe, TokenCounter, count_tokens_default, model_inputs
-from infrarsi.probe.integrations._steps import StepTracker, innermost_optimizer
+from infrarsi.probe.integrations._steps import ProbedCallback, innermost_optimizer
 
 
 def as_call(batch: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -40,7 +40,7 @@ def as_call(batch: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
     return (tuple(batch) if isinstance(batch, list | tuple) else (batch,)), {}
 
 
-class InfraRSICallback(Callback):
+class InfraRSICallback(ProbedCallback, Callback):
     """Report every optimiser step of a ``lightning.pytorch.Trainer`` to InfraRSI's probe.
 
     ``probe``: an explicit probe (tests, benchmarks); by default one is built from the launcher's
@@ -57,22 +57,17 @@ class InfraRSICallback(Callback):
         eval_metric: str = "val_loss",
         count_tokens: TokenCounter = count_tokens_default,
     ) -> None:
-        self._given = probe
-        self._out_dir = out_dir
+        super().__init__(probe, out_dir=out_dir, count_tokens=count_tokens)
         self.eval_metric = eval_metric
-        self._count_tokens = count_tokens
-        self.probe: Probe | None = None
-        self.tracker: StepTracker | None = None
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        probe = self._given or Probe.launched(device=pl_module.device, out_dir=self._out_dir)
-        if probe is None:
-            return
-        probe.attach(count_tokens=self._count_tokens)  # tokens come from the batches, not a forward hook
-        probe.describe(pl_module)
-        for optimizer in trainer.optimizers:
-            probe.attach(optimizer=innermost_optimizer(optimizer), count_tokens=self._count_tokens)
-        self.probe, self.tracker = probe, StepTracker(probe)
+        def attach(probe: Probe) -> None:
+            probe.attach(count_tokens=self._count_tokens)  # tokens come from the batches, not a forward hook
+            probe.describe(pl_module)
+            for optimizer in trainer.optimizers:
+                probe.attach(optimizer=innermost_optimizer(optimizer), count_tokens=self._count_tokens)
+
+        self._start(pl_module.device, attach)
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         tracker = self.tracker
@@ -111,6 +106,4 @@ class InfraRSICallback(Callback):
             self.tracker.close_evaluation(trainer.callback_metrics.get(self.eval_metric))
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        if self.tracker is not None:
-            self.tracker.close(close_probe=self._given is None)
-            self.tracker = None
+        self._finish()
