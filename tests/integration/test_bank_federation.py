@@ -267,7 +267,8 @@ async def test_the_leaf_link_reaches_only_the_clusters_bank_account(tmp_path: Pa
     bank); the principals stay in theirs. Entries still cross both ways and the principals read and write the
     bank as before; an attacker holding a hub credential — here cluster B's link seed, used as a client of the
     hub — sees only cluster A's BANK streams through ``$JS.cluster-a.API``: the lifecycle and telemetry streams
-    are "not found" to it (info, a consumer, delete), its publishes on ``irsi.>``, ``bank.>`` and a principal's
+    are "not found" to it (info, a consumer, a message), the link's own copies cannot be purged, changed or
+    deleted from the hub (the link does not take those requests), its publishes on ``irsi.>``, ``bank.>`` and a principal's
     inbox never arrive on A, and a subscription to everything on the hub sees none of A's lifecycle events or
     inboxes. Before, A's link joined the principals' account: the same requests listed and read IRSI."""
     fed = Federation(tmp_path)
@@ -318,11 +319,18 @@ async def test_the_leaf_link_reaches_only_the_clusters_bank_account(tmp_path: Pa
         assert sorted(names["streams"]) == sorted(credentials.LINK_STREAMS), names
         for stream in (LIFECYCLE_STREAM, TELEMETRY_STREAM):
             spy = {"stream_name": stream, "config": {"name": "spy", "deliver_subject": "spy", "ack_policy": "none"}}
-            for request, body in ((f"STREAM.INFO.{stream}", None), (f"STREAM.DELETE.{stream}", None),
-                                  (f"STREAM.PURGE.{stream}", None), (f"CONSUMER.CREATE.{stream}.spy", spy),
+            for request, body in ((f"STREAM.INFO.{stream}", None), (f"CONSUMER.CREATE.{stream}.spy", spy),
                                   (f"STREAM.MSG.GET.{stream}", {"seq": 1})):
                 answer = await _hub_request(attacker, f"{api}.{request}", body)
                 assert answer.get("error", {}).get("err_code") == 10059, (request, answer)  # stream not found
+        # the link's own copies: readable (they are the bank, shared anyway), not to be emptied or removed — nor
+        # any stream: the link does not take those requests at all
+        assert (await _hub_request(attacker, f"{api}.STREAM.INFO.{BANK_STREAM}"))["state"]["messages"] == 1  # study-a
+        for request in (f"STREAM.PURGE.{BANK_STREAM}", f"STREAM.DELETE.{SHARED_STREAM}",
+                        f"STREAM.UPDATE.{BANK_STREAM}", f"STREAM.MSG.DELETE.{BANK_STREAM}",
+                        f"STREAM.DELETE.{LIFECYCLE_STREAM}", f"STREAM.PURGE.{TELEMETRY_STREAM}"):
+            with pytest.raises(nats.errors.TimeoutError):  # the link does not let the request in: no answer
+                await attacker.request(f"{api}.{request}", b"{}", timeout=2.0)
 
         a_admin = await Bus.connect(a_srv.url, service=credentials.ADMIN, data_dir=a_srv.data_dir, ensure=False)
         buses.append(a_admin)

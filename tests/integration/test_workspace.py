@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 from infrarsi.contract import Contract, contract_from_dict
 from infrarsi.workspace import (
     WorkspaceError,
@@ -384,3 +385,31 @@ def test_git_is_never_run_through_a_shell(monkeypatch: pytest.MonkeyPatch, tmp_p
     write_tree(wl)
     prepare_workspace(contract_for(wl), "s7", tmp_path / "data")
     assert calls and all(isinstance(a[0], list) and not k.get("shell") for a, k in calls)
+
+
+async def test_a_study_whose_publish_fails_leaves_no_golden_tag_and_no_snapshot(tmp_path: Path,
+                                                                                fresh_nats_server: str) -> None:
+    """Issue 16's probe: a contract whose ``StudyCreated`` could not be published (30 MB, over the server's max
+    payload) left ``infrarsi/<study>/golden`` in the user's repo. ``init`` tags the repo before it publishes; a
+    study that was never published must leave neither its tag nor its snapshot (``publish_study`` removes them
+    again). Here the publish fails as it does against a server without InfraRSI's streams."""
+    from infrarsi.bus import Bus, BusError
+    from infrarsi.commands.init import prepare_study, publish_study
+
+    tagged = make_git_workload(tmp_path / "wl")
+    untracked = tmp_path / "plain"  # a directory that is no git repo: init snapshots it under the data dir
+    write_tree(untracked)
+    bus = await Bus.connect(fresh_nats_server, service="cli.init", ensure=False)  # no stream takes the publish
+    try:
+        for repo in (tagged, untracked):
+            contract = tmp_path / f"{repo.name}.yaml"
+            contract.write_text(yaml.safe_dump(contract_for(repo).to_dict()))
+            prepared = prepare_study(contract, tmp_path / "data")
+            golden = git(prepared.workspace.repo, "tag", "--list").stdout.split()
+            assert golden == [prepared.workspace.tag] and prepared.workspace.snapshot == (repo is untracked)
+            with pytest.raises(BusError):
+                await publish_study(bus, prepared)
+            assert git(tagged, "tag", "--list").stdout == ""
+            assert not prepared.workspace.snapshot or not prepared.workspace.repo.exists()
+    finally:
+        await bus.close()

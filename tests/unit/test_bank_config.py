@@ -10,8 +10,8 @@ import pytest
 from infrarsi import credentials
 from infrarsi.bank.federation import (
     HUB_STREAM,
-    LEAF_DENY,
     LEAF_DENY_EXPORTS,
+    LEAF_DENY_IMPORTS,
     SHARED_STREAM,
     hub_stream_config,
     server_config_fragment,
@@ -51,10 +51,11 @@ def test_deploy_configs_are_valid_and_match_the_code(tmp_path: Path, name: str, 
     if domain == "hub":
         assert "leafnodes {\n  listen: 0.0.0.0:7422" in text
     else:
-        deny, exports = (", ".join(f'"{subject}"' for subject in subjects) for subjects in (LEAF_DENY, LEAF_DENY_EXPORTS))
+        deny, exports = (", ".join(f'"{subject}"' for subject in subjects)
+                         for subjects in (LEAF_DENY_IMPORTS, LEAF_DENY_EXPORTS))
         assert f"deny_imports: [{deny}]" in text and f"deny_exports: [{exports}]" in text
         fragment = server_config_fragment("leaf", domain=domain, store_dir="/x", hub_leaf_urls=["nats-leaf://h:7422"])
-        assert 'account: BANK, deny_imports: ["bank.>", "irsi.>"]' in fragment
+        assert 'account: BANK, deny_imports: ["bank.>", "irsi.>", "$JS.*.API.STREAM.CREATE.>"' in fragment
         assert "account: BANK" in text
         # the accounts block is the one the code generates (only the unused user's password differs)
         generated = credentials.cluster_accounts_block(None)

@@ -66,6 +66,11 @@ LEAF_DENY_EXPORTS = (*LEAF_DENY, "_INBOX.>", *(f"{credentials.inbox_prefix(p)}.>
 the cluster reaches ``BANK``'s ``IRSI_BANK`` with its publisher's reply subject, and ``BANK``'s JetStream acks
 there — inside ``BANK``, where a subscriber on the hub could otherwise hear the acks (the publishers' inboxes:
 the bank's publishers and ``admin``, or nats' default ``_INBOX`` without credentials)."""
+LEAF_DENY_IMPORTS = (*LEAF_DENY, *(f"$JS.*.API.STREAM.{verb}.>" for verb in
+                                   ("CREATE", "UPDATE", "DELETE", "PURGE", "MSG.DELETE", "SNAPSHOT", "RESTORE")))
+"""What the link also never takes from the hub: requests that would create, change, empty or delete a stream of
+the cluster's ``BANK`` account (``$JS.<cluster domain>.API.STREAM.…``). The hub's sourcing needs only to create
+and delete its consumers and read; ``infrarsi bank federate leaf`` makes the link's streams from the cluster."""
 
 Role = Literal["hub", "leaf"]
 
@@ -222,7 +227,7 @@ def server_config_fragment(
       (``credentials.ensure_leaf_link``), included in the remote block; nats-server resolves it from the
       config file's directory (a server over a data dir: ``credentials.LEAF_LINK_INCLUDE``).
     """
-    deny = ", ".join(f'"{s}"' for s in LEAF_DENY)
+    deny = ", ".join(f'"{s}"' for s in LEAF_DENY_IMPORTS)
     deny_exports = ", ".join(f'"{s}"' for s in LEAF_DENY_EXPORTS)
     lines = [
         "jetstream {",

@@ -152,17 +152,25 @@ class MemoryModel:
 
     def __init__(self, space: SearchSpace, capacity_bytes: float, meta: TransformerMeta | None = None,
                  kb: KnowledgeBase | None = None, correction_std: float = 0.12, censored: bool = True,
-                 interaction_std: float | None = None) -> None:
+                 interaction_std: float | None = None, two_terms: bool = False,
+                 misfit_floor: float | None = None) -> None:
         self.space = space
+        if misfit_floor is not None:
+            # the fitted σ of a flexible model is its in-sample residual, which hits the floor after a few trials;
+            # what it mispredicts at a candidate it has not measured is larger
+            self.log_sigma_bounds = (math.log(misfit_floor), math.log(1.0))
         self.capacity_bytes = float(capacity_bytes)
         self.meta = meta
         self.kb = kb or default_knowledge_base()
         self.censored = censored
         self.structured = meta is not None
+        self.two_terms = two_terms and not self.structured
+        """Generic mode as a sum of two log-linear terms (``_two_term_priors``) instead of one."""
         # generic mode with interaction_std: products of knob pairs too (the time model's columns), so a peak
         # that is a sum of terms — a batch-sized activation term beside a shard-split state term — is not
         # forced into one product of per-knob factors
-        self.encoder = FeatureEncoder(space, interactions=interaction_std is not None and not self.structured)
+        self.encoder = FeatureEncoder(space, interactions=interaction_std is not None and not self.structured
+                                      and not self.two_terms)
         p = self.encoder.dim
         if self.structured:
             assert meta is not None
@@ -194,6 +202,8 @@ class MemoryModel:
             # workspace: CUDA context, cuBLAS/NCCL workspaces; known to within tens of per cent, and poorly
             # identified next to tens of GB of states and activations, so a loose prior here lets it wander by GBs
             self.prior_std = np.concatenate([std_s, std_a, [0.2]])
+        elif self.two_terms:
+            self.prior_mean, self.prior_std = self._two_term_priors()
         else:
             mean, std = self.kb.memory_priors(self.encoder, interaction_std or 0.05)
             mean[0] = math.log(self.capacity_bytes * 0.6)
@@ -219,7 +229,53 @@ class MemoryModel:
         self._cens.append(oom)
 
     def _components(self, c: Candidate) -> tuple[float, float]:
-        return structural_components(self.meta, c.knobs) if self.meta is not None else (0.0, 0.0)
+        if self.meta is not None:
+            return structural_components(self.meta, c.knobs)
+        return (1.0, 1.0) if self.two_terms else (0.0, 0.0)
+
+    @property
+    def nonlinear(self) -> bool:
+        """A sum of terms (the structural formula's, or the generic two-term model), not one log-linear term."""
+        return self.structured or self.two_terms
+
+    @property
+    def _workspace(self) -> float:
+        """The constant term's scale: the workload's workspace, or without a shape a guess of 5% of capacity."""
+        return self.meta.workspace_bytes if self.meta is not None else 0.05 * self.capacity_bytes
+
+    def _two_term_priors(self) -> tuple[np.ndarray, np.ndarray]:
+        """Priors of the generic two-term model: peak = exp(φ·u) + exp(φ·v) + W·exp(w).
+
+        A real peak is a sum — model state split by sharding beside activations growing with the batch — and one
+        log-linear term misfits it where the optimum is (the batch costs little where states dominate, much
+        where activations do). The knowledge base's effects on the whole peak go to the term they act on:
+        activation-like settings (batch, recomputation, attention kernels, sequence parallelism) to ``v`` at
+        twice their size (activations are about half the peak), state-like ones (ZeRO stage, offload) to ``u``
+        likewise, and sharding-like ones (tp, pp, ep, dp) to both. Knobs the table does not know get the same
+        loose prior in both terms; the terms differ by their levels (states ~½ of capacity, activations ~¼) and
+        by a small fixed tilt of opposite sign on each unknown numeric trend, so the fit can tell them apart."""
+        mean1, std1 = self.kb.memory_priors(self.encoder)
+        p = self.encoder.dim
+        mu_s, sd_s = mean1.copy(), std1.copy()
+        mu_a, sd_a = mean1.copy(), std1.copy()
+        act = ("micro_batch", "recompute", "flash_attention", "sequence_parallel", "capacity_factor")
+        state = ("zero_stage", "offload_optimizer")
+        for i, spec in enumerate(self.encoder.specs[1:], start=1):
+            base = KnowledgeBase.canonical(spec.name).split("=")[0].split(":")[0]
+            known = self.kb.knows_memory(spec)
+            if base in act and known:
+                mu_a[i], sd_a[i] = 2 * mean1[i], 2 * std1[i]
+                mu_s[i], sd_s[i] = 0.0, 0.05
+            elif base in state and known:
+                mu_s[i], sd_s[i] = 2 * mean1[i], 2 * std1[i]
+                mu_a[i], sd_a[i] = 0.0, 0.05
+            elif not known and spec.kind == "numeric":
+                mu_a[i], mu_s[i] = 0.1, -0.1
+        cap = self.capacity_bytes
+        mu_s[0], sd_s[0] = math.log(0.5 * cap), 1.0
+        mu_a[0], sd_a[0] = math.log(0.25 * cap), 1.0
+        assert mu_s.size == p
+        return np.concatenate([mu_s, mu_a, [0.0]]), np.concatenate([sd_s, sd_a, [1.0]])
 
     @property
     def n(self) -> int:
@@ -230,14 +286,13 @@ class MemoryModel:
         """μ (n,) and dμ/dθ (n, k) of log peak bytes at parameters θ, for encoded rows x (n, p) with structural
         components sa (n, 2) (zeros when the workload shape is unknown). With ``covariance`` it gives the
         delta-method std of any linear contrast of predictions (the modeler's per-setting effects)."""
-        if not self.structured:
+        if not self.nonlinear:
             return x @ theta, x
         p = x.shape[1]
         u, v, w = theta[:p], theta[p:2 * p], theta[2 * p]
         s_term = sa[:, 0] * np.exp(x @ u)  # (n,)
         a_term = sa[:, 1] * np.exp(x @ v)  # (n,)
-        assert self.meta is not None  # structured
-        o_term = self.meta.workspace_bytes * math.exp(w)
+        o_term = self._workspace * math.exp(w)
         total = s_term + a_term + o_term
         grad = np.concatenate([x * (s_term / total)[:, None], x * (a_term / total)[:, None],
                                (o_term / total)[:, None]], axis=1)  # (n, 2p+1)
@@ -246,12 +301,11 @@ class MemoryModel:
 
     def log_mean(self, theta: np.ndarray, x: np.ndarray, sa: np.ndarray) -> np.ndarray:
         """μ of ``log_mean_grad`` without the gradient (a whole pool at once: the gradient is (n, 2p+1))."""
-        if not self.structured:
+        if not self.nonlinear:
             linear: np.ndarray = x @ theta
             return linear
-        assert self.meta is not None  # structured
         p = x.shape[1]
-        o_term = self.meta.workspace_bytes * math.exp(theta[2 * p])
+        o_term = self._workspace * math.exp(theta[2 * p])
         log_total: np.ndarray = np.log(sa[:, 0] * np.exp(x @ theta[:p]) + sa[:, 1] * np.exp(x @ theta[p:2 * p]) + o_term)
         return log_total
 
@@ -394,11 +448,14 @@ class MemoryModel:
         """Laplace posterior covariance of θ (the prior's before any observation)."""
         return self._cov
 
-    def predict_log(self, cs: Sequence[Candidate], x: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Mean and std (parameter uncertainty + noise) of log peak bytes."""
+    def predict_log(self, cs: Sequence[Candidate], x: np.ndarray | None = None,
+                    sa: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and std (parameter uncertainty + misfit and noise) of log peak bytes; ``x`` and ``sa``: the
+        candidates' encoded rows and term scales (``_components``) where the caller has them."""
         if x is None:
             x = self.encoder.encode_many(cs).reshape(len(cs), self.encoder.dim)
-        sa = np.array([self._components(c) for c in cs]).reshape(len(cs), 2)
+        if sa is None:
+            sa = np.array([self._components(c) for c in cs]).reshape(len(cs), 2)
         mu, g = self.log_mean_grad(self.theta, x, sa)
         var = np.sum((g @ self._cov) * g, axis=1) + math.exp(2 * self.log_sigma)
         return mu, np.sqrt(np.maximum(var, 1e-12))

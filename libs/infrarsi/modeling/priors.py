@@ -113,6 +113,10 @@ class KnowledgeBase:
         return hit if hit is not None else (
             self.default_level if spec.kind == "level" and not _is_categorical_level(spec) else self.default_memory)
 
+    def knows_memory(self, spec: FeatureSpec) -> bool:
+        """Whether the table has an entry for this feature's memory effect (not the default)."""
+        return self._lookup(self.memory, spec) is not None
+
     def for_space(self, encoder: FeatureEncoder) -> KnowledgeBase:
         """This table with the space's patch metadata layered on (metadata beats the table)."""
         pt = {p.id: p.time_prior for p in encoder.space.patches if p.time_prior is not None}

@@ -132,6 +132,10 @@ class SearchConfig:
     """Without a workload shape: prior std of the memory model's knob-pair columns (``None``: none). A peak is
     a sum of terms (activations growing with the batch beside states split by sharding), which per-knob factors
     alone misfit by 10-20% near the capacity; the measurements on the robustness family: docs/modeling.md."""
+    memory_two_terms: bool = False
+    """Without a workload shape: the memory model as a sum of two log-linear terms (``MemoryModel.two_terms``)."""
+    memory_misfit_floor: float | None = None
+    """Smallest std (log units) of the memory model's misfit term (``None``: the model's own bound, 0.01)."""
     prior_nu: float | None = None
     """Student-t degrees of freedom of the time model's effect priors (``TimeModel.prior_nu``): a knowledge-base
     prior the measurements contradict loses its weight. ``None`` (the default until the search benchmarks are
@@ -246,7 +250,9 @@ class Searcher:
         self.time_model = TimeModel(space, self.kb, encoder=self.pool.encoder, noise_floor=noise_floor,
                                     prior_nu=self.config.prior_nu)
         self.memory_model = MemoryModel(space, capacity_bytes, meta=meta, kb=self.kb,
-                                        interaction_std=self.config.memory_interaction_std)
+                                        interaction_std=self.config.memory_interaction_std,
+                                        two_terms=self.config.memory_two_terms,
+                                        misfit_floor=self.config.memory_misfit_floor)
         self.invariants = InvariantModel({**self.kb.invariant, **{p.id: p.invariant_prior for p in space.patches}})
         self.cost_model = CostModel()
         self.capacity_bytes = capacity_bytes
@@ -378,10 +384,7 @@ class Searcher:
         if cache.pool_n != n or cache.mu_all is None or cache.mem_mu is None:
             mu_all, _ = self.time_model.predict_encoded(self.pool.x_time, with_std=False)
             mm = self.memory_model
-            if mm.structured and self.pool.mem_components is not None:
-                mem_mu = mm.log_mean(mm.theta, self.pool.x_main, self.pool.mem_components)
-            else:
-                mem_mu = self._memory_x() @ mm.theta
+            mem_mu = mm.log_mean(mm.theta, self._memory_x(), self._memory_components(np.arange(n)))
             cache.pool_n, cache.mu_all, cache.mem_mu = n, mu_all, mem_mu
         return cache.mu_all, cache.mem_mu
 
@@ -396,13 +399,17 @@ class Searcher:
 
     def _memory_arrays(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         mm = self.memory_model
-        x = self._memory_x()[idx]
+        return mm.predict_log([self.pool.candidates[i] for i in idx], self._memory_x()[idx],
+                              self._memory_components(idx))
+
+    def _memory_components(self, idx: np.ndarray) -> np.ndarray:
+        """(len(idx), 2) the memory model's per-row term scales: the structural formula's bytes, ones for the
+        generic two-term model (zeros, unused, for the log-linear one)."""
+        mm = self.memory_model
         if mm.structured and self.pool.mem_components is not None:
-            sa = self.pool.mem_components[idx]
-            mu, g = mm.log_mean_grad(mm.theta, x, sa)
-            var = np.sum((g @ mm.covariance) * g, axis=1) + math.exp(2 * mm.log_sigma)
-            return mu, np.sqrt(var)
-        return mm.predict_log([self.pool.candidates[i] for i in idx], x)
+            rows: np.ndarray = self.pool.mem_components[idx]
+            return rows
+        return np.full((idx.size, 2), 1.0 if mm.two_terms else 0.0)
 
     def predict(self, candidates: Sequence[Candidate]) -> list[Prediction]:
         """The current models' expectation of each candidate (refits first if observations arrived)."""
