@@ -252,8 +252,8 @@ class StudySpace:
             from infrarsi.bank.adapt import with_priors
 
             space, kb = with_priors(space, kb, time, memory, risks)
-        features = (frozenset(time) | frozenset(memory) | frozenset(risks)
-                    | {f"patch:{p.patch_id}" for p in patches if trust_model})
+        # the features whose time/memory priors are the model's (an invariant claim changes neither)
+        features = frozenset(time) | frozenset(memory) | {f"patch:{p.patch_id}" for p in patches if trust_model}
         return dataclasses.replace(self, contract=contract, space=space, kb=kb,
                                    agent_features=self.agent_features | features)
 

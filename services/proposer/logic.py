@@ -393,6 +393,10 @@ class ProposerState(StudiesFold[_Study]):
             study.phase = "finished"
             return [self._finished(study, f"{study.stop_reason}; no trial kept every invariant")]
         searcher = self._searcher(study)
+        if study.model_led and study.agent is not None and study.agent.distrusted_at is not None:
+            # the search after a drop learnt without the model's picks; the shortlist ranks every measured trial
+            searcher = build_searcher(study.space, study.study_id, doctor=study.doctor, outcomes=study.outcomes,
+                                      bank=study.created.bank, config=self.config, pool_from=searcher)
         baseline_s = prediction(searcher, study.space.baseline).step_time_s
         chosen = []
         for c, predicted_s, _sd in searcher.top_candidates(contract.verify.top_k + 1):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from infrarsi import events as ev
 from infrarsi.agent.answers import MAX_RISK, MIN_RISK, GoldenRepo, check_proposals, prior_from_answer
 from infrarsi.modeling.search import Observation, Searcher
@@ -44,3 +45,9 @@ def test_the_models_invariant_claim_steers_the_search_until_a_run_clears_it(tmp_
     assert p_hold(untold, compiled) > 0.8 and p_hold(told, compiled) < 0.2
     assert p_hold(told, fused) < 0.2 < p_hold(untold, fused)
     assert p_hold(told, compiled, (Observation(compiled, "ok", 1.0, 2**30),)) > 0.7  # one clean run overrules it
+
+
+def test_an_invariant_claim_does_not_make_the_settings_time_prior_the_models(tmp_path: Path) -> None:
+    study = synthetic_space(tmp_path).with_agent(priors=[prior_from_answer("compile", "invariant", 0.9, 0.1, 0.5, "")])
+    assert list(study.kb.invariant) == ["compile=True"] and study.kb.invariant["compile=True"] == pytest.approx((1.8, 0.2))
+    assert "compile" not in study.agent_features  # the report's prior source stays the knowledge base's

@@ -256,3 +256,19 @@ def test_runs_that_broke_an_invariant_still_measure_speed_for_the_prior_check(tm
                              status="invariant_violation", step_time_s=t, peak_bytes=2**30, accelerator_s=1.0)
                 for i, (k, t) in enumerate(runs)]
     assert role.check_priors(study, outcomes, noise_std=0.03) and role.distrusted_at == 4
+
+
+def test_the_models_own_fast_pick_is_verified_though_its_priors_were_dropped(tmp_path: Path) -> None:
+    """The search after a drop learns without the model's picks, but the verification shortlist ranks every
+    measured trial: a fast knob vector of a model whose priors were wrong is still verified."""
+    wrong = [ev.AgentPrior(feature=f, mean=0.6, std=0.1, weight=0.5, reason="confidently wrong")
+             for f in ("compile", "attention=sdpa")]
+    created = agent_study(tmp_path, trials=6, share=0.2)
+    fold = state()
+    log = run_events([fold], ScriptedModel(loader(created.payload), answers=[good_answer(priors=wrong)]),
+                     [created, envelope(RunRequested(parallel=1))])
+    study = fold.studies[created.study_id]
+    assert study.agent.distrusted_at is not None
+    llm = [e.payload.candidate for e in of_type(log, ev.TrialProposed) if e.payload.origin == "llm"]
+    verified = of_type(log, ev.VerifyRequested)[0].payload.candidates
+    assert llm and llm[0] in verified, (llm, verified)
