@@ -8,17 +8,19 @@ Per simulator scenario, the InfraRSI Searcher searches side by side over the sam
                 does (``recommendation``, ``local_effects``): it recommends the configuration it reaches by
                 tuning by hand — from the contract's baseline, the best valid move of one or two knobs at a
                 time (two where the device count ties a knob to dp), on the scenario's physics, until none
-                is faster — and proposes it as its knob vector; its priors are the *local* effects around that
-                recommendation (a ridge fit of log noise-free step time and log peak memory over the
-                configurations within two knob changes of it: the one-knob deltas, with their memory
-                direction), and the invariants the settings next to it risk (P = 0.9 that FP8 GEMMs break
+                is faster — and proposes it as its knob vector; its priors are the *local*, one-knob-at-a-time
+                deltas around that recommendation (each setting next to it: the change of log step time and
+                log peak memory to the fastest valid configuration holding it, one knob away or two where the
+                device count forces it), and the invariants the settings next to it risk (P = 0.9 that FP8 GEMMs break
                 the loss on dense7b_h100x64, that capacity factor 1.0 does on moe8x7b) — never the oracle's
                 exhaustive argmin (``model_pick_vs_oracle`` in the result says how close the walk got);
 - ``inverted``  a model as confident and as wrong: every effect's sign flipped, every invariant breaker
                 called safe (P = 0.01), and its knob vector the same walk by a model that believes every effect
                 the other way round (each move to the slowest valid neighbour);
-- ``good_baseline`` / ``inverted_baseline``  priors only: the local effects around the *baseline* (what a
-                model that knows only the one-knob deltas from where the job starts would say);
+- ``good_tuned`` / ``inverted_tuned``  the same models' priors without their knob vector (what the priors alone
+                do);
+- ``good_baseline`` / ``inverted_baseline``  priors only: the one-knob deltas around the *baseline* (what a
+                model that knows only how each knob moves the job from where it starts would say);
 - ``good_global`` / ``inverted_global``  priors only, the previous definition: for every main feature, the
                 effect a least-squares fit of log step time over every valid configuration finds (time only).
 
@@ -71,7 +73,8 @@ from infrarsi.modeling.time_model import TimeModel  # noqa: E402
 from infrarsi.sim.scenarios import enumerate_scenario, get_scenario, oracle  # noqa: E402
 
 SCENARIOS = ("dense7b_h100x64", "dense13b_a100x32", "moe8x7b_h100x128")
-ARMS = ("no_agent", "good", "inverted", "good_baseline", "inverted_baseline", "good_global", "inverted_global")
+ARMS = ("no_agent", "good", "inverted", "good_tuned", "inverted_tuned", "good_baseline", "inverted_baseline",
+        "good_global", "inverted_global")
 FRACTION = 0.95
 STATED_STD = 0.1
 WEIGHT = 0.5
@@ -106,26 +109,42 @@ def recommendation(name: str, inverted: bool = False) -> Candidate:
 
 
 def local_effects(name: str, around: Candidate) -> Claims:
-    """What a model that knows this job says *around* one configuration: (time, memory, invariant). Time and
-    memory: per main feature, its coefficient in a ridge fit of log(noise-free step time) and log(peak bytes)
-    over the feasible configurations within ``LOCAL_CHANGES`` knob changes of ``around`` — its one-knob
-    deltas, and the two-knob ones a device count forces. Invariant: P = ``RISK`` for every setting that,
-    moved to alone from ``around``, breaks an invariant of the job (FP8 GEMMs that diverge, a capacity factor
-    that drops tokens). All of it the scenario's own physics, as a model that read the job and the published
-    effects would state it; nothing from the oracle."""
+    """What a model that knows this job says *around* one configuration: (time, memory, invariant).
+
+    Time and memory, one knob at a time: for every setting next to ``around`` (another value of a knob, a bool
+    flipped, a patch added or removed), the change in log noise-free step time and log peak bytes from
+    ``around`` to the fastest valid configuration that holds it within ``LOCAL_CHANGES`` changes — the
+    one-knob delta, or the two-knob one a device count forces (tp=2 means dp halved). Stated on the feature
+    that holds it: a level its delta (the level ``around`` has, and every knob's trend, 0); a bool or a patch
+    the delta of switching it, signed for the feature being on. A setting with no valid configuration next
+    to ``around`` gets no claim (the knowledge base's prior stays). Invariant: P = ``RISK`` for every setting
+    that, moved to alone from ``around``, breaks an invariant of the job (FP8 GEMMs that diverge, a capacity
+    factor that drops tokens). All of it the scenario's own physics, as a model that read the job and the
+    published effects would state it; nothing from the oracle."""
     sc = get_scenario(name)
-    cands, times, peaks, _valid = enumerate_scenario(name)
+    cands, times, peaks, valid = enumerate_scenario(name)
     near = [i for i, c in enumerate(cands) if _changes(around, c) <= LOCAL_CHANGES]
     encoder = FeatureEncoder(sc.space)
-    cols = [i for i, s in enumerate(encoder.specs) if s.kind not in ("intercept", "interaction")]
-    x = encoder.encode_many([cands[i] for i in near])[:, cols]  # (n, p)
-    time_effects, memory_effects = (_main_effects(encoder, cols, x, np.log(v[near])) for v in (times, peaks))
-    here = dict(zip((s.name for s in encoder.specs), encoder.encode(around), strict=True))
+    x = encoder.encode_many([cands[i] for i in near]) > 0  # (n, p): which settings each neighbour holds
+    here = encoder.encode(around) > 0  # (p,)
+    at = cands.index(around)
+    time_effects, memory_effects = {}, {}
+    for k, spec in enumerate(encoder.specs):
+        if spec.kind == "numeric" or (spec.kind == "level" and here[k]):
+            time_effects[spec.name] = memory_effects[spec.name] = 0.0
+            continue
+        holding = [i for i, row in zip(near, x, strict=True) if valid[i] and row[k] != here[k]]
+        if spec.kind not in RISK_KINDS or not holding:
+            continue
+        best = min(holding, key=lambda i: times[i])
+        sign = -1.0 if here[k] else 1.0
+        time_effects[spec.name] = sign * float(np.log(times[best] / times[at]))
+        memory_effects[spec.name] = sign * float(np.log(peaks[best] / peaks[at]))
     risky = {}
-    for i in near:
+    for i, row in zip(near, x, strict=True):
         if _changes(around, cands[i]) == 1 and sc.violates(cands[i]) is not None:
-            risky |= {spec.name: RISK for spec, v in zip(encoder.specs, encoder.encode(cands[i]), strict=True)
-                      if spec.kind in RISK_KINDS and v and not here[spec.name]}
+            risky |= {spec.name: RISK for spec, on, was in zip(encoder.specs, row, here, strict=True)
+                      if spec.kind in RISK_KINDS and on and not was}
     return time_effects, memory_effects, risky
 
 
@@ -250,7 +269,7 @@ def targets(per: dict) -> dict[str, bool]:
     inverted at most 3 trials later."""
     none = per["no_agent"]["trials_to_95_median"]
     out = {}
-    for suffix in ("", "_baseline", "_global"):
+    for suffix in ("", "_tuned", "_baseline", "_global"):
         if f"good{suffix}" in per:
             out[f"good{suffix}_lt_no_agent"] = per[f"good{suffix}"]["trials_to_95_median"] < none
         if f"inverted{suffix}" in per:
