@@ -133,9 +133,13 @@ class SearchConfig:
     a sum of terms (activations growing with the batch beside states split by sharding), which per-knob factors
     alone misfit by 10-20% near the capacity; the measurements on the robustness family: docs/modeling.md."""
     memory_two_terms: bool = False
-    """Without a workload shape: the memory model as a sum of two log-linear terms (``MemoryModel.two_terms``)."""
+    """Without a workload shape: the memory model as a sum of two log-linear terms (``MemoryModel.two_terms``;
+    the knob-pair columns are then not used). Off: on the robustness family it traded best/oracle against the
+    OOM share differently on the development and the reported models (docs/modeling.md)."""
     memory_misfit_floor: float | None = None
-    """Smallest std (log units) of the memory model's misfit term (``None``: the model's own bound, 0.01)."""
+    """Without a workload shape: the smallest std (log units) of the memory model's misfit term (``None``: the
+    model's own bound, 0.01). A flexible fit's σ is its in-sample residual, smaller than what it mispredicts
+    where it has not measured. The structural formula (a workload shape) keeps its own bound."""
     prior_nu: float | None = None
     """Student-t degrees of freedom of the time model's effect priors (``TimeModel.prior_nu``): a knowledge-base
     prior the measurements contradict loses its weight. ``None`` (the default until the search benchmarks are
@@ -252,7 +256,7 @@ class Searcher:
         self.memory_model = MemoryModel(space, capacity_bytes, meta=meta, kb=self.kb,
                                         interaction_std=self.config.memory_interaction_std,
                                         two_terms=self.config.memory_two_terms,
-                                        misfit_floor=self.config.memory_misfit_floor)
+                                        misfit_floor=self.config.memory_misfit_floor if meta is None else None)
         self.invariants = InvariantModel({**self.kb.invariant, **{p.id: p.invariant_prior for p in space.patches}})
         self.cost_model = CostModel()
         self.capacity_bytes = capacity_bytes
