@@ -115,6 +115,26 @@ class SearchConfig:
     a memory prior that overprices a knob (a micro-batch whose activations are a small share of the peak) keeps
     every move along it above the cut-off for the whole study, and the search spends its trials on knobs that
     cost no memory; one trial along the knob is what teaches the memory model its real slope."""
+    oom_budget: float | None = 0.08
+    """The share of trials the study may spend on OOMs (``None``: no budget). Before each proposal the searcher
+    counts what is left: ``oom_budget`` × (trials so far + 1) + ``oom_budget_credit`` − OOMs observed − the
+    predicted P(OOM) of trials pending. A candidate above the cut-off (a memory step probe, a lifted cut-off) is
+    proposed only when its P(OOM) fits in what is left — P(OOM) is calibrated on average, so the expected OOMs
+    stay within the budget — and once every candidate under the cut-off has run and none above it fits the budget,
+    the study stops (``should_stop``). A ``SearchConfig`` setting rather than a contract field: the searcher is
+    not told the study's trial count, so the budget is a rate over the trials run."""
+    oom_budget_credit: float = 1.0
+    """OOMs the budget holds before any trial: a first probe need not wait for 1/``oom_budget`` clean trials."""
+    oom_budget_floor: float | None = None
+    """While the budget is overspent, the cut-off for ordinary proposals falls to this (``None``: unchanged)."""
+    oom_budget_fit_p_oom: float = 0.5
+    """Beyond the OOM budget a lifted cut-off still admits candidates under this P(OOM) — more likely to fit than
+    not; once none is left (nor any under the cut-off) the study stops: a tiny space whose fitting settings have
+    all run no longer spends its last trials on OOMs."""
+    design_below_baseline: bool = True
+    """Space-filling seeds only among candidates whose predicted peak is at most the golden baseline's (which
+    fits): a ratio to a configuration that fitted, where the memory model's absolute level is known only to a
+    factor e before any trial."""
     select_tie_sigmas: float = 2.0
     """``top_candidates``: measured step times within this many noise stds of the fastest are ranked by the mean
     of measured and posterior log time (0: by the measurement alone)."""
@@ -455,6 +475,17 @@ class Searcher:
         p_hold: np.ndarray = np.exp(logp)
         return p_hold
 
+    def oom_allowance(self, pending: Sequence[Candidate] = ()) -> float:
+        """OOMs the study may still risk on its next proposal (``SearchConfig.oom_budget``; inf without one):
+        the budget earned by the trials run and pending, plus the credit, less the OOMs observed and the
+        predicted P(OOM) of the pending trials."""
+        budget = self.config.oom_budget
+        if budget is None:
+            return math.inf
+        spent = sum(o.status == "oom" for o in self.observations)
+        risk = float(self._p_oom(np.array(self.pool.extend(pending), dtype=int)).sum()) if pending else 0.0
+        return budget * (len(self.observations) + len(pending) + 1) + self.config.oom_budget_credit - spent - risk
+
     def _incumbent(self) -> float | None:
         """Best posterior mean log time among observed candidates that kept every invariant."""
         if not self._ok_rows:
@@ -521,7 +552,8 @@ class Searcher:
         assert sd is not None
         p_oom = self._p_oom(idx)
         p_hold = self._p_hold(idx)
-        cutoff = self.config.design_oom_exclude if n_done < 1 + self.config.n_seeds else self.config.oom_exclude
+        allowance = self.oom_allowance(pending)
+        cutoff = self._cutoff(n_done, allowance)
         usable = (p_oom <= cutoff) & (p_hold >= self.config.invariant_exclude)
         lifted = False
         if not usable.any():
@@ -538,13 +570,18 @@ class Searcher:
                                       float(mu[j]), float(p_oom[j])))
                 return out
             # after a success the cut-off would end the study while should_stop() still expects a gain: lift it
-            # just enough to admit the least risky candidates, and let the acquisition choose among them
+            # just enough to admit the least risky candidates, and let the acquisition choose among them — as far
+            # as the OOM budget holds them (beyond it should_stop() says the fitting candidates are used up)
             usable, lifted = probe & (p_oom <= float(np.min(np.where(probe, p_oom, np.inf))) + 0.05), True
+            if n_done >= 1 + self.config.n_seeds:  # the design must get its first measurements
+                usable &= p_oom <= max(allowance, self.config.oom_budget_fit_p_oom)
 
         # initial design: the prior's best guess, then space-filling seeds among likely-fitting candidates
         while len(out) < n and n_done + len(out) < 1 + self.config.n_seeds:
             k = n_done + len(out)
             safe = usable & (p_oom < self.config.seed_max_p_oom) & (p_hold > 0.5)
+            if k > 0 and self.config.design_below_baseline and self.baseline is not None:
+                safe &= self._below_baseline(idx)
             if not safe.any():
                 safe = usable
             if not safe.any():
@@ -598,7 +635,7 @@ class Searcher:
                     origin = "pairing"
                     reason = (f"memory saver paired with {self.pool.candidates[idx[r]]} "
                               f"(P(oom)={p_oom[r]:.2f}) -> P(oom)={p_oom[j]:.2f}; " + reason)
-            step = self._step_probe(idx, ei, p_oom, p_hold, usable, probed, cost, cutoff, float(acq[j]))
+            step = self._step_probe(idx, ei, p_oom, p_hold, usable, probed, cost, cutoff, float(acq[j]), allowance)
             if step is not None:
                 j, origin = step, "ei"
                 reason = (f"memory step probe: one step from the incumbent that the cut-off {cutoff:.2f} excludes, "
@@ -607,18 +644,22 @@ class Searcher:
                 reason = f"every candidate has P(oom) > the cut-off {cutoff:.2f}; " + reason
             out.append(Suggestion(self.pool.candidates[idx[j]], origin, reason, float(mu[j]), float(p_oom[j])))
             usable[j], probed[j] = False, True
+            allowance -= float(p_oom[j])
+            if lifted and n_done >= 1 + self.config.n_seeds:
+                usable &= p_oom <= max(allowance, self.config.oom_budget_fit_p_oom)
             believer_rows.append(self.pool.x_time[idx[j]])
         return out
 
     def _step_probe(self, idx: np.ndarray, ei: np.ndarray, p_oom: np.ndarray, p_hold: np.ndarray,
-                    usable: np.ndarray, taken: np.ndarray, cost: np.ndarray, cutoff: float, admitted: float
-                    ) -> int | None:
+                    usable: np.ndarray, taken: np.ndarray, cost: np.ndarray, cutoff: float, admitted: float,
+                    allowance: float) -> int | None:
         """The shortlist row of the best memory step probe (``SearchConfig.probe_max_p_oom``), or None.
 
         A step is one knob moved from the incumbent (the fastest measured fit) to the next value in its order
         (any level of a categorical or bool), patches unchanged. Valued risk-neutrally, EI × P(fit): an OOM there
         is a censored bound one step from a measured peak, the most informative OOM the memory model can get,
-        and a fit unlocks the steps after it."""
+        and a fit unlocks the steps after it. Only a step whose P(OOM) fits in the OOM budget left
+        (``allowance``, ``SearchConfig.oom_budget``) is a probe."""
         limit = self.config.probe_max_p_oom
         if limit is None or not self._best_ok or self.pool.codes is None:
             return None
@@ -629,12 +670,28 @@ class Searcher:
         one = (diff[:, :nk].sum(axis=1) == 1) & ~diff[:, nk:].any(axis=1)
         ordered = np.array([k.values() is not None and not isinstance(k, Categorical) for k in self.space.knobs])
         far = (diff[:, :nk] & ordered & (np.abs(codes[:, :nk] - inc[:nk]) > 1.0)).any(axis=1)
-        cand = one & ~far & ~usable & ~taken & (p_oom > cutoff) & (p_oom <= limit) & (p_hold > 0.5)
+        cand = one & ~far & ~usable & ~taken & (p_oom > cutoff) & (p_oom <= min(limit, allowance)) & (p_hold > 0.5)
         if not cand.any():
             return None
         worth = np.where(cand, ei * (1.0 - p_oom) * p_hold / np.maximum(cost, 1e-9), -np.inf)
         j = int(np.argmax(worth))
         return j if worth[j] > self.config.probe_margin * admitted else None
+
+    def _cutoff(self, n_done: int, allowance: float) -> float:
+        """The P(OOM) above which an ordinary proposal is excluded: the design's while it is drawn, then
+        ``oom_exclude`` — or ``oom_budget_floor`` while the OOM budget is overspent."""
+        if n_done < 1 + self.config.n_seeds:
+            return self.config.design_oom_exclude
+        floor = self.config.oom_budget_floor
+        return min(self.config.oom_exclude, floor) if floor is not None and allowance < 0 else self.config.oom_exclude
+
+    def _below_baseline(self, idx: np.ndarray) -> np.ndarray:
+        """Shortlist rows whose predicted peak is at most the golden baseline's (``design_below_baseline``)."""
+        assert self.baseline is not None
+        base = np.array(self.pool.extend([self.baseline]), dtype=int)
+        mem_mu, _ = self._memory_arrays(np.concatenate([idx, base]))
+        below: np.ndarray = mem_mu[:-1] <= mem_mu[-1]
+        return below
 
     def _escape_probe(self, idx: np.ndarray, probe: np.ndarray, p_oom: np.ndarray) -> int:
         """The shortlist row to try when nothing has fitted yet: the least risky among the candidates farthest
@@ -728,22 +785,35 @@ class Searcher:
 
     # ------------------------------------------------------------------------------------ stop / verify
     def max_expected_improvement(self) -> float:
+        return self._stop_scan()[0]
+
+    def _stop_scan(self) -> tuple[float, bool]:
+        """(the largest expected improvement × P(fit) × P(hold) over the shortlist, whether every candidate
+        ``suggest`` may propose is used up: none under the cut-off, none above it within the OOM budget)."""
         self.refit()
         best = self._incumbent()
         if best is None:
-            return math.inf
+            return math.inf, False
         rng = np.random.default_rng([self.seed, len(self.observations), 7])
         idx = self._shortlist(rng)
         if idx.size == 0:
-            return 0.0
+            return 0.0, True
         mu, sd = self.time_model.predict_encoded(self.pool.x_time[idx])
         assert sd is not None  # asked for (with_std)
-        p_ok = (1.0 - self._p_oom(idx)) * self._p_hold(idx)
-        return float(np.max(expected_improvement(mu, sd, best) * p_ok))
+        p_oom, p_hold = self._p_oom(idx), self._p_hold(idx)
+        allowance = self.oom_allowance()
+        holds = p_hold >= self.config.invariant_exclude
+        beyond = max(allowance, self.config.oom_budget_fit_p_oom)
+        admitted = holds & ((p_oom <= self._cutoff(len(self.observations), allowance)) | (p_oom <= beyond))
+        return float(np.max(expected_improvement(mu, sd, best) * (1.0 - p_oom) * p_hold)), not admitted.any()
 
     def should_stop(self) -> tuple[bool, str]:
-        """Stop when the largest expected improvement is a small fraction of the run-to-run noise."""
-        ei = self.max_expected_improvement()
+        """Stop when the largest expected improvement is a small fraction of the run-to-run noise, or when every
+        candidate that fits the cut-off has run and the OOM budget holds none of the rest (a tiny space)."""
+        ei, used_up = self._stop_scan()
+        if used_up:
+            return True, (f"every candidate under the P(oom) cut-off has run, none of the rest is more likely to "
+                          f"fit than not, and the OOM budget left ({self.oom_allowance():.2f}) holds none of them")
         thr = self.config.stop_ei_fraction * self.time_model.noise_std
         if ei < thr:
             return True, f"max EI {ei:.4g} < {self.config.stop_ei_fraction} x noise std {self.time_model.noise_std:.4g}"
