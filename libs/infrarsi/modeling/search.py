@@ -115,7 +115,7 @@ class SearchConfig:
     a memory prior that overprices a knob (a micro-batch whose activations are a small share of the peak) keeps
     every move along it above the cut-off for the whole study, and the search spends its trials on knobs that
     cost no memory; one trial along the knob is what teaches the memory model its real slope."""
-    oom_budget: float | None = 0.08
+    oom_budget: float | None = 0.16
     """The share of trials the study may spend on OOMs (``None``: no budget). Before each proposal the searcher
     counts what is left: ``oom_budget`` × (trials so far + 1) + ``oom_budget_credit`` − OOMs observed − the
     predicted P(OOM) of trials pending. A candidate above the cut-off (a memory step probe, a lifted cut-off) is
@@ -555,7 +555,7 @@ class Searcher:
         allowance = self.oom_allowance(pending)
         cutoff = self._cutoff(n_done, allowance)
         usable = (p_oom <= cutoff) & (p_hold >= self.config.invariant_exclude)
-        lifted = False
+        lifted = budgeted = False
         if not usable.any():
             probe = p_hold >= self.config.invariant_exclude
             if not probe.any():
@@ -573,7 +573,8 @@ class Searcher:
             # just enough to admit the least risky candidates, and let the acquisition choose among them — as far
             # as the OOM budget holds them (beyond it should_stop() says the fitting candidates are used up)
             usable, lifted = probe & (p_oom <= float(np.min(np.where(probe, p_oom, np.inf))) + 0.05), True
-            if n_done >= 1 + self.config.n_seeds:  # the design must get its first measurements
+            budgeted = n_done >= 1 + self.config.n_seeds and self._covers_space(idx.size + len(taken))
+            if budgeted:  # the design must get its first measurements; a large space may hold fits unscanned
                 usable &= p_oom <= max(allowance, self.config.oom_budget_fit_p_oom)
 
         # initial design: the prior's best guess, then space-filling seeds among likely-fitting candidates
@@ -645,7 +646,7 @@ class Searcher:
             out.append(Suggestion(self.pool.candidates[idx[j]], origin, reason, float(mu[j]), float(p_oom[j])))
             usable[j], probed[j] = False, True
             allowance -= float(p_oom[j])
-            if lifted and n_done >= 1 + self.config.n_seeds:
+            if lifted and budgeted:
                 usable &= p_oom <= max(allowance, self.config.oom_budget_fit_p_oom)
             believer_rows.append(self.pool.x_time[idx[j]])
         return out
@@ -684,6 +685,13 @@ class Searcher:
             return self.config.design_oom_exclude
         floor = self.config.oom_budget_floor
         return min(self.config.oom_exclude, floor) if floor is not None and allowance < 0 else self.config.oom_exclude
+
+    def _covers_space(self, scanned: int) -> bool:
+        """Whether a shortlist of ``scanned`` rows holds every candidate not yet run and not known to OOM: only
+        then is "nothing under the cut-off" a fact about the space rather than about a sample of it."""
+        blocked = self._domination().mask.copy()
+        blocked[np.array(self._seen_rows, dtype=int)] = True
+        return scanned >= int((~blocked).sum())
 
     def _below_baseline(self, idx: np.ndarray) -> np.ndarray:
         """Shortlist rows whose predicted peak is at most the golden baseline's (``design_below_baseline``)."""
@@ -789,7 +797,8 @@ class Searcher:
 
     def _stop_scan(self) -> tuple[float, bool]:
         """(the largest expected improvement × P(fit) × P(hold) over the shortlist, whether every candidate
-        ``suggest`` may propose is used up: none under the cut-off, none above it within the OOM budget)."""
+        ``suggest`` may propose is used up: the shortlist is the whole space left, none of it under the cut-off,
+        none above it within the OOM budget)."""
         self.refit()
         best = self._incumbent()
         if best is None:
@@ -805,7 +814,8 @@ class Searcher:
         holds = p_hold >= self.config.invariant_exclude
         beyond = max(allowance, self.config.oom_budget_fit_p_oom)
         admitted = holds & ((p_oom <= self._cutoff(len(self.observations), allowance)) | (p_oom <= beyond))
-        return float(np.max(expected_improvement(mu, sd, best) * (1.0 - p_oom) * p_hold)), not admitted.any()
+        used_up = not admitted.any() and self._covers_space(idx.size)
+        return float(np.max(expected_improvement(mu, sd, best) * (1.0 - p_oom) * p_hold)), used_up
 
     def should_stop(self) -> tuple[bool, str]:
         """Stop when the largest expected improvement is a small fraction of the run-to-run noise, or when every
