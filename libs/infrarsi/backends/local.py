@@ -189,11 +189,7 @@ class LocalBackend(Backend):
         if leftovers:
             procs.kill_all(leftovers, grace_s=1.0)
         self._live.pop(handle.spec.name, None)
-        tails = [tail_of(path) for path in job.logs]
-        if len(tails) > 1:
-            output = "\n".join(f"--- node {i} ---\n{t}" for i, t in enumerate(tails))
-        else:
-            output = tails[0] if tails else ""
+        output = tails_of(job.logs)
         codes = [p.returncode for p in job.popens]
         exit_code = next((c for c in codes if c != 0), 0)
         oom = job.oom or job.watchdog.exceeded
@@ -264,12 +260,24 @@ def torchrun_argv(spec: JobSpec, node_rank: int | None, endpoint: str, *, local_
     ]  # fmt: skip
 
 
-def tail_of(path: Path) -> str:
-    """The last ``TAIL_BYTES`` of a log file (empty when it is not there)."""
+def tail_of(path: Path, size: int = TAIL_BYTES) -> str:
+    """The last ``size`` bytes of a log file (empty when it is not there)."""
     try:
         with open(path, "rb") as fh:
             fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - TAIL_BYTES))
+            fh.seek(max(0, fh.tell() - size))
             return fh.read().decode(errors="replace")
     except OSError:
         return ""
+
+
+def tails_of(paths: list[Path]) -> str:
+    """The ends of a job's logs within ``TAIL_BYTES``, each log its equal share under its name.
+
+    A multi-node job's failure is usually on one node while another fills its log with the aftermath (a broken
+    rendezvous, a peer's traceback): a single tail of the logs joined kept only the last node's.
+    """
+    if len(paths) == 1:
+        return tail_of(paths[0])
+    share = TAIL_BYTES // max(1, len(paths)) - 40
+    return "\n".join(f"--- {path.name} ---\n{tail}" for path in paths if (tail := tail_of(path, share)))

@@ -41,7 +41,7 @@ from infrarsi.backends.base import (
     device_oom_detail,
     read_json_record,
 )
-from infrarsi.backends.local import TAIL_BYTES, tail_of
+from infrarsi.backends.local import TAIL_BYTES, tails_of
 from infrarsi.contract import BackendSpec
 
 POLL_EVERY_S = 0.25
@@ -257,9 +257,8 @@ class SlurmBackend(ScheduledBackend):
             if time.monotonic() > deadline:
                 break
             time.sleep(0.2)
-        tails = [tail_of(p) for p in sorted(spec.state_dir.glob("node*.log"))]
-        tails += [tail_of(p) for p in spec.state_dir.glob(f"slurm-{job.job_id}.out")]
-        output = "\n".join(t for t in tails if t)
+        logs = sorted(spec.state_dir.glob("node*.log")) + list(spec.state_dir.glob(f"slurm-{job.job_id}.out"))
+        output = tails_of(logs)
         state = record.state if record else (job.state or "UNKNOWN")
         raw_state = record.raw_state if record else state
         node_ooms = [read_json_record(p) for p in sorted(spec.state_dir.glob("oom-node*.json"))]
