@@ -578,11 +578,13 @@ class Searcher:
                 usable &= p_oom <= max(allowance, self.config.oom_budget_fit_p_oom)
 
         # initial design: the prior's best guess, then space-filling seeds among likely-fitting candidates
+        below: np.ndarray | None = None  # the same shortlist for every seed: predicted once
         while len(out) < n and n_done + len(out) < 1 + self.config.n_seeds:
             k = n_done + len(out)
             safe = usable & (p_oom < self.config.seed_max_p_oom) & (p_hold > 0.5)
             if k > 0 and self.config.design_below_baseline and self.baseline is not None:
-                safe &= self._below_baseline(idx)
+                below = self._below_baseline(idx) if below is None else below
+                safe &= below
             if not safe.any():
                 safe = usable
             if not safe.any():
@@ -811,9 +813,8 @@ class Searcher:
         assert sd is not None  # asked for (with_std)
         p_oom, p_hold = self._p_oom(idx), self._p_hold(idx)
         allowance = self.oom_allowance()
-        holds = p_hold >= self.config.invariant_exclude
-        beyond = max(allowance, self.config.oom_budget_fit_p_oom)
-        admitted = holds & ((p_oom <= self._cutoff(len(self.observations), allowance)) | (p_oom <= beyond))
+        limit = max(self._cutoff(len(self.observations), allowance), allowance, self.config.oom_budget_fit_p_oom)
+        admitted = (p_hold >= self.config.invariant_exclude) & (p_oom <= limit)
         used_up = not admitted.any() and self._covers_space(idx.size)
         return float(np.max(expected_improvement(mu, sd, best) * (1.0 - p_oom) * p_hold)), used_up
 
