@@ -18,7 +18,8 @@ Owns:
   built-in ones, and ``adapt_event``: another study's candidate (a bank winner) in this study's terms.
 
 Reads the disk only in ``load_study_space`` (the golden launch file and the patch library, both locked by
-``init``); everything else is pure. Must not: publish, change the modeling package's objects, or build a
+``init``, and which pairs of the library's patches apply together on the golden baseline: a pair that does not is
+never proposed, where before each candidate holding it cost a refused trial); everything else is pure. Must not: publish, change the modeling package's objects, or build a
 ``Searcher`` (``study_model.build_searcher`` does; ``trial_ledger`` pairs a trial's facts).
 """
 
@@ -61,6 +62,7 @@ from infrarsi.modeling.space import (
 )
 from infrarsi.settings import env_var
 from infrarsi.study_shape import study_meta
+from infrarsi.workspace import WorkspaceError, conflicting_pairs
 
 if TYPE_CHECKING:
     from infrarsi.sim.scenarios import Scenario
@@ -156,9 +158,12 @@ class StudySpace:
         baseline_launch: Mapping[str, Any] | None = None,
         library: Mapping[str, PatchInfo] | None = None,
         capacity_bytes: float | None = None,
+        conflicts: Iterable[tuple[str, str]] = (),
     ) -> StudySpace:
         """Pure conversion. ``baseline_launch`` is the golden launch file (``None``: each knob's first value);
-        ``library`` the patch library (``None`` or a missing id: a patch with flat priors)."""
+        ``library`` the patch library (``None`` or a missing id: a patch with flat priors); ``conflicts``
+        pairs of patches that do not apply together (besides the library's ``conflicts_with``): no candidate
+        holds both."""
         notes: list[str] = []
         scenario_name = sim_scenario_name(contract)
         scenario = _scenario(scenario_name) if scenario_name else None
@@ -182,7 +187,7 @@ class StudySpace:
                 notes.append(f"{key}: golden value {launch_value!r} is outside the knob's choices")
                 base_values[name] = first
 
-        patches = _convert_patches(contract.search_space.patches, library, notes)
+        patches = _convert_patches(contract.search_space.patches, library, notes, conflicts)
         constraints = list(_global_batch_constraints(contract, names, baseline_launch))
         memory_direction: dict[str, MemoryDirection] = {k.name: d for k in knobs
                             if (d := _MEMORY_DIRECTION.get(KnowledgeBase.canonical(k.name), 0)) != 0}
@@ -359,8 +364,19 @@ def load_study_space(created: ev.StudyCreated) -> StudySpace:
             library = contract.patch_library()
         except (OSError, ContractError) as exc:
             notes.append(f"patch library: {exc}")
+    conflicts: list[tuple[str, str]] = []
+    wanted = [pid for pid in contract.search_space.patches if pid in (library or {})]
+    if library and len(wanted) >= 2:
+        try:
+            paths = {pid: library[pid].path for pid in wanted}
+            conflicts = conflicting_pairs(created.workload_dir, created.baseline_ref, paths)
+        except (OSError, ValueError, WorkspaceError) as exc:
+            notes.append(f"patch pairs not checked against the golden baseline: {exc}")
+        notes += [f"patches {a} and {b} do not apply together on the golden baseline: never proposed together"
+                  for a, b in conflicts]
     study = StudySpace.from_contract(contract, baseline_launch=launch, library=library,
-                                     capacity_bytes=created.cluster.memory_capacity_bytes or None)
+                                     capacity_bytes=created.cluster.memory_capacity_bytes or None,
+                                     conflicts=conflicts)
     if notes:
         study = dataclasses.replace(study, notes=study.notes + tuple(notes))
     return study
@@ -454,14 +470,15 @@ def _categorical(key: str, name: str, choices: list[Any], golden: Any, template:
     return Categorical(name, levels, default=default, memory_order=order), KnobBinding(key, name, mapping)
 
 
-def _convert_patches(ids: list[str], library: Mapping[str, PatchInfo] | None, notes: list[str]) -> list[Patch]:
+def _convert_patches(ids: list[str], library: Mapping[str, PatchInfo] | None, notes: list[str],
+                     found: Iterable[tuple[str, str]] = ()) -> list[Patch]:
     infos = {pid: (library or {}).get(pid) for pid in ids}
     conflicts: dict[str, set[str]] = {pid: set() for pid in ids}
-    for pid, info in infos.items():
-        for other in (info.conflicts_with if info is not None else []):
-            if other in conflicts:
-                conflicts[pid].add(other)
-                conflicts[other].add(pid)
+    declared = [(pid, other) for pid, info in infos.items() for other in (info.conflicts_with if info else [])]
+    for pid, other in [*declared, *found]:
+        if pid in conflicts and other in conflicts:
+            conflicts[pid].add(other)
+            conflicts[other].add(pid)
     out = []
     for pid in ids:
         info = infos[pid]

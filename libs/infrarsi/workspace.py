@@ -468,6 +468,39 @@ def _check_in_order(worktree: Path, patch_paths: Sequence[Path]) -> PatchResult 
     return None
 
 
+def conflicting_pairs(repo: Path | str, ref: str, patches: Mapping[str, Path]) -> list[tuple[str, str]]:
+    """Pairs of patches (ids in the order a trial applies them, sorted) that each apply to ``ref`` of ``repo``
+    alone but not one after the other: a candidate holding both would be refused at every trial.
+
+    Checked as a trial's launcher checks a sequence (``_check_in_order``: ``git apply --cached`` on a scratch
+    index holding ``ref``; neither the repository's index nor any worktree is touched). A patch that does not
+    apply alone is the trial's to refuse, with its own reason. Three or more patches that collide only
+    together are not looked for."""
+    ids = sorted(patches)
+    pairs: list[tuple[str, str]] = []
+    with tempfile.TemporaryDirectory(prefix="infrarsi-pairs-") as scratch:
+        base, work = Path(scratch) / "base", Path(scratch) / "work"
+
+        def applies(index: Path, patch: Path) -> bool:
+            env = {"GIT_INDEX_FILE": str(index)}
+            return git(repo, "apply", "--cached", str(patch), env=env, check=False).returncode == 0
+
+        git(repo, "read-tree", ref, env={"GIT_INDEX_FILE": str(base)})
+        after: dict[str, Path] = {}  # the index with each patch that applies alone applied
+        for i, pid in enumerate(ids):
+            index = Path(scratch) / f"after-{i}"
+            shutil.copyfile(base, index)
+            if applies(index, patches[pid]):
+                after[pid] = index
+        alone = [pid for pid in ids if pid in after]
+        for i, first in enumerate(alone):
+            for second in alone[i + 1:]:
+                shutil.copyfile(after[first], work)
+                if not applies(work, patches[second]):
+                    pairs.append((first, second))
+    return pairs
+
+
 def apply_patches(
     worktree: Path | str,
     patch_paths: Sequence[Path | str],

@@ -217,3 +217,23 @@ def test_the_searcher_predicts_through_the_two_term_memory_model_and_its_misfit_
     assert np.allclose([pool_mem[s.pool.index[c.key]] for c in rows], [p.log_peak_bytes for p in preds])
     assert max(p.p_oom for c, p in zip(rows, preds, strict=True) if sum_of_terms_peak(c) < 30e9) < 0.05
     assert min(p.p_oom for c, p in zip(rows, preds, strict=True) if sum_of_terms_peak(c) > 70e9) > 0.9
+
+
+def test_the_spread_scale_widens_the_predictive_std_without_a_shape_only():
+    rows = synthetic(40, np.random.default_rng(5), 40 * GIB)
+    plain, wide = (MemoryModel(SPACE, 40 * GIB, kb=WIDE, spread_scale=k) for k in (1.0, 2.0))
+    for mm in (plain, wide):
+        for c, p, oom in rows:
+            mm.observe(c, p, oom)
+        mm.fit()
+    cs = [Candidate.of({"micro_batch": mb, "checkpointing": False}) for mb in (1, 4, 32)]
+    (mu1, sd1), (mu2, sd2) = plain.predict_log(cs), wide.predict_log(cs)
+    np.testing.assert_allclose(mu2, mu1)
+    np.testing.assert_allclose(sd2, 2.0 * sd1)
+    # a candidate predicted under the capacity is less surely safe, one over it less surely an OOM
+    p1, p2 = plain.p_oom(cs), wide.p_oom(cs)
+    assert p2[0] > p1[0] and p2[2] < p1[2]
+    # the structural formula keeps its own spread; the searcher passes its setting on
+    assert MemoryModel(SPACE, 80 * GIB, meta=_meta(), spread_scale=2.0).spread_scale == 1.0
+    s = Searcher(SPACE, 40 * GIB, kb=WIDE, config=SearchConfig(memory_spread_scale=3.0))
+    assert s.memory_model.spread_scale == 3.0

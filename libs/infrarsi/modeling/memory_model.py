@@ -153,8 +153,10 @@ class MemoryModel:
     def __init__(self, space: SearchSpace, capacity_bytes: float, meta: TransformerMeta | None = None,
                  kb: KnowledgeBase | None = None, correction_std: float = 0.12, censored: bool = True,
                  interaction_std: float | None = None, two_terms: bool = False,
-                 misfit_floor: float | None = None) -> None:
+                 misfit_floor: float | None = None, spread_scale: float = 1.0) -> None:
         self.space = space
+        self.spread_scale = 1.0 if meta is not None else spread_scale
+        """Without a workload shape: the factor on the predictive std (``SearchConfig.memory_spread_scale``)."""
         if misfit_floor is not None:
             # the fitted σ of a flexible model is its in-sample residual, which hits the floor after a few trials;
             # what it mispredicts at a candidate it has not measured is larger
@@ -458,7 +460,7 @@ class MemoryModel:
             sa = np.array([self._components(c) for c in cs]).reshape(len(cs), 2)
         mu, g = self.log_mean_grad(self.theta, x, sa)
         var = np.sum((g @ self._cov) * g, axis=1) + math.exp(2 * self.log_sigma)
-        return mu, np.sqrt(np.maximum(var, 1e-12))
+        return mu, self.spread_scale * np.sqrt(np.maximum(var, 1e-12))
 
     def predict_bytes(self, cs: Sequence[Candidate]) -> np.ndarray:
         mu, _ = self.predict_log(cs)
