@@ -9,13 +9,18 @@ InfraRSI arms differ only in the knowledge base the Searcher is given:
 - ``inverted``: every built-in time and memory prior mean negated (a knowledge base that is wrong everywhere);
 - ``flat``: no priors at all.
 
+``--memory-oracle ERROR ...`` adds reference arms that are not tuners: InfraRSI with the built-in priors and its
+memory model replaced by the true log peak plus a fixed N(0, ERROR²) error per candidate (``OracleMemory``) —
+what the search policy gives with a memory model that precise (docs/modeling.md, "What the targets need from the
+memory model").
+
 Scores per (model, seed): best/oracle at 10/20/40 trials (exact oracle: the spaces are enumerated), trials to
 95% of the oracle, OOM fraction; for InfraRSI also the mean predicted P(OOM) of its proposals and how often
 each origin (``pairing``, ``ei``...) produced the final best. The JSON keeps every model's numbers, and the
 table prints the per-model spread (min, 10th percentile, median, max), not only the median.
 
     nice -n 10 python bench/robustness.py [--models 30] [--seeds 2] [--budget 40] [--tuners ...] [--arms ...]
-                                          [--json OUT.json]
+                                          [--memory-oracle 0 0.05 ...] [--json OUT.json]
 """
 
 # ruff: noqa: E402  (BLAS thread count must be set before numpy is imported)
@@ -28,6 +33,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse
 import dataclasses
+import functools
 import json
 import logging
 import sys
@@ -36,8 +42,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from infrarsi.modeling.memory_model import MemoryFit, MemoryModel
 from infrarsi.modeling.priors import KnowledgeBase
-from infrarsi.modeling.search import CandidatePool, SearchConfig
+from infrarsi.modeling.search import CandidatePool, SearchConfig, Searcher
+from infrarsi.modeling.space import Candidate
 from robust_family import FamilyModel, draw_model  # bench/ is the script's directory
 from search_vs_peers import TUNERS, BenchSpace, Trial, _cell, score
 
@@ -68,6 +76,32 @@ def bench_space(model: FamilyModel, pool: CandidatePool, arm: str = "default", c
                       baseline=study.baseline, search_config=config)
 
 
+class OracleMemory(MemoryModel):
+    """A reference memory model, not a tuner: the family's true log peak plus a fixed error per candidate drawn
+    N(0, ``error``²), reported with std ``error`` (calibrated on average). What the search's OOM share and
+    best/oracle would be with a memory model that precise; it ignores every observation."""
+
+    def __init__(self, searcher: Searcher, model: FamilyModel, error: float) -> None:
+        super().__init__(searcher.space, searcher.capacity_bytes, kb=searcher.kb)
+        self.error = error
+        pool = searcher.pool.candidates
+        truth = np.log([model.memory_of(c.knobs) for c in pool])
+        self.pool_log_peak = truth + error * np.random.default_rng(7_000 + model.seed).standard_normal(truth.size)
+        self.by_key = {c.key: float(v) for c, v in zip(pool, self.pool_log_peak, strict=True)}
+
+    def fit(self, max_iterations: int = 50, upto: int | None = None) -> MemoryFit:
+        return MemoryFit(self.theta, self.log_sigma, self.covariance, 0, 0, True)
+
+    def log_mean(self, theta: np.ndarray, x: np.ndarray, sa: np.ndarray) -> np.ndarray:
+        assert x.shape[0] == self.pool_log_peak.size, "asked for the whole pool only (Searcher._pool_means)"
+        return self.pool_log_peak.copy()
+
+    def predict_log(self, cs: Sequence[Candidate], x: np.ndarray | None = None,
+                    sa: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        mu = np.array([self.by_key[c.key] for c in cs])
+        return mu, np.full(mu.shape, max(self.error, 1e-3))
+
+
 def search_config(pairs: Sequence[str]) -> SearchConfig:
     """``SearchConfig`` with ``FIELD=VALUE`` overrides (``None``, numbers, ``true``/``false``): to measure a
     setting against the defaults on the same models."""
@@ -82,7 +116,7 @@ def search_config(pairs: Sequence[str]) -> SearchConfig:
 
 
 def run_model(model: FamilyModel, tuners: Sequence[str], arms: Sequence[str], seeds: int, budget: int,
-              config: SearchConfig | None = None) -> dict[str, Any]:
+              config: SearchConfig | None = None, memory_oracle: Sequence[float] = ()) -> dict[str, Any]:
     pool = CandidatePool.build(model.study.space)
     runs: dict[str, list[list[Trial]]] = {}
     for tuner in tuners:
@@ -90,6 +124,11 @@ def run_model(model: FamilyModel, tuners: Sequence[str], arms: Sequence[str], se
             for arm in arms:
                 bs = bench_space(model, pool, arm, config)
                 runs[f"infrarsi[{arm}]"] = [TUNERS[tuner](bs, seed, budget) for seed in range(seeds)]
+            for error in memory_oracle:
+                bs = bench_space(model, pool, "default", config)
+                bs.memory_model = functools.partial(OracleMemory, model=model, error=error)
+                runs[f"infrarsi[memory_oracle={error:g}]"] = [TUNERS[tuner](bs, seed, budget)
+                                                              for seed in range(seeds)]
         else:
             bs = bench_space(model, pool)
             runs[tuner] = [TUNERS[tuner](bs, seed, budget) for seed in range(seeds)]
@@ -199,6 +238,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--arms", nargs="*", default=list(ARMS), help="InfraRSI prior arms")
     ap.add_argument("--search-config", nargs="*", default=[], metavar="FIELD=VALUE",
                     help="InfraRSI SearchConfig overrides, e.g. oom_exclude=0.35 memory_interaction_std=None")
+    ap.add_argument("--memory-oracle", nargs="*", type=float, default=[], metavar="ERROR",
+                    help="reference arms: InfraRSI (built-in priors) with its memory model replaced by the true "
+                         "log peak plus a fixed N(0, ERROR^2) error per candidate, e.g. 0 0.05 0.1")
     ap.add_argument("--json", dest="json_out", default=None)
     ap.add_argument("--merge", nargs="*", default=None, metavar="PART.json",
                     help="summarise the per-model results of earlier runs (e.g. the family split over processes, "
@@ -227,7 +269,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for i in range(args.first_model, args.first_model + args.models) if args.merge is None else ():
         t0 = time.perf_counter()
         model = draw_model(i)
-        m = run_model(model, args.tuners, args.arms, args.seeds, args.budget, config)
+        m = run_model(model, args.tuners, args.arms, args.seeds, args.budget, config, args.memory_oracle)
         m["model"] = i
         models.append(m)
         cells = "  ".join(f"{n} {np.median(v['best_over_oracle']):.3f}/{np.mean(v['oom_fraction']):.2f}"

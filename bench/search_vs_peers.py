@@ -44,7 +44,7 @@ from typing import Any, Protocol
 
 import numpy as np
 from _common import write_json
-from infrarsi.modeling.memory_model import TransformerMeta
+from infrarsi.modeling.memory_model import MemoryModel, TransformerMeta
 from infrarsi.modeling.priors import KnowledgeBase
 from infrarsi.modeling.search import CandidatePool, Observation, SearchConfig, Searcher
 from infrarsi.modeling.space import Candidate, SearchSpace
@@ -80,6 +80,8 @@ class BenchSpace:
     """Releases what the space holds (a real space: its temporary workload repo and trial directories)."""
     search_config: SearchConfig | None = None
     """InfraRSI's ``SearchConfig`` (None: the defaults); bench/robustness.py's ``--search-config`` sets it."""
+    memory_model: Callable[[Searcher], MemoryModel] | None = None
+    """Replaces the Searcher's memory model (bench/robustness.py's ``--memory-oracle`` reference arms)."""
 
     @property
     def has_oracle(self) -> bool:
@@ -124,6 +126,8 @@ def run_infrarsi(bs: BenchSpace, seed: int, budget: int) -> list[Trial]:
     # what a study gives the proposer: the contract's knowledge base and golden baseline, where the space has them
     s = Searcher(bs.space, bs.capacity_bytes, meta=bs.meta, kb=bs.kb, baseline=bs.baseline, seed=seed, pool=bs.pool,
                  config=bs.search_config)
+    if bs.memory_model is not None:
+        s.memory_model = bs.memory_model(s)
     rng = np.random.default_rng(10_000 + seed)
     out: list[Trial] = []
     for _ in range(budget):

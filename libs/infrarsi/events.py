@@ -61,7 +61,7 @@ KnobValue = bool | int | float | str
 TrialKind = Literal["baseline", "doctor", "search", "verify"]
 """Why a trial runs: the untouched baseline, a doctor repeat, a search candidate, or a verification run."""
 
-Origin = Literal["baseline", "manual", "seed", "prior", "ei", "pairing", "bank", "llm", "verify"]
+Origin = Literal["baseline", "manual", "seed", "prior", "ei", "pairing", "bank", "llm", "verify", "confirm"]
 """Why the proposer (or a user) chose a candidate."""
 
 TrialStatus = Literal[

@@ -26,7 +26,8 @@ arrives, or its ok ``TrialFinished`` *and* its ``TrialMeasured`` (``TrialLedger`
 because of the harness (``TrialFinished.infrastructure``: its launcher was killed mid-trial) costs its
 accelerator time but not the candidate: it is re-run once, outside the trial budget, and the models never
 see the failure. Never proposes a candidate twice otherwise (the searcher excludes observed and pending candidates; ``events.Candidate.key()`` is
-checked again here), never a candidate the contract rejects. Stops when the trial budget is proposed, when
+checked again here) but for a ``confirm`` proposal — a leader tied within noise, re-measured once before the
+search stops (``SearchConfig.confirm_repeats``) —, never a candidate the contract rejects. Stops when the trial budget is proposed, when
 the next trial would overrun the accelerator-hours (spent = every ``TrialFinished.accelerator_s`` of the
 study, doctor and failed trials included; the next trial's cost is estimated from the search trials so far),
 when ``Searcher.should_stop()`` says no more gain is expected, or when the space is exhausted. Once nothing
@@ -332,19 +333,21 @@ class ProposerState(StudiesFold[_Study]):
                 n = (min(slots, left) - study.agent.held_slots(study.space, study.target_trials)) // repeats
                 if n <= 0:
                     return out  # the agent's share waits for its first answer (agent.py, the mix rule)
+            pending = [p.candidate for p in in_flight] + study.rejected
             if self._design_done(study, searcher):
-                stop, why = searcher.should_stop()
+                stop, why = searcher.should_stop(pending)
                 if stop:
                     study.stop_reason = f"no more expected gain: {why}"
                     continue
-            pending = [p.candidate for p in in_flight] + study.rejected
             turn, why = self._searcher_for_turn(study)
             suggestions = turn.suggest(n if study.hedge is None else 1, pending=pending)  # the hedge alternates
             if not suggestions:
                 study.stop_reason = "search space exhausted"
                 continue
             for s in suggestions:
-                if study.space.contract_problems(s.candidate) or study.space.event_key(s.candidate) in study.proposed_keys:
+                repeat = s.origin == "confirm"  # a leader re-measured before the study stops (Searcher)
+                if study.space.contract_problems(s.candidate) or (
+                        not repeat and study.space.event_key(s.candidate) in study.proposed_keys):
                     study.rejected.append(s.candidate)
                     continue
                 led = study.agent is not None and study.agent.on_probation and turn is not study.hedge

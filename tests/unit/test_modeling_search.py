@@ -54,8 +54,11 @@ def run(seed: int, n: int, searcher: Searcher | None = None):
 
 def test_never_repeats_and_respects_pending():
     s, log = run(0, 40)
-    keys = [o.candidate.key for _, o in log]
+    keys = [o.candidate.key for sg, o in log if sg.origin != "confirm"]
     assert len(keys) == len(set(keys))
+    # a confirmation re-measures a leader that ran once, before the search would stop; never more than that
+    confirmed = [o.candidate.key for sg, o in log if sg.origin == "confirm"]
+    assert set(confirmed) <= set(keys) and len(confirmed) == len(set(confirmed))
     pend = [sg.candidate for sg in s.suggest(3)]
     nxt = s.suggest(3, pending=pend)
     assert not {c.key for c in pend} & {sg.candidate.key for sg in nxt}

@@ -314,3 +314,27 @@ def test_an_infrastructure_failure_costs_but_does_not_use_up_the_candidate(tmp_p
     # The models never saw the cancelled runs as failures of their candidates.
     searcher = proposer.studies[STUDY].searcher
     assert searcher is not None and all(o.status == "ok" for o in searcher.observations if o.status != "oom")
+
+
+def test_leaders_tied_within_noise_are_re_measured_before_the_search_stops(tmp_path: Path) -> None:
+    # a space of 20 candidates and a budget the search does not use up: it stops once every candidate has run,
+    # after re-measuring its leaders
+    data = synthetic_contract_dict(tmp_path, trials=40)
+    data["search_space"]["knobs"] = {k: v for k, v in data["search_space"]["knobs"].items()
+                                     if k in ("train.micro_batch_size", "model.attention", "train.compile")}
+    data["search_space"]["patches"] = []
+    contract = contract_from_dict(data, check=False)
+    created = envelope(ev.StudyCreated(name="synthetic", goal="faster", contract=contract.to_dict(),
+                                       contract_sha256=contract.sha256(), workload_dir=str(tmp_path),
+                                       baseline_ref="0" * 40, locked_files={}, cluster=contract.cluster.info()),
+                       source="cli.init")
+    log = run_events([ProposerState(load_study=loader)], World(loader(created.payload)),
+                     [created, envelope(RunRequested(parallel=1))])
+    proposed = [e.payload for e in of_type(log, ev.TrialProposed)]
+    assert len(proposed) < 40
+    confirms = [p for p in proposed if p.origin == "confirm"]
+    fresh = [p.candidate_key for p in proposed if p.origin != "confirm"]
+    assert confirms and len(fresh) == len(set(fresh))
+    assert all(p.candidate_key in fresh[:i] for i, p in ((proposed.index(c), c) for c in confirms))
+    assert len({p.candidate_key for p in confirms}) == len(confirms)  # each leader re-measured once (2 runs)
+    assert len(of_type(log, ev.StudyFinished)) == 1

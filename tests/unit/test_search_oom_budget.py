@@ -38,7 +38,7 @@ def test_the_oom_budget_left_is_earned_by_trials_and_spent_by_ooms_and_pending_r
 
 def test_tiny_space_stops_once_every_candidate_under_the_cut_off_has_run_and_the_budget_is_spent():
     space = SearchSpace(knobs=(IntChoice("micro_batch", (1, 2, 4, 8, 16)),))
-    s = FixedRisk(space, CAP, seed=0, kb=default_knowledge_base(), config=SearchConfig(oom_budget=0.08))
+    s = FixedRisk(space, CAP, seed=0, kb=default_knowledge_base(), config=SearchConfig(oom_budget=0.08, confirm_repeats=1))
     for mb in (1, 2, 4):
         s.observe(_ok(Candidate.of({"micro_batch": mb})))
     s.observe(Observation(Candidate.of({"micro_batch": 16}), "oom", None, CAP, 10.0))

@@ -42,7 +42,7 @@ from infrarsi.modeling.space import (
 from infrarsi.modeling.time_model import TimeModel
 
 Status = Literal["ok", "oom", "crash", "invariant_violation", "timeout", "stopped_slow", "scope_violation"]
-Origin = Literal["seed", "prior", "ei", "pairing", "bank", "llm"]
+Origin = Literal["seed", "prior", "ei", "pairing", "bank", "llm", "confirm"]
 
 
 @dataclass(frozen=True)
@@ -138,6 +138,10 @@ class SearchConfig:
     select_tie_sigmas: float = 2.0
     """``top_candidates``: measured step times within this many noise stds of the fastest are ranked by the mean
     of measured and posterior log time (0: by the measurement alone)."""
+    confirm_repeats: int = 2
+    """Before the study stops for want of expected gain, each leader tied within noise (``top_candidates``' tie
+    set, at most ``confirm_top``) is measured this many times in all (1: never re-measured)."""
+    confirm_top: int = 3
     probe_margin: float = 1.0
     """A memory step probe must be worth this many times the best admitted candidate's acquisition."""
     shortlist_top: int = 600
@@ -264,6 +268,8 @@ class _FitCache:
     mem_mu: np.ndarray | None = None
     """Mean log peak of every pool row."""
     incumbent: float | None = None
+    stop_scan: tuple[int, float, bool] | None = None
+    """(pool size, ``Searcher._stop_scan``'s answer): ``should_stop`` and a confirming ``suggest`` both ask."""
 
 
 class Searcher:
@@ -297,6 +303,8 @@ class Searcher:
         """Pool rows of every observation (the shortlist excludes them)."""
         self._ok_rows: list[int] = []
         """Pool rows of the observations that ran ok (incumbent candidates)."""
+        self._measured: dict[str, list[float]] = {}
+        """Measured step times of each candidate that ran ok, in order of its first run."""
         self._best_ok: list[tuple[float, int, int]] = []
         """(measured step time, observation number, pool row) of the three fastest ok observations."""
         self._rows_at: list[tuple[int, int]] = []
@@ -336,6 +344,8 @@ class Searcher:
         self._seen_rows.append(row)
         if obs.status == "ok":
             self._ok_rows.append(row)
+            if obs.step_time_s is not None:
+                self._measured.setdefault(c.key, []).append(obs.step_time_s)
             t = obs.step_time_s or math.inf
             self._best_ok = sorted([*self._best_ok, (t, len(self.observations), row)])[:3]
         match obs.status:
@@ -575,6 +585,9 @@ class Searcher:
                 taken.add(s.candidate.key)
         if len(out) >= n:
             return out
+        confirm = self._confirmation(pending)
+        if confirm is not None and self._stop_reason() is not None:
+            return [*out, confirm]  # nothing new is worth a trial: the leaders are re-measured (``should_stop``)
         n_done = len(self.observations) + len(pending)
         idx = self._shortlist(rng, taken)
         if idx.size == 0:
@@ -833,6 +846,12 @@ class Searcher:
         ``suggest`` may propose is used up: the shortlist is the whole space left, none of it under the cut-off,
         none above it within the OOM budget)."""
         self.refit()
+        n = len(self.pool.candidates)
+        if self._cache.stop_scan is None or self._cache.stop_scan[0] != n:
+            self._cache.stop_scan = (n, *self._scan_for_stop())
+        return self._cache.stop_scan[1], self._cache.stop_scan[2]
+
+    def _scan_for_stop(self) -> tuple[float, bool]:
         best = self._incumbent()
         if best is None:
             return math.inf, False
@@ -849,17 +868,43 @@ class Searcher:
         used_up = not admitted.any() and self._covers_space(idx.size)
         return float(np.max(expected_improvement(mu, sd, best) * (1.0 - p_oom) * p_hold)), used_up
 
-    def should_stop(self) -> tuple[bool, str]:
+    def should_stop(self, pending: Sequence[Candidate] = ()) -> tuple[bool, str]:
         """Stop when the largest expected improvement is a small fraction of the run-to-run noise, or when every
-        candidate that fits the cut-off has run and the OOM budget holds none of the rest (a tiny space)."""
+        candidate that fits the cut-off has run and the OOM budget holds none of the rest (a tiny space) — once
+        the leaders tied within noise are measured ``SearchConfig.confirm_repeats`` times each, the ``pending``
+        runs counted."""
+        why = self._stop_reason()
+        if why is None:
+            thr = self.config.stop_ei_fraction * self.time_model.noise_std
+            return False, f"max EI {self._stop_scan()[0]:.4g} >= threshold {thr:.4g}"
+        confirm = self._confirmation(pending)
+        if confirm is not None:
+            return False, f"{why}; {confirm.reason}"
+        return True, why
+
+    def _stop_reason(self) -> str | None:
+        """Why the search has nothing left worth a new candidate (``None``: it has)."""
         ei, used_up = self._stop_scan()
         if used_up:
-            return True, (f"every candidate under the P(oom) cut-off has run, none of the rest is more likely to "
-                          f"fit than not, and the OOM budget left ({self.oom_allowance():.2f}) holds none of them")
+            return (f"every candidate under the P(oom) cut-off has run, none of the rest is more likely to "
+                    f"fit than not, and the OOM budget left ({self.oom_allowance():.2f}) holds none of them")
         thr = self.config.stop_ei_fraction * self.time_model.noise_std
         if ei < thr:
-            return True, f"max EI {ei:.4g} < {self.config.stop_ei_fraction} x noise std {self.time_model.noise_std:.4g}"
-        return False, f"max EI {ei:.4g} >= threshold {thr:.4g}"
+            return f"max EI {ei:.4g} < {self.config.stop_ei_fraction} x noise std {self.time_model.noise_std:.4g}"
+        return None
+
+    def _confirmation(self, pending: Sequence[Candidate] = ()) -> Suggestion | None:
+        """The best-ranked leader tied within noise with the fastest measured one (``top_candidates``) that has
+        fewer than ``SearchConfig.confirm_repeats`` measurements, run and pending: one measurement of each is
+        the luckiest draw among tens (2-8% noise), and a re-measurement is what tells a lucky one apart."""
+        if self.config.confirm_repeats <= 1:
+            return None
+        for c, _, _, tied in self._ranked(self.config.confirm_top):
+            runs = len(self._measured.get(c.key, ())) + sum(p.key == c.key for p in pending)
+            if tied and runs < self.config.confirm_repeats:
+                return Suggestion(c, "confirm", f"re-measured: tied within noise with the fastest measured "
+                                                f"({runs} of {self.config.confirm_repeats} runs)")
+        return None
 
     def top_candidates(self, k: int = 3) -> list[tuple[Candidate, float, float]]:
         """Observed candidates that kept every invariant, best first: (candidate, measured step seconds (median
@@ -872,24 +917,27 @@ class Searcher:
         alone kept the luckiest draw — with 2-8% noise and ~30 measured candidates, one 5-10% slower than the
         best measured won often (robustness family: the oracle measured in most runs, a slower one chosen).
         The figures: docs/modeling.md, "Search moves"."""
+        return [(c, t, sd) for c, t, sd, _ in self._ranked(k)]
+
+    def _ranked(self, k: int) -> list[tuple[Candidate, float, float, bool]]:
+        """``top_candidates`` with whether each is tied with the fastest measured one."""
         self.refit()
-        times: dict[str, list[float]] = {}
-        cands: dict[str, Candidate] = {}
-        for o in self.observations:
-            if o.status == "ok" and o.step_time_s is not None:
-                times.setdefault(o.candidate.key, []).append(o.step_time_s)
-                cands[o.candidate.key] = o.candidate
-        if not times:
+        if not self._measured:
             return []
-        keys = list(times)
-        measured = np.log([float(np.median(times[key])) for key in keys])
-        idx = np.array([self.pool.index[key] for key in keys])
+        keys = list(self._measured)
+        measured = np.fromiter((np.log(np.median(t)) if len(t) > 1 else math.log(t[0])
+                                for t in self._measured.values()), dtype=float, count=len(keys))
+        tied_all = measured <= measured.min() + self.config.select_tie_sigmas * self.time_model.noise_std
+        # the tied ones are the fastest measured: they and the next k by measurement hold the first k
+        sub = np.sort(_smallest(measured, min(len(keys), int(tied_all.sum()) + k)))
+        idx = np.array([self.pool.index[keys[i]] for i in sub])
         mu, sd = self.time_model.predict_encoded(self.pool.x_time[idx])
         assert sd is not None
-        tied = measured <= measured.min() + self.config.select_tie_sigmas * self.time_model.noise_std
-        key = np.where(tied, 0.5 * (measured + mu), measured)
-        order = sorted(range(len(keys)), key=lambda i: (not tied[i], key[i]))[:k]
-        return [(cands[keys[i]], float(math.exp(measured[i])), float(sd[i])) for i in order]
+        tied = tied_all[sub]
+        key = np.where(tied, 0.5 * (measured[sub] + mu), measured[sub])
+        order = sorted(range(sub.size), key=lambda i: (not tied[i], key[i]))[:k]
+        return [(self.pool.candidates[idx[i]], float(math.exp(measured[sub[i]])), float(sd[i]), bool(tied[i]))
+                for i in order]
 
 
 def _smallest(values: np.ndarray, k: int) -> np.ndarray:
