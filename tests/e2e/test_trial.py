@@ -18,7 +18,10 @@ from infrarsi import procs
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTRACTS = ROOT / "workloads" / "gpt" / "contracts"
-STEPS = 6
+STEPS = 8
+"""Enough for the timing invariant's three comparable steady steps (``stats.MIN_TIMING_RATIOS``) after a warm-up
+read as up to five steps. At 6, a warm-up of four (or evals beside the steps) left fewer and the invariant
+unchecked: the candidate run failed here once on a clean clone (KeyError 'timing')."""
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +47,9 @@ def check_plausible(run: dict, *, ranks: int) -> None:
     assert f["status"] == "ok", f["output_tail"]
     assert m["steps"] == STEPS and m["optimizer_steps"] == STEPS
     assert m["tokens"] == STEPS * 32 * 128  # global batch 32 × seq_len 128
-    timing = {i["name"]: i for i in m["invariants"]}["timing"]
-    assert timing["ok"], timing
+    checked = {i["name"]: i for i in m["invariants"]}
+    assert "timing" in checked, (m["warmup_steps"], m["unchecked_invariants"])
+    assert checked["timing"]["ok"], checked["timing"]
     assert m["mfu"] is not None and 0.001 < m["mfu"] < 1.0, m["mfu"]
     assert len(m["peak_memory_bytes"]) == ranks
     assert f["accelerator_s"] == pytest.approx(ranks * f["wall_s"])
