@@ -128,6 +128,7 @@ def run_infrarsi(bs: BenchSpace, seed: int, budget: int) -> list[Trial]:
                  config=bs.search_config)
     if bs.memory_model is not None:
         s.memory_model = bs.memory_model(s)
+        s.memory_peer = None  # a reference model (bench/robustness.py --memory-oracle) is measured alone
     rng = np.random.default_rng(10_000 + seed)
     out: list[Trial] = []
     for _ in range(budget):

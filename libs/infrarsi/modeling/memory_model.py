@@ -492,5 +492,17 @@ class MemoryModel:
         return out
 
 
+def mix_normals(weights: Sequence[float], means: Sequence[np.ndarray], stds: Sequence[np.ndarray]
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and std of the mixture Σ wᵢ·N(meanᵢ, stdᵢ²) (weights summing to 1), elementwise: the mixture's
+    variance is the weighted variances plus the spread of the means, so where models disagree it is wider
+    than any one of them."""
+    w = np.asarray(weights, dtype=float)[:, None]
+    mu_i, sd_i = np.stack(means), np.stack(stds)  # (models, n)
+    mu: np.ndarray = (w * mu_i).sum(axis=0)
+    var = (w * (sd_i**2 + (mu_i - mu) ** 2)).sum(axis=0)
+    return mu, np.sqrt(var)
+
+
 def _log_npdf(z: np.ndarray) -> np.ndarray:
     return -0.5 * z**2 - 0.5 * math.log(2 * math.pi)
