@@ -6,9 +6,11 @@ Beyond ``SearchConfig.refit_all_until`` observations a refit is a rank-k update 
 refits (``SearchConfig.refit_every``): both are timed, and the decision latency is measured twice in one run,
 with the schedule and with every refit in full (``refit_all_until`` = ∞), interleaved decision by decision.
 
-Trials come from a SIMULATOR scenario (random feasible candidates, simulated outcomes incl. OOMs).
+Trials come from a SIMULATOR scenario (random feasible candidates, simulated outcomes incl. OOMs). With
+``--no-shape`` the searchers are not told the workload's shape: the generic memory model and its peer of the
+other form (``SearchConfig.memory_peer_weight``), what a study of a user's own script gets.
 
-    python bench/modeler_refit.py [--json OUT.json]
+    python bench/modeler_refit.py [--no-shape] [--json OUT.json]
 """
 
 # ruff: noqa: E402  (BLAS thread count must be set before numpy is imported)
@@ -35,13 +37,15 @@ from infrarsi.sim.scenarios import get_scenario
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--space", default="dense7b_h100x64")
+    ap.add_argument("--no-shape", action="store_true", help="no workload shape: the generic memory models")
     ap.add_argument("--json", dest="json_out", default=None)
     args = ap.parse_args(argv)
     sc = get_scenario(args.space)
-    meta = sc.memory_meta()
+    meta = None if args.no_shape else sc.memory_meta()
     pool = CandidatePool.build(sc.space, meta)
     rng = np.random.default_rng(0)
-    result: dict = {"simulated": True, "space": args.space, "refit_seconds": {}, "latency_ms": {}}
+    result: dict = {"simulated": True, "space": args.space, "workload_shape": meta is not None, "refit_seconds": {},
+                    "latency_ms": {}}
     for n in (1000, 5000):
         s = Searcher(sc.space, sc.capacity_bytes, meta=meta, pool=pool, seed=0)
         full = Searcher(sc.space, sc.capacity_bytes, meta=meta, pool=pool, seed=0,
