@@ -9,6 +9,11 @@ InfraRSI arms differ only in the knowledge base the Searcher is given:
 - ``inverted``: every built-in time and memory prior mean negated (a knowledge base that is wrong everywhere);
 - ``flat``: no priors at all.
 
+``--doctor-baseline RUNS`` tells every tuner RUNS measured runs of the golden baseline before its first trial —
+what the doctor stage measures before the product's search, which its proposer observes: InfraRSI observes them,
+the Optuna samplers get them as completed trials, random ignores them. They are not trials of the budget and are
+not scored. Off by default (the protocol the earlier figures were measured with).
+
 ``--memory-oracle ERROR ...`` adds reference arms that are not tuners: InfraRSI with the built-in priors and its
 memory model replaced by the true log peak plus a fixed N(0, ERROR²) error per candidate (``OracleMemory``) —
 what the search policy gives with a memory model that precise (docs/modeling.md, "What the targets need from the
@@ -20,7 +25,7 @@ each origin (``pairing``, ``ei``...) produced the final best. The JSON keeps eve
 table prints the per-model spread (min, 10th percentile, median, max), not only the median.
 
     nice -n 10 python bench/robustness.py [--models 30] [--seeds 2] [--budget 40] [--tuners ...] [--arms ...]
-                                          [--memory-oracle 0 0.05 ...] [--json OUT.json]
+                                          [--memory-oracle 0 0.05 ...] [--doctor-baseline 3] [--json OUT.json]
 """
 
 # ruff: noqa: E402  (BLAS thread count must be set before numpy is imported)
@@ -68,12 +73,12 @@ def arm_kb(kb: KnowledgeBase, arm: str) -> KnowledgeBase:
     return kb
 
 
-def bench_space(model: FamilyModel, pool: CandidatePool, arm: str = "default", config: SearchConfig | None = None
-                ) -> BenchSpace:
+def bench_space(model: FamilyModel, pool: CandidatePool, arm: str = "default", config: SearchConfig | None = None,
+                doctor_runs: int = 0) -> BenchSpace:
     study = model.study
     return BenchSpace(f"robust-{model.seed}", study.space, study.capacity_bytes, model.evaluate, model.true_time,
                       model.oracle_time, None, pool, kind="family", kb=arm_kb(study.kb, arm),
-                      baseline=study.baseline, search_config=config)
+                      baseline=study.baseline, search_config=config, doctor_runs=doctor_runs)
 
 
 class OracleMemory(MemoryModel):
@@ -116,21 +121,22 @@ def search_config(pairs: Sequence[str]) -> SearchConfig:
 
 
 def run_model(model: FamilyModel, tuners: Sequence[str], arms: Sequence[str], seeds: int, budget: int,
-              config: SearchConfig | None = None, memory_oracle: Sequence[float] = ()) -> dict[str, Any]:
+              config: SearchConfig | None = None, memory_oracle: Sequence[float] = (), doctor_runs: int = 0
+              ) -> dict[str, Any]:
     pool = CandidatePool.build(model.study.space)
     runs: dict[str, list[list[Trial]]] = {}
     for tuner in tuners:
         if tuner == "infrarsi":
             for arm in arms:
-                bs = bench_space(model, pool, arm, config)
+                bs = bench_space(model, pool, arm, config, doctor_runs)
                 runs[f"infrarsi[{arm}]"] = [TUNERS[tuner](bs, seed, budget) for seed in range(seeds)]
             for error in memory_oracle:
-                bs = bench_space(model, pool, "default", config)
+                bs = bench_space(model, pool, "default", config, doctor_runs)
                 bs.memory_model = functools.partial(OracleMemory, model=model, error=error)
                 runs[f"infrarsi[memory_oracle={error:g}]"] = [TUNERS[tuner](bs, seed, budget)
                                                               for seed in range(seeds)]
         else:
-            bs = bench_space(model, pool)
+            bs = bench_space(model, pool, doctor_runs=doctor_runs)
             runs[tuner] = [TUNERS[tuner](bs, seed, budget) for seed in range(seeds)]
     bs = bench_space(model, pool)
     out: dict[str, Any] = {"features": list(model.features), "size": len(pool.candidates),
@@ -241,6 +247,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--memory-oracle", nargs="*", type=float, default=[], metavar="ERROR",
                     help="reference arms: InfraRSI (built-in priors) with its memory model replaced by the true "
                          "log peak plus a fixed N(0, ERROR^2) error per candidate, e.g. 0 0.05 0.1")
+    ap.add_argument("--doctor-baseline", type=int, default=0, metavar="RUNS",
+                    help="every tuner is told RUNS measured runs of the golden baseline before its first trial "
+                         "(what the doctor stage measures and the product's proposer observes; default 0)")
     ap.add_argument("--json", dest="json_out", default=None)
     ap.add_argument("--merge", nargs="*", default=None, metavar="PART.json",
                     help="summarise the per-model results of earlier runs (e.g. the family split over processes, "
@@ -254,9 +263,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     for part in args.merge or ():
         with open(part) as f:
             data = json.load(f)
-        if data["budget"] != args.budget or data["seeds"] != args.seeds:
-            raise SystemExit(f"{part}: budget {data['budget']}, seeds {data['seeds']} differ from --budget "
-                             f"{args.budget} --seeds {args.seeds}")
+        told = data.get("doctor_runs", 0)
+        if data["budget"] != args.budget or data["seeds"] != args.seeds or told != args.doctor_baseline:
+            raise SystemExit(f"{part}: budget {data['budget']}, seeds {data['seeds']}, doctor runs {told} differ "
+                             f"from --budget {args.budget} --seeds {args.seeds} --doctor-baseline "
+                             f"{args.doctor_baseline}")
         for m in data["per_model"]:
             # a model already read from another part (other tuners on the same models): its tuners join
             same = next((old for old in models if old["model"] == m["model"]), None)
@@ -269,7 +280,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for i in range(args.first_model, args.first_model + args.models) if args.merge is None else ():
         t0 = time.perf_counter()
         model = draw_model(i)
-        m = run_model(model, args.tuners, args.arms, args.seeds, args.budget, config, args.memory_oracle)
+        m = run_model(model, args.tuners, args.arms, args.seeds, args.budget, config, args.memory_oracle,
+                      args.doctor_baseline)
         m["model"] = i
         models.append(m)
         cells = "  ".join(f"{n} {np.median(v['best_over_oracle']):.3f}/{np.mean(v['oom_fraction']):.2f}"
@@ -279,7 +291,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary = summarise(models, args.budget)
     checks = targets(summary, args.budget)
     key = f"best_over_oracle_at_{args.budget}_median"
-    print(f"Robustness family: {args.models} models x {args.seeds} seeds, budget {args.budget} "
+    told = f", {args.doctor_baseline} doctor runs of the baseline told" if args.doctor_baseline else ""
+    print(f"Robustness family: {args.models} models x {args.seeds} seeds, budget {args.budget}{told} "
           f"({time.perf_counter() - t_start:.0f} s)")
     print(f"{'tuner':20s} {'@10':>6s} {'@20':>6s} {'@B':>6s}  {'per-model min/p10/med/max':>27s} {'>=.93':>6s} "
           f"{'to95':>5s} {'reach':>6s} {'oom':>6s} {'pred':>6s}")
@@ -299,7 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with open(args.json_out, "w") as f:
             json.dump({"simulated": True, "family": "bench/robust_family.py", "models": args.models,
                        "search_config": dataclasses.asdict(config),
-                       "seeds": args.seeds, "budget": args.budget, "summary": summary, "targets": checks,
+                       "seeds": args.seeds, "budget": args.budget, "doctor_runs": args.doctor_baseline, "summary": summary, "targets": checks,
                        "per_model": models}, f, indent=2, default=str)
     return 0
 

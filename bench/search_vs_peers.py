@@ -82,6 +82,10 @@ class BenchSpace:
     """InfraRSI's ``SearchConfig`` (None: the defaults); bench/robustness.py's ``--search-config`` sets it."""
     memory_model: Callable[[Searcher], MemoryModel] | None = None
     """Replaces the Searcher's memory model (bench/robustness.py's ``--memory-oracle`` reference arms)."""
+    doctor_runs: int = 0
+    """Measured runs of the golden baseline every tuner is told before its first trial (``doctor_baseline``):
+    what the doctor stage measures before a study's search, which the product's proposer observes. Not trials
+    of the budget, not scored (bench/robustness.py ``--doctor-baseline N``)."""
 
     @property
     def has_oracle(self) -> bool:
@@ -116,10 +120,19 @@ class Trial:
 # ------------------------------------------------------------------------------------------------ tuners
 
 
-def design_done(s: Searcher) -> bool:
-    """The proposer's rule for when ``should_stop`` is asked: the initial design measured and something fitted
-    (services/proposer/logic.py, ``_design_done``)."""
-    return len(s.observations) >= 1 + s.config.n_seeds and any(o.status == "ok" for o in s.observations)
+def doctor_baseline(bs: BenchSpace, seed: int) -> list[tuple[Candidate, Outcome]]:
+    """The golden baseline's ``bs.doctor_runs`` measured runs, drawn from their own stream (the same for every
+    tuner, and apart from the trials' draws)."""
+    if bs.doctor_runs <= 0 or bs.baseline is None:
+        return []
+    rng = np.random.default_rng(40_000 + seed)
+    return [(bs.baseline, bs.evaluate(bs.baseline, rng)) for _ in range(bs.doctor_runs)]
+
+
+def design_done(s: Searcher, told: int = 0) -> bool:
+    """The proposer's rule for when ``should_stop`` is asked: the initial design measured (the search's own
+    trials, not the ``told`` doctor runs) and something fitted (services/proposer/logic.py, ``_design_done``)."""
+    return len(s.observations) - told >= 1 + s.config.n_seeds and any(o.status == "ok" for o in s.observations)
 
 
 def run_infrarsi(bs: BenchSpace, seed: int, budget: int) -> list[Trial]:
@@ -129,10 +142,13 @@ def run_infrarsi(bs: BenchSpace, seed: int, budget: int) -> list[Trial]:
     if bs.memory_model is not None:
         s.memory_model = bs.memory_model(s)
         s.memory_peer = None  # a reference model (bench/robustness.py --memory-oracle) is measured alone
+    for c, o in doctor_baseline(bs, seed):  # the proposer observes the doctor's baseline runs
+        s.observe(Observation(c, o.status, o.step_time_s, o.peak_bytes, o.cost_seconds))  # type: ignore[arg-type]
+    told = len(s.observations)
     rng = np.random.default_rng(10_000 + seed)
     out: list[Trial] = []
     for _ in range(budget):
-        if design_done(s) and s.should_stop()[0]:
+        if design_done(s, told) and s.should_stop()[0]:
             break  # what the proposer does: no more expected gain ends the study (a tiny space runs out of fits)
         sug = s.suggest(1)
         if not sug:
@@ -177,6 +193,17 @@ def run_optuna(bs: BenchSpace, seed: int, budget: int, kind: str) -> list[Trial]
     out: list[Trial] = []
     worst = [0.0]
     best: list[tuple[float, Candidate | None]] = [(math.inf, None)]
+    for c, o in doctor_baseline(bs, seed):  # a completed trial the sampler learns from (not the tuner's pick)
+        if o.status != "ok" or o.step_time_s is None:
+            continue
+        worst[0] = max(worst[0], o.step_time_s)
+        params = {k.name: c[k.name] for k in bs.space.knobs} | {f"patch:{p.id}": p.id in c.patches
+                                                                 for p in bs.space.patches}
+        dists = {k.name: optuna.distributions.CategoricalDistribution(list(k.values()))  # type: ignore[arg-type]
+                 for k in bs.space.knobs} | {f"patch:{p.id}": optuna.distributions.CategoricalDistribution(
+                     [False, True]) for p in bs.space.patches}
+        study.add_trial(optuna.trial.create_trial(params=params, distributions=dists, value=o.step_time_s,
+                                                  constraints={"memory_and_invariants": 0.0}))
     for _ in range(budget):
         trial = study.ask()
         params = {k.name: trial.suggest_categorical(k.name, list(k.values())) for k in bs.space.knobs}  # type: ignore[arg-type]

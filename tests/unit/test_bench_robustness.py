@@ -29,6 +29,25 @@ def test_a_budget_under_twenty_reports_only_the_checkpoints_it_reached(tmp_path,
     assert "random" in capsys.readouterr().out
 
 
+def test_the_doctor_baseline_protocol_tells_every_tuner_the_baseline_runs_outside_the_budget(tmp_path, capsys
+                                                                                           ) -> None:
+    model = robustness.draw_model(100)
+    bs = robustness.bench_space(model, CandidatePool.build(model.study.space), doctor_runs=3)
+    told = bench.doctor_baseline(bs, 0)
+    assert [c for c, _ in told] == [model.study.baseline] * 3 and all(o.status == "ok" for _, o in told)
+    assert bench.doctor_baseline(bs, 0) == told  # the same runs for every tuner
+    for tuner in ("infrarsi", "optuna_tpe"):
+        trials = bench.TUNERS[tuner](bs, 0, 6)
+        assert len(trials) == 6  # the budget's own trials; the runs told are not among them
+    out = tmp_path / "d.json"
+    assert robustness.main(["--models", "1", "--first-model", "100", "--seeds", "1", "--budget", "6", "--tuners",
+                            "random", "--doctor-baseline", "3", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["doctor_runs"] == 3
+    with pytest.raises(SystemExit, match="doctor runs 3 differ"):
+        robustness.main(["--seeds", "1", "--budget", "6", "--merge", str(out)])
+    capsys.readouterr()
+
+
 def test_the_harness_stops_infrarsi_when_should_stop_says_so_as_the_proposer_does() -> None:
     # family model 101 (144 candidates, a development model): the expected gain runs out before 60 trials
     model = robustness.draw_model(101)

@@ -341,3 +341,18 @@ def test_a_lucky_measurement_within_the_noise_does_not_beat_the_model_s_best():
     assert chosen[0][0] == fastest
     measured_only = Searcher.replay(space, CAP, observations(), seed=0, config=SearchConfig(select_tie_sigmas=0.0))
     assert measured_only.top_candidates(1)[0][0] != fastest
+
+
+def test_the_doctors_runs_of_the_baseline_do_not_take_the_initial_designs_place():
+    # a study observes the doctor's repeats of the golden baseline before its first proposal (five by default):
+    # they are one point of the space, and the prior's guess and the space-filling seeds still come
+    baseline = Candidate.of({"micro_batch": 1, "recompute": "full", "zero_stage": 1, "flash_attention": False})
+    s = Searcher(SPACE, CAP, seed=0, kb=default_knowledge_base(), baseline=baseline)
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        s.observe(evaluate(baseline, rng))
+    first = s.suggest(4)
+    assert [g.origin for g in first] == ["prior", "seed", "seed", "seed"]
+    assert baseline not in [g.candidate for g in first]
+    s.observe(evaluate(first[0].candidate, rng))
+    assert [g.origin for g in s.suggest(3)] == ["seed"] * 3  # the design goes on where it was

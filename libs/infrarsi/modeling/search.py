@@ -315,6 +315,9 @@ class Searcher:
         self.baseline = baseline
         self.observations: list[Observation] = []
         self._seen: set[str] = set()
+        self._baseline_runs = 0
+        """The leading observations that are all of the golden baseline (the doctor's runs, observed before the
+        search's first trial): not trials of the initial design."""
         self._seen_rows: list[int] = []
         """Pool rows of every observation (the shortlist excludes them)."""
         self._ok_rows: list[int] = []
@@ -354,6 +357,9 @@ class Searcher:
         c = obs.candidate
         self.observations.append(obs)
         self._seen.add(c.key)
+        leading = self._baseline_runs == len(self.observations) - 1
+        if leading and self.baseline is not None and c.key == self.baseline.key:
+            self._baseline_runs += 1
         if c.key not in self.pool.index:
             self.pool.extend([c])
         row = self.pool.index[c.key]
@@ -626,7 +632,7 @@ class Searcher:
         confirm = self._confirmation(pending)
         if confirm is not None and self._stop_reason() is not None:
             return [*out, confirm]  # nothing new is worth a trial: the leaders are re-measured (``should_stop``)
-        n_done = len(self.observations) + len(pending)
+        n_done = self._design_count(pending)
         idx = self._shortlist(rng, taken)
         if idx.size == 0:
             return out
@@ -761,6 +767,13 @@ class Searcher:
         worth = np.where(cand, ei * (1.0 - p_oom) * p_hold / np.maximum(cost, 1e-9), -np.inf)
         j = int(np.argmax(worth))
         return j if worth[j] > self.config.probe_margin * admitted else None
+
+    def _design_count(self, pending: Sequence[Candidate]) -> int:
+        """Trials that count towards the initial design (``1 + n_seeds``): those run and pending, but the golden
+        baseline's runs observed before any other — a study observes the doctor's repeats of it (five by
+        default) before its first proposal, and they are one point of the space, not a design. (The baseline
+        proposed by the search itself, as a seed, is one of its trials.)"""
+        return len(self.observations) - self._baseline_runs + len(pending)
 
     def _cutoff(self, n_done: int, allowance: float) -> float:
         """The P(OOM) above which an ordinary proposal is excluded: the design's while it is drawn, then
@@ -902,7 +915,7 @@ class Searcher:
         assert sd is not None  # asked for (with_std)
         p_oom, p_hold = self._p_oom(idx), self._p_hold(idx)
         allowance = self.oom_allowance()
-        limit = max(self._cutoff(len(self.observations), allowance), allowance, self.config.oom_budget_fit_p_oom)
+        limit = max(self._cutoff(self._design_count(()), allowance), allowance, self.config.oom_budget_fit_p_oom)
         admitted = (p_hold >= self.config.invariant_exclude) & (p_oom <= limit)
         used_up = not admitted.any() and self._covers_space(idx.size)
         return float(np.max(expected_improvement(mu, sd, best) * (1.0 - p_oom) * p_hold)), used_up
