@@ -167,7 +167,7 @@ class SearchConfig:
     disagree — far from every measured peak, where the search's choice among many candidates picks the ones a
     model underpredicts (the optimiser's curse) — their spread widens P(OOM). On the robustness family's
     development models the standardised errors of the proposals' predicted log peaks fell from std 2.00, mean
-    +0.47 to 1.38, +0.33, and the OOM share by 1–3 points on every model set (docs/modeling.md)."""
+    +0.47 to 1.43, +0.37, and the OOM share by 0.6–2.9 points on every model set (docs/modeling.md)."""
     memory_misfit_floor: float | None = None
     """Without a workload shape: the smallest std (log units) of the memory model's misfit term (``None``: the
     model's own bound, 0.01). A flexible fit's σ is its in-sample residual, smaller than what it mispredicts
