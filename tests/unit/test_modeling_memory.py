@@ -201,7 +201,7 @@ def test_the_two_term_memory_model_fits_a_peak_that_is_a_sum_of_terms():
 
 def test_the_searcher_predicts_through_the_two_term_memory_model_and_its_misfit_floor():
     s = Searcher(SUM_SPACE, 60e9, kb=KnowledgeBase(time={}, memory={}),
-                 config=SearchConfig(memory_two_terms=True, memory_misfit_floor=0.05))
+                 config=SearchConfig(memory_two_terms=True, memory_misfit_floor=0.05, memory_anchor_spread=None))
     assert s.memory_model.two_terms and s.memory_model.encoder.dim == s.memory_model.encoder.n_main
     rows = SUM_SPACE.enumerate()
     for c in rows[::3]:

@@ -65,7 +65,7 @@ def test_before_any_peak_the_first_model_alone_then_the_mixture_of_both_fits() -
         memory_peer_weight=None))
     assert [p.p_oom for p in with_peer.predict(ALL)] == [p.p_oom for p in alone.predict(ALL)]
     assert with_peer.suggest(4) == alone.suggest(4)  # the initial design is the first model's
-    s = measured(SearchConfig(memory_peer_weight=0.3))
+    s = measured(SearchConfig(memory_peer_weight=0.3, memory_anchor_spread=None))  # the mixture alone
     assert s.memory_peer is not None and s.memory_peer.n == s.memory_model.n == len(MEASURED)
     pred = s.predict(ALL)  # refits both
     first, peer = s.memory_model.predict_log(ALL), s.memory_peer.predict_log(ALL)

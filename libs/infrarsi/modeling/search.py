@@ -43,6 +43,8 @@ from infrarsi.modeling.time_model import TimeModel
 
 Status = Literal["ok", "oom", "crash", "invariant_violation", "timeout", "stopped_slow", "scope_violation"]
 Origin = Literal["seed", "prior", "ei", "pairing", "bank", "llm", "confirm"]
+_ANCHORS = 256
+"""Measured peaks ``SearchConfig.memory_anchor_spread`` measures distances to: the latest (bounds its cost)."""
 
 
 @dataclass(frozen=True)
@@ -172,6 +174,14 @@ class SearchConfig:
     """Without a workload shape: the smallest std (log units) of the memory model's misfit term (``None``: the
     model's own bound, 0.01). A flexible fit's σ is its in-sample residual, smaller than what it mispredicts
     where it has not measured. The structural formula (a workload shape) keeps its own bound."""
+    memory_anchor_spread: tuple[float, float, float] | None = (0.7, 0.6, 0.5)
+    """Without a workload shape, once a peak is measured: the memory std as ``hypot(s × the mixture's std,
+    b × |Δ|)`` for ``(a, b, g)``, Δ the predicted change of log peak from the nearest measured peak (fewest
+    knob and patch changes, d; among those, the smallest |Δ|) and s = a within one change of it, 1 + g(d − 1)
+    further. A flexible fit interpolates its measured peaks: a one-knob step it predicts to change the peak by
+    1% errs by little, one it predicts to change it by 30% errs by about a third of that — the Laplace std is
+    the same for both (``None``: the mixture's std; docs/modeling.md, "The memory std from the nearest measured
+    peak", has the measurements behind the default)."""
     memory_spread_scale: float = 1.0
     """Without a workload shape: the memory model's predictive std times this (1: its Laplace std as fitted).
     That std (parameters plus the fitted misfit) is what it would mispredict at a candidate drawn at random; the
@@ -322,6 +332,8 @@ class Searcher:
         """Pool rows of every observation (the shortlist excludes them)."""
         self._ok_rows: list[int] = []
         """Pool rows of the observations that ran ok (incumbent candidates)."""
+        self._peak_rows: dict[int, None] = {}
+        """Pool rows of the last ``_ANCHORS`` distinct candidates with a measured peak, oldest first."""
         self._measured: dict[str, list[float]] = {}
         """Measured step times of each candidate that ran ok, in order of its first run."""
         self._best_ok: list[tuple[float, int, int]] = []
@@ -404,6 +416,11 @@ class Searcher:
     def _observe_peak(self, c: Candidate, peak_bytes: float, oom: bool) -> None:
         for mm in self._memory_models():
             mm.observe(c, peak_bytes, oom=oom)
+        row = self.pool.index[c.key]
+        if not oom and row not in self._peak_rows:
+            self._peak_rows[row] = None
+            if len(self._peak_rows) > _ANCHORS:
+                del self._peak_rows[next(iter(self._peak_rows))]
 
     def _memory_models(self) -> list[MemoryModel]:
         return [self.memory_model] if self.memory_peer is None else [self.memory_model, self.memory_peer]
@@ -506,11 +523,37 @@ class Searcher:
         """Mean and std of log peak bytes at pool rows ``idx``: the memory models' mixture, moment-matched."""
         cs = [self.pool.candidates[i] for i in idx]
         members = self._memory_members()
-        if len(members) == 1:
-            mm = members[0][0]
-            return mm.predict_log(cs, self._memory_x(mm)[idx], self._memory_components(mm, idx))
         preds = [mm.predict_log(cs, self._memory_x(mm)[idx], self._memory_components(mm, idx)) for mm, _ in members]
-        return mix_normals([w for _, w in members], [mu for mu, _ in preds], [sd for _, sd in preds])
+        mu, sd = preds[0] if len(members) == 1 else mix_normals(
+            [w for _, w in members], [mu for mu, _ in preds], [sd for _, sd in preds])
+        if (self.config.memory_anchor_spread is not None and self._peak_rows and self.pool.codes is not None
+                and not self.memory_model.structured):
+            sd = self._anchored_std(idx, mu, sd, members)
+        return mu, sd
+
+    def _anchored_std(self, idx: np.ndarray, mu: np.ndarray, sd: np.ndarray,
+                      members: list[tuple[MemoryModel, float]]) -> np.ndarray:
+        """``SearchConfig.memory_anchor_spread`` at pool rows ``idx`` (predicted mean ``mu``, std ``sd``)."""
+        assert self.config.memory_anchor_spread is not None and self.pool.codes is not None
+        a, b, g = self.config.memory_anchor_spread
+        anchors = np.fromiter(self._peak_rows, dtype=int)
+        cs = [self.pool.candidates[i] for i in anchors]
+        means = [mm.predict_log(cs, self._memory_x(mm)[anchors], self._memory_components(mm, anchors))[0]
+                 for mm, _ in members]
+        mu_a: np.ndarray = np.sum([w * m for (_, w), m in zip(members, means, strict=True)], axis=0)
+        codes, codes_a = self.pool.codes[idx], self.pool.codes[anchors]
+        # knob changes = columns - matches; matches by one-hot of the anchors' values: one matrix product
+        values = [(k, v) for k in range(codes.shape[1]) for v in np.unique(codes_a[:, k])]
+        cols, vals = np.array([k for k, _ in values]), np.array([v for _, v in values])
+        hot, hot_a = (codes[:, cols] == vals).astype(np.float32), (codes_a[:, cols] == vals).astype(np.float32)
+        delta, near = np.empty(idx.size), np.empty(idx.size)
+        for lo in range(0, idx.size, 2048):  # (rows, anchors) arrays a block at a time
+            dist = codes.shape[1] - np.rint(hot[lo:lo + 2048] @ hot_a.T)
+            near[lo:lo + 2048] = dist.min(axis=1)
+            gap = np.abs(mu[lo:lo + 2048, None] - mu_a[None, :])
+            delta[lo:lo + 2048] = np.where(dist == near[lo:lo + 2048, None], gap, np.inf).min(axis=1)
+        anchored: np.ndarray = np.hypot(np.where(near <= 1, a, 1.0 + g * (near - 1.0)) * sd, b * delta)
+        return anchored
 
     def _memory_components(self, mm: MemoryModel, idx: np.ndarray) -> np.ndarray:
         """(len(idx), 2) a memory model's per-row term scales: the structural formula's bytes, ones for the
