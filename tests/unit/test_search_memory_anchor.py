@@ -3,27 +3,16 @@ how far it sits from the nearest measured peak (knob changes) and how much the f
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
 from infrarsi.modeling.memory_model import TransformerMeta
 from infrarsi.modeling.priors import default_knowledge_base
 from infrarsi.modeling.search import Observation, SearchConfig, Searcher
-from infrarsi.modeling.space import Candidate, Categorical, IntChoice, SearchSpace
+from infrarsi.modeling.space import Candidate
+from support.sum_of_terms import ALL, CAP, SPACE, peak
 
-GB = 1e9
-CAP = 40 * GB
-SPACE = SearchSpace(knobs=(IntChoice("rows_per_slice", (1, 2, 4, 8, 16)), IntChoice("split_ways", (1, 2, 4, 8)),
-                           Categorical("mode", ("a", "b", "c"))))
-ALL = [Candidate.of({"rows_per_slice": b, "split_ways": s, "mode": m})
-       for b, s, m in itertools.product((1, 2, 4, 8, 16), (1, 2, 4, 8), ("a", "b", "c"))]
 MEASURED = [(1, 1, "a"), (2, 2, "b"), (1, 4, "c"), (4, 4, "a"), (2, 8, "b")]
 SPREAD = (0.7, 0.6, 0.5)
-
-
-def peak(c: Candidate) -> float:
-    return 36 * GB / c["split_ways"] ** 0.9 + 2.5 * GB * c["rows_per_slice"] + 2 * GB
 
 
 def measured(config: SearchConfig, meta: TransformerMeta | None = None) -> Searcher:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import numpy as np
@@ -11,21 +10,10 @@ import pytest
 from infrarsi.modeling.memory_model import TransformerMeta, mix_normals
 from infrarsi.modeling.priors import default_knowledge_base
 from infrarsi.modeling.search import Observation, SearchConfig, Searcher
-from infrarsi.modeling.space import Candidate, Categorical, IntChoice, SearchSpace
+from infrarsi.modeling.space import Candidate
+from support.sum_of_terms import ALL, CAP, SPACE, peak
 
-GB = 1e9
-CAP = 40 * GB
-# names no knowledge base knows: the memory models learn them from the peaks
-SPACE = SearchSpace(knobs=(IntChoice("rows_per_slice", (1, 2, 4, 8, 16)), IntChoice("split_ways", (1, 2, 4, 8)),
-                           Categorical("mode", ("a", "b", "c"))))
-ALL = [Candidate.of({"rows_per_slice": b, "split_ways": s, "mode": m})
-       for b, s, m in itertools.product((1, 2, 4, 8, 16), (1, 2, 4, 8), ("a", "b", "c"))]
 MEASURED = [(1, 1, "a"), (2, 2, "b"), (1, 4, "c"), (4, 4, "a"), (2, 8, "b"), (8, 8, "c"), (4, 2, "a")]
-
-
-def peak(c: Candidate) -> float:
-    """A sum of terms: states split by sharding beside activations growing with the batch, and a reserve."""
-    return 36 * GB / c["split_ways"] ** 0.9 + 2.5 * GB * c["rows_per_slice"] + 2 * GB
 
 
 def measured(config: SearchConfig) -> Searcher:

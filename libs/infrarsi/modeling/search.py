@@ -520,27 +520,29 @@ class Searcher:
         return self.pool.x_time
 
     def _memory_arrays(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and std of log peak bytes at pool rows ``idx``: the memory models' mixture, moment-matched, its
+        std set from the nearest measured peak (``SearchConfig.memory_anchor_spread``) without a shape."""
+        mu, sd = self._memory_mixture(idx)
+        if (self.config.memory_anchor_spread is not None and self._peak_rows and self.pool.codes is not None
+                and not self.memory_model.structured):
+            sd = self._anchored_std(idx, mu, sd)
+        return mu, sd
+
+    def _memory_mixture(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Mean and std of log peak bytes at pool rows ``idx``: the memory models' mixture, moment-matched."""
         cs = [self.pool.candidates[i] for i in idx]
         members = self._memory_members()
         preds = [mm.predict_log(cs, self._memory_x(mm)[idx], self._memory_components(mm, idx)) for mm, _ in members]
-        mu, sd = preds[0] if len(members) == 1 else mix_normals(
-            [w for _, w in members], [mu for mu, _ in preds], [sd for _, sd in preds])
-        if (self.config.memory_anchor_spread is not None and self._peak_rows and self.pool.codes is not None
-                and not self.memory_model.structured):
-            sd = self._anchored_std(idx, mu, sd, members)
-        return mu, sd
+        if len(members) == 1:
+            return preds[0]
+        return mix_normals([w for _, w in members], [mu for mu, _ in preds], [sd for _, sd in preds])
 
-    def _anchored_std(self, idx: np.ndarray, mu: np.ndarray, sd: np.ndarray,
-                      members: list[tuple[MemoryModel, float]]) -> np.ndarray:
-        """``SearchConfig.memory_anchor_spread`` at pool rows ``idx`` (predicted mean ``mu``, std ``sd``)."""
+    def _anchored_std(self, idx: np.ndarray, mu: np.ndarray, sd: np.ndarray) -> np.ndarray:
+        """``SearchConfig.memory_anchor_spread`` at pool rows ``idx`` (the mixture's mean ``mu``, std ``sd``)."""
         assert self.config.memory_anchor_spread is not None and self.pool.codes is not None
         a, b, g = self.config.memory_anchor_spread
         anchors = np.fromiter(self._peak_rows, dtype=int)
-        cs = [self.pool.candidates[i] for i in anchors]
-        means = [mm.predict_log(cs, self._memory_x(mm)[anchors], self._memory_components(mm, anchors))[0]
-                 for mm, _ in members]
-        mu_a: np.ndarray = np.sum([w * m for (_, w), m in zip(members, means, strict=True)], axis=0)
+        mu_a = self._memory_mixture(anchors)[0]
         codes, codes_a = self.pool.codes[idx], self.pool.codes[anchors]
         # knob changes = columns - matches; matches by one-hot of the anchors' values: one matrix product
         values = [(k, v) for k in range(codes.shape[1]) for v in np.unique(codes_a[:, k])]
