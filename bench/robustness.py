@@ -20,9 +20,11 @@ what the search policy gives with a memory model that precise (docs/modeling.md,
 memory model").
 
 Scores per (model, seed): best/oracle at 10/20/40 trials (exact oracle: the spaces are enumerated), trials to
-95% of the oracle, OOM fraction; for InfraRSI also the mean predicted P(OOM) of its proposals and how often
-each origin (``pairing``, ``ei``...) produced the final best. The JSON keeps every model's numbers, and the
-table prints the per-model spread (min, 10th percentile, median, max), not only the median.
+95% of the oracle, OOM fraction; for InfraRSI also the mean predicted P(OOM) of its proposals, how often
+each origin (``pairing``, ``ei``...) produced the final best, and where its OOMs come from: per move (the
+proposal's origin, or the rule that let it past the OOM cut-off: ``step_probe``, ``lifted``, ``escape``) and per
+bin of predicted P(OOM), the OOM share observed against the one predicted. The JSON keeps every model's numbers,
+and the table prints the per-model spread (min, 10th percentile, median, max), not only the median.
 
     nice -n 10 python bench/robustness.py [--models 30] [--seeds 2] [--budget 40] [--tuners ...] [--arms ...]
                                           [--memory-oracle 0 0.05 ...] [--doctor-baseline 3] [--json OUT.json]
@@ -156,6 +158,8 @@ def run_model(model: FamilyModel, tuners: Sequence[str], arms: Sequence[str], se
             predicted = [t.predicted_p_oom for trials in tuner_runs for t in trials if t.predicted_p_oom is not None]
             entry["mean_predicted_p_oom"] = float(np.mean(predicted)) if predicted else None
             entry["origins"] = _origins(tuner_runs)
+            entry["oom_sources"] = _oom_sources(tuner_runs)
+            entry["p_oom_bins"] = _calibration(tuner_runs)
             entry["best_found_by"] = [_finder(trials) for trials in tuner_runs]
         out["tuners"][name] = entry
     return out
@@ -167,6 +171,41 @@ def _origins(runs: list[list[Trial]]) -> dict[str, int]:
         for t in trials:
             counts[t.origin] = counts.get(t.origin, 0) + 1
     return counts
+
+
+P_OOM_BINS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5)
+"""Lower edges of the predicted-P(OOM) bins the calibration table counts (the last runs to 1)."""
+
+
+def _move(t: Trial) -> str:
+    """The rule that proposed an InfraRSI trial at its risk: its origin when the OOM cut-off admitted it, else
+    what let it past the cut-off (a memory step probe, a lifted cut-off, the escape probe)."""
+    return t.origin if t.admission in ("", "cut_off") else t.admission
+
+
+def _oom_sources(runs: list[list[Trial]]) -> dict[str, list[float]]:
+    """Per move: [trials, OOMs, summed predicted P(OOM)] — where a tuner's OOMs come from."""
+    out: dict[str, list[float]] = {}
+    for trials in runs:
+        for t in trials:
+            row = out.setdefault(_move(t), [0, 0, 0.0])
+            row[0] += 1
+            row[1] += t.status == "oom"
+            row[2] += t.predicted_p_oom or 0.0
+    return out
+
+
+def _calibration(runs: list[list[Trial]]) -> list[list[float]]:
+    """Per ``P_OOM_BINS`` bin of the predicted P(OOM): [trials, OOMs, summed predicted P(OOM)]."""
+    out = [[0, 0, 0.0] for _ in P_OOM_BINS]
+    for trials in runs:
+        for t in trials:
+            p = t.predicted_p_oom or 0.0
+            row = out[int(np.searchsorted(P_OOM_BINS, p, side="right")) - 1]
+            row[0] += 1
+            row[1] += t.status == "oom"
+            row[2] += p
+    return out
 
 
 def _finder(trials: list[Trial]) -> str | None:
@@ -207,6 +246,19 @@ def summarise(models: list[dict[str, Any]], budget: int) -> dict[str, Any]:
                 for f in m["tuners"][name]["best_found_by"]:
                     found[str(f)] = found.get(str(f), 0) + 1
             entry["best_found_by"] = found
+            sources: dict[str, list[float]] = {}
+            for m in models:
+                for move, row in m["tuners"][name].get("oom_sources", {}).items():
+                    acc = sources.setdefault(move, [0, 0, 0.0])
+                    for i, v in enumerate(row):
+                        acc[i] += v
+            entry["oom_sources"] = sources
+            bins = [[0, 0, 0.0] for _ in P_OOM_BINS]
+            for m in models:
+                for acc, row in zip(bins, m["tuners"][name].get("p_oom_bins", []), strict=False):
+                    for i, v in enumerate(row):
+                        acc[i] += v
+            entry["p_oom_bins"] = bins
         out[name] = entry
     return out
 
@@ -306,6 +358,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, s in summary.items():
         if "best_found_by" in s:
             print(f"{name}: final best proposed by {s['best_found_by']}")
+    for name, s in summary.items():
+        if s.get("oom_sources"):
+            total = sum(row[0] for row in s["oom_sources"].values())
+            cells = ", ".join(f"{move} {int(o)}/{int(n)} (pred {p / n:.2f}; {o / total:.3f} of trials)"
+                              for move, (n, o, p) in sorted(s["oom_sources"].items(), key=lambda kv: -kv[1][1]))
+            print(f"{name}: OOMs by move, OOM/trials: {cells}")
+            edges = [*P_OOM_BINS, 1.0]
+            cells = ", ".join(f"[{lo:.2f},{hi:.2f}) {int(n)}: {o / n:.3f} vs {p / n:.3f}"
+                              for lo, hi, (n, o, p) in zip(edges, edges[1:], s["p_oom_bins"], strict=False) if n)
+            print(f"{name}: P(OOM) bins, trials: observed vs predicted OOM share: {cells}")
     for target, (value, ok) in checks.items():
         print(f"target {target}: {'met' if ok else 'NOT met'} ({value})")
     if args.json_out:

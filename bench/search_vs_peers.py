@@ -115,6 +115,8 @@ class Trial:
     """Why InfraRSI proposed it (``Suggestion.origin``); empty for the peers."""
     predicted_p_oom: float | None = None
     """InfraRSI's P(OOM) of the candidate when it was proposed."""
+    admission: str = ""
+    """What let InfraRSI propose it at that risk (``Suggestion.admission``); empty for the peers."""
 
 
 # ------------------------------------------------------------------------------------------------ tuners
@@ -158,7 +160,7 @@ def run_infrarsi(bs: BenchSpace, seed: int, budget: int) -> list[Trial]:
         s.observe(Observation(c, o.status, o.step_time_s, o.peak_bytes, o.cost_seconds))  # type: ignore[arg-type]
         top = s.top_candidates(1)
         out.append(Trial(c, o.status, o.step_time_s, o.cost_seconds, top[0][0] if top else None, sug[0].origin,
-                         sug[0].p_oom))
+                         sug[0].p_oom, sug[0].admission))
     return out
 
 

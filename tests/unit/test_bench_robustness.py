@@ -112,3 +112,23 @@ def test_the_memory_oracle_reference_arm_knows_the_true_peaks() -> None:
     assert tuners["infrarsi[memory_oracle=0]"]["oom_fraction"] == [0.0]
     assert tuners["infrarsi[default]"]["oom_fraction"][0] > 0.0
     assert tuners["infrarsi[memory_oracle=0.1]"]["oom_fraction"][0] > 0.0
+
+
+def test_the_report_says_which_moves_spent_the_ooms_and_how_well_their_risk_was_predicted(tmp_path, capsys
+                                                                                          ) -> None:
+    out = tmp_path / "o.json"
+    assert robustness.main(["--models", "2", "--first-model", "100", "--seeds", "2", "--budget", "16", "--tuners",
+                            "infrarsi", "--arms", "default", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    for m in data["per_model"]:
+        entry = m["tuners"]["infrarsi[default]"]
+        sources, bins = entry["oom_sources"], entry["p_oom_bins"]
+        runs = sum(entry["origins"].values())  # every trial of the model's runs, by origin
+        assert sum(n for n, _, _ in sources.values()) == runs == sum(n for n, _, _ in bins)
+        ooms = sum(o for _, o, _ in sources.values())
+        assert ooms == sum(o for _, o, _ in bins) > 0  # these models spend OOMs in 16 trials
+        assert set(sources) <= {"prior", "seed", "ei", "pairing", "confirm", "step_probe", "lifted", "escape"}
+    summary = data["summary"]["infrarsi[default]"]
+    assert sum(o for _, o, _ in summary["oom_sources"].values()) == sum(
+        o for m in data["per_model"] for _, o, _ in m["tuners"]["infrarsi[default]"]["oom_sources"].values())
+    assert "OOMs by move" in capsys.readouterr().out

@@ -180,7 +180,7 @@ def test_no_stall_after_the_first_success_when_every_candidate_is_above_the_oom_
     stop, _why = s.should_stop()
     assert not stop
     nxt = s.suggest(1)
-    assert len(nxt) == 1 and "cut-off" in nxt[0].reason
+    assert len(nxt) == 1 and "cut-off" in nxt[0].reason and nxt[0].admission == "lifted"
     # the best the acquisition offers once the cut-off is lifted (it still prices the risk)
     assert nxt[0].candidate.key not in {o.candidate.key for o in s.observations}
 
@@ -245,15 +245,18 @@ ESCAPE_SPACE = SearchSpace(knobs=(IntChoice("micro_batch", (1, 2, 4, 8)), IntCho
                                   Categorical("alloc_mode", ("a", "b", "c", "d"), default="a")))
 
 
-def _probes_to_first_fit(searcher_cls: type[Searcher]) -> int:
+def _probes_to_first_fit(searcher_cls: type[Searcher], admissions: list[str] | None = None) -> int:
     """A knowledge base with every memory prior backwards (tp and recompute 'cost' memory): trials until the
-    first configuration that fits 40 GiB, where a third of the space does."""
+    first configuration that fits 40 GiB, where a third of the space does (``admissions``: each proposal's)."""
     kb = default_knowledge_base()
     inverted = KnowledgeBase(time=kb.time, memory={k: (-m, s) for k, (m, s) in kb.memory.items()},
                              device_kind=kb.device_kind)
     s = searcher_cls(ESCAPE_SPACE, 40 * GIB, seed=0, kb=inverted)
     for n in range(1, 41):
-        c = s.suggest(1)[0].candidate
+        sug = s.suggest(1)[0]
+        c = sug.candidate
+        if admissions is not None:
+            admissions.append(sug.admission)
         peak = 120 * GIB * c["micro_batch"] ** 0.5 / c["tp"] * {"none": 1.0, "selective": 0.6, "full": 0.3}[
             c["recompute"]]
         if peak <= 40 * GIB:
@@ -266,7 +269,9 @@ def test_a_backwards_memory_prior_does_not_walk_the_oom_ridge_before_the_first_f
     # issue 13: with every candidate above the cut-off and nothing fitted yet, the least risky candidate by a
     # confidently wrong prior was a near copy of the last OOM, trial after trial (40 OOMs in a row on a family
     # model); the probe now moves far from every OOM so far
-    assert _probes_to_first_fit(Searcher) <= 6
+    admissions: list[str] = []
+    assert _probes_to_first_fit(Searcher, admissions) <= 6
+    assert "escape" in admissions  # bench/robustness.py counts the OOMs it spends apart
 
 
 class FixedRisk(Searcher):
@@ -287,7 +292,9 @@ def test_a_candidate_at_thirty_percent_oom_risk_is_not_proposed_by_default():
         assert bool(risky) == expect_risky, (config.oom_exclude, risky)
     s = FixedRisk(SPACE, CAP, seed=0, kb=default_knowledge_base())
     _, log = run(0, 15, s)
-    assert all(sug.reason.startswith("memory step probe") for sug, _ in log if sug.candidate["micro_batch"] >= 8)
+    risky = [sug for sug, _ in log if sug.candidate["micro_batch"] >= 8]
+    assert all(sug.reason.startswith("memory step probe") and sug.admission == "step_probe" for sug in risky)
+    assert all(sug.admission == "cut_off" for sug, _ in log if sug.candidate["micro_batch"] < 8)
 
 
 LEAN = SearchSpace(knobs=(IntChoice("micro_batch", (1, 2, 4, 8)), IntChoice("lanes", (1, 2, 3, 4, 6, 8)),
@@ -319,6 +326,7 @@ def test_a_memory_prior_that_overprices_a_knob_is_walked_one_probed_step_at_a_ti
     on = _lean_study(SearchConfig())
     first = next(sug for sug, _ in on if sug.candidate["micro_batch"] > 1)
     assert first.candidate["micro_batch"] == 2 and first.reason.startswith("memory step probe")
+    assert first.admission == "step_probe"
     assert cast(float, first.p_oom) > SearchConfig().oom_exclude
     assert any(sug.candidate["micro_batch"] == 8 for sug, _ in on)
 

@@ -43,6 +43,9 @@ from infrarsi.modeling.time_model import TimeModel
 
 Status = Literal["ok", "oom", "crash", "invariant_violation", "timeout", "stopped_slow", "scope_violation"]
 Origin = Literal["seed", "prior", "ei", "pairing", "bank", "llm", "confirm"]
+Admission = Literal["cut_off", "step_probe", "lifted", "escape"]
+"""What admitted a proposal: under the OOM cut-off (``cut_off``), or above it as a memory step probe, under a cut-off
+lifted after a success (every candidate was above it), or as the escape probe before anything fitted."""
 _ANCHORS = 256
 """Measured peaks ``SearchConfig.memory_anchor_spread`` measures distances to: the latest (bounds its cost)."""
 
@@ -68,6 +71,9 @@ class Suggestion:
     reason: str
     predicted_log_time: float | None = None
     p_oom: float | None = None
+    admission: Admission = "cut_off"
+    """Why it could be proposed at its P(OOM) (``Admission``): the OOMs a study spends, by the rule that took the
+    risk (bench/robustness.py reports them so)."""
 
 
 @dataclass(frozen=True)
@@ -700,7 +706,7 @@ class Searcher:
                 j = self._escape_probe(idx, probe, p_oom)
                 out.append(Suggestion(self.pool.candidates[idx[j]], "prior", f"every candidate has P(oom) > "
                                       f"{cutoff:.2f}: the least risky far from the OOMs probes the memory model",
-                                      float(mu[j]), float(p_oom[j])))
+                                      float(mu[j]), float(p_oom[j]), "escape"))
                 return out
             # after a success the cut-off would end the study while should_stop() still expects a gain: lift it
             # just enough to admit the least risky candidates, and let the acquisition choose among them — as far
@@ -726,7 +732,8 @@ class Searcher:
                 score = np.where(safe, mu, np.inf)
                 j = int(np.argmin(score))
                 out.append(Suggestion(self.pool.candidates[idx[j]], "prior", "best predicted time under the prior "
-                                      "among candidates likely to fit", float(mu[j]), float(p_oom[j])))
+                                      "among candidates likely to fit", float(mu[j]), float(p_oom[j]),
+                                      "lifted" if lifted else "cut_off"))
             else:
                 good = safe & (mu <= np.quantile(mu[safe], 0.25))
                 cand_idx = np.flatnonzero(good)
@@ -740,7 +747,8 @@ class Searcher:
                     break
                 j = int(cand_idx[pick[0]])
                 out.append(Suggestion(self.pool.candidates[idx[j]], "seed", "space-filling seed among the "
-                                      "prior's best quarter", float(mu[j]), float(p_oom[j])))
+                                      "prior's best quarter", float(mu[j]), float(p_oom[j]),
+                                      "lifted" if lifted else "cut_off"))
             taken.add(out[-1].candidate.key)
             usable[j] = False
         if len(out) >= n:
@@ -759,6 +767,7 @@ class Searcher:
             acq = np.where(usable, acquisition(ei, p_oom, p_hold, cost, self.config.oom_risk_power), -np.inf)
             j = int(np.argmax(acq))
             origin: Origin = "ei"
+            admission: Admission = "lifted" if lifted else "cut_off"
             reason = (f"EI={ei[j]:.4f} P(oom)={p_oom[j]:.2f} P(inv)={p_hold[j]:.2f} "
                       f"pred={math.exp(mu[j]):.3g}s±{sd[j]:.3f}")
             # pairing: the most promising speed-up ignoring memory is likely to OOM -> its memory-saver variant
@@ -773,12 +782,13 @@ class Searcher:
                               f"(P(oom)={p_oom[r]:.2f}) -> P(oom)={p_oom[j]:.2f}; " + reason)
             step = self._step_probe(idx, ei, p_oom, p_hold, usable, probed, cost, cutoff, float(acq[j]), allowance)
             if step is not None:
-                j, origin = step, "ei"
+                j, origin, admission = step, "ei", "step_probe"
                 reason = (f"memory step probe: one step from the incumbent that the cut-off {cutoff:.2f} excludes, "
                           f"EI={ei[j]:.4f} x P(fit)={1 - p_oom[j]:.2f} beats the admitted candidates")
             if lifted:
                 reason = f"every candidate has P(oom) > the cut-off {cutoff:.2f}; " + reason
-            out.append(Suggestion(self.pool.candidates[idx[j]], origin, reason, float(mu[j]), float(p_oom[j])))
+            out.append(Suggestion(self.pool.candidates[idx[j]], origin, reason, float(mu[j]), float(p_oom[j]),
+                                  admission))
             usable[j], probed[j] = False, True
             allowance -= float(p_oom[j])
             if lifted and budgeted:
