@@ -45,7 +45,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -183,28 +183,34 @@ def _move(t: Trial) -> str:
     return t.origin if t.admission in ("", "cut_off") else t.admission
 
 
-def _oom_sources(runs: list[list[Trial]]) -> dict[str, list[float]]:
-    """Per move: [trials, OOMs, summed predicted P(OOM)] — where a tuner's OOMs come from."""
-    out: dict[str, list[float]] = {}
+def _tally(runs: list[list[Trial]], key: Callable[[Trial], Any]) -> dict[Any, list[float]]:
+    """Per ``key`` of a trial: [trials, OOMs, summed predicted P(OOM)]."""
+    out: dict[Any, list[float]] = {}
     for trials in runs:
         for t in trials:
-            row = out.setdefault(_move(t), [0, 0, 0.0])
+            row = out.setdefault(key(t), [0, 0, 0.0])
             row[0] += 1
             row[1] += t.status == "oom"
             row[2] += t.predicted_p_oom or 0.0
     return out
 
 
+def _oom_sources(runs: list[list[Trial]]) -> dict[str, list[float]]:
+    """Per move: [trials, OOMs, summed predicted P(OOM)] — where a tuner's OOMs come from."""
+    return _tally(runs, _move)
+
+
 def _calibration(runs: list[list[Trial]]) -> list[list[float]]:
     """Per ``P_OOM_BINS`` bin of the predicted P(OOM): [trials, OOMs, summed predicted P(OOM)]."""
-    out = [[0, 0, 0.0] for _ in P_OOM_BINS]
-    for trials in runs:
-        for t in trials:
-            p = t.predicted_p_oom or 0.0
-            row = out[int(np.searchsorted(P_OOM_BINS, p, side="right")) - 1]
-            row[0] += 1
-            row[1] += t.status == "oom"
-            row[2] += p
+    by_bin = _tally(runs, lambda t: int(np.searchsorted(P_OOM_BINS, t.predicted_p_oom or 0.0, side="right")) - 1)
+    return [by_bin.get(i, [0, 0, 0.0]) for i in range(len(P_OOM_BINS))]
+
+
+def _add_rows(rows: Iterable[Sequence[float]]) -> list[float]:
+    """Element-wise sum of [trials, OOMs, summed P(OOM)] rows."""
+    out = [0, 0, 0.0]
+    for row in rows:
+        out = [a + b for a, b in zip(out, row, strict=True)]
     return out
 
 
@@ -246,19 +252,12 @@ def summarise(models: list[dict[str, Any]], budget: int) -> dict[str, Any]:
                 for f in m["tuners"][name]["best_found_by"]:
                     found[str(f)] = found.get(str(f), 0) + 1
             entry["best_found_by"] = found
-            sources: dict[str, list[float]] = {}
-            for m in models:
-                for move, row in m["tuners"][name].get("oom_sources", {}).items():
-                    acc = sources.setdefault(move, [0, 0, 0.0])
-                    for i, v in enumerate(row):
-                        acc[i] += v
-            entry["oom_sources"] = sources
-            bins = [[0, 0, 0.0] for _ in P_OOM_BINS]
-            for m in models:
-                for acc, row in zip(bins, m["tuners"][name].get("p_oom_bins", []), strict=False):
-                    for i, v in enumerate(row):
-                        acc[i] += v
-            entry["p_oom_bins"] = bins
+            parts = [m["tuners"][name] for m in models]  # a merged older JSON may lack the tallies
+            moves = dict.fromkeys(move for p in parts for move in p.get("oom_sources", {}))  # first-seen order
+            entry["oom_sources"] = {move: _add_rows(p["oom_sources"][move] for p in parts
+                                                    if move in p.get("oom_sources", {})) for move in moves}
+            entry["p_oom_bins"] = [_add_rows(p["p_oom_bins"][i] for p in parts if "p_oom_bins" in p)
+                                   for i in range(len(P_OOM_BINS))]
         out[name] = entry
     return out
 

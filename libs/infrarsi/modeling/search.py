@@ -716,6 +716,7 @@ class Searcher:
             if budgeted:  # the design must get its first measurements; a large space may hold fits unscanned
                 usable &= p_oom <= max(allowance, self.config.oom_budget_fit_p_oom)
 
+        admitted: Admission = "lifted" if lifted else "cut_off"
         # initial design: the prior's best guess, then space-filling seeds among likely-fitting candidates
         below: np.ndarray | None = None  # the same shortlist for every seed: predicted once
         while len(out) < n and n_done + len(out) < 1 + self.config.n_seeds:
@@ -733,7 +734,7 @@ class Searcher:
                 j = int(np.argmin(score))
                 out.append(Suggestion(self.pool.candidates[idx[j]], "prior", "best predicted time under the prior "
                                       "among candidates likely to fit", float(mu[j]), float(p_oom[j]),
-                                      "lifted" if lifted else "cut_off"))
+                                      admitted))
             else:
                 good = safe & (mu <= np.quantile(mu[safe], 0.25))
                 cand_idx = np.flatnonzero(good)
@@ -748,7 +749,7 @@ class Searcher:
                 j = int(cand_idx[pick[0]])
                 out.append(Suggestion(self.pool.candidates[idx[j]], "seed", "space-filling seed among the "
                                       "prior's best quarter", float(mu[j]), float(p_oom[j]),
-                                      "lifted" if lifted else "cut_off"))
+                                      admitted))
             taken.add(out[-1].candidate.key)
             usable[j] = False
         if len(out) >= n:
@@ -767,7 +768,7 @@ class Searcher:
             acq = np.where(usable, acquisition(ei, p_oom, p_hold, cost, self.config.oom_risk_power), -np.inf)
             j = int(np.argmax(acq))
             origin: Origin = "ei"
-            admission: Admission = "lifted" if lifted else "cut_off"
+            admission = admitted
             reason = (f"EI={ei[j]:.4f} P(oom)={p_oom[j]:.2f} P(inv)={p_hold[j]:.2f} "
                       f"pred={math.exp(mu[j]):.3g}s±{sd[j]:.3f}")
             # pairing: the most promising speed-up ignoring memory is likely to OOM -> its memory-saver variant
