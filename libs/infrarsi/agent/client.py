@@ -147,6 +147,15 @@ class ChatReply:
 Sleep = Callable[[float], None]
 
 
+BACKOFF_S = 1.0
+"""The wait before a client's first retry; it doubles for each one after."""
+
+
+def exchange_seconds(timeout_s: float, retries: int, backoff_s: float = BACKOFF_S) -> float:
+    """The longest one exchange takes: ``timeout_s`` per attempt and the backoff between attempts (doubling)."""
+    return timeout_s * (retries + 1) + sum((backoff_s * (1 << i) for i in range(retries)), 0.0)
+
+
 @dataclass
 class ChatClient:
     """Blocking chat completions against one endpoint (callers run it in a thread)."""
@@ -154,7 +163,7 @@ class ChatClient:
     endpoint: Endpoint
     timeout_s: float = 60.0
     retries: int = 2
-    backoff_s: float = 1.0
+    backoff_s: float = BACKOFF_S
     sleep: Sleep = time.sleep
 
     @classmethod
@@ -166,8 +175,8 @@ class ChatClient:
 
     @property
     def exchange_s(self) -> float:
-        """The longest one ``chat`` takes: ``timeout_s`` per attempt and the backoff between attempts."""
-        return self.timeout_s * (self.retries + 1) + sum((self.backoff_s * (1 << i) for i in range(self.retries)), 0.0)
+        """The longest one ``chat`` takes (``exchange_seconds`` of this client's settings)."""
+        return exchange_seconds(self.timeout_s, self.retries, self.backoff_s)
 
     def chat(self, messages: Sequence[ev.AgentMessage], *, max_tokens: int) -> ChatReply:
         """One answer (``choices[0].message.content``), retried on transient failures, by ``exchange_s`` at the

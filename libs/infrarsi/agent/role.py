@@ -22,7 +22,7 @@ from typing import TypedDict, Unpack
 
 from infrarsi import events as ev
 from infrarsi.agent.answers import GoldenRepo, check_proposals
-from infrarsi.agent.client import AgentError, AgentUnconfigured, ChatClient, TokenBudget
+from infrarsi.agent.client import AgentError, AgentUnconfigured, ChatClient, TokenBudget, exchange_seconds
 from infrarsi.contract import AgentSpec, Contract
 from infrarsi.study_space import StudySpace
 
@@ -89,10 +89,9 @@ per diff)."""
 
 
 def exchange_bound_s(spec: AgentSpec) -> float:
-    """The longest one exchange may take: ``timeout_s`` per attempt, the backoff between attempts (the client's,
-    1 s doubling), and ``GATE_ALLOWANCE_S``."""
-    backoff = sum((ChatClient.backoff_s * (1 << i) for i in range(spec.retries)), 0.0)
-    return spec.timeout_s * (spec.retries + 1) + backoff + GATE_ALLOWANCE_S
+    """The longest one exchange may take: the client's (``exchange_seconds``: ``timeout_s`` per attempt, the
+    backoff between attempts) and ``GATE_ALLOWANCE_S``."""
+    return exchange_seconds(spec.timeout_s, spec.retries) + GATE_ALLOWANCE_S
 
 
 async def answer_within(asked: ev.AgentAsked, study: StudySpace, golden: GoldenRepo, *, bound_s: float | None = None,
