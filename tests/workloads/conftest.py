@@ -101,11 +101,15 @@ def _run_agents(tmp: Path, workdir: Path, nnodes: int, nproc: int, script: list[
                 deadline = min(deadline, time.monotonic() + AGENT_GRACE_S)
             time.sleep(0.2)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return max(abs(p.returncode) for p in procs), "\n".join(path.read_text() for path in logs)
+        killed = [node for node, p in enumerate(procs) if p.poll() is None]
+        for node in killed:
+            procs[node].kill()
+            procs[node].wait()
+    output = "\n".join(path.read_text() for path in logs)
+    if killed:
+        output += f"\n[run_workload] killed agent(s) {killed}: still running {timeout:g} s after launch or " \
+                  f"{AGENT_GRACE_S:g} s after a peer failed"
+    return max(abs(p.returncode) for p in procs), output
 
 
 def _all_steps_recorded(probe_dir: Path, ranks: int, steps: int) -> bool:
