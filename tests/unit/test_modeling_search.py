@@ -5,6 +5,7 @@ from typing import cast
 
 import numpy as np
 from infrarsi.modeling.acquisition import InvariantModel, acquisition, expected_improvement
+from infrarsi.modeling.memory_model import TransformerMeta
 from infrarsi.modeling.priors import KnowledgeBase, default_knowledge_base
 from infrarsi.modeling.search import Observation, SearchConfig, Searcher, Suggestion
 from infrarsi.modeling.space import BoolKnob, Candidate, Categorical, IntChoice, Patch, SearchSpace
@@ -127,7 +128,8 @@ def test_finds_the_optimum_avoids_the_broken_patch_and_stops():
     assert best / truth(top)[0] > 0.97
     assert sum("risky" in sg.candidate.patches for sg, _ in log) <= 4
     origins = {sg.origin for sg, _ in log}
-    assert {"prior", "seed", "ei"} <= origins
+    assert {"seed", "ei"} <= origins
+    assert log[0][0].origin == "seed"  # no workload shape: the generic prior's fastest guess is not the first trial
     stop, why = s.should_stop()
     assert isinstance(stop, bool) and "EI" in why
 
@@ -172,7 +174,8 @@ def test_a_prior_that_fears_every_candidate_still_probes_the_least_risky_one():
 def test_no_stall_after_the_first_success_when_every_candidate_is_above_the_oom_cut_off():
     # issue 13: with every shortlisted candidate above the cut-off the searcher returned nothing while
     # should_stop() said go on, and the proposer reported "space exhausted" with most of the space untried
-    s = Searcher(SPACE, CAP, seed=0, kb=default_knowledge_base(), config=SearchConfig(oom_exclude=0.0))
+    s = Searcher(SPACE, CAP, seed=0, kb=default_knowledge_base(),
+                 config=SearchConfig(oom_exclude=0.0, probe_max_p_oom=None))  # the lifted cut-off alone
     rng = np.random.default_rng(0)
     for _ in range(1 + s.config.n_seeds):  # the initial design
         s.observe(evaluate(s.suggest(1)[0].candidate, rng))
@@ -353,14 +356,57 @@ def test_a_lucky_measurement_within_the_noise_does_not_beat_the_model_s_best():
 
 def test_the_doctors_runs_of_the_baseline_do_not_take_the_initial_designs_place():
     # a study observes the doctor's repeats of the golden baseline before its first proposal (five by default):
-    # they are one point of the space, and the prior's guess and the space-filling seeds still come
+    # they are one point of the space, and the initial design still comes (no workload shape: four seeds)
     baseline = Candidate.of({"micro_batch": 1, "recompute": "full", "zero_stage": 1, "flash_attention": False})
     s = Searcher(SPACE, CAP, seed=0, kb=default_knowledge_base(), baseline=baseline)
     rng = np.random.default_rng(0)
     for _ in range(5):
         s.observe(evaluate(baseline, rng))
     first = s.suggest(4)
-    assert [g.origin for g in first] == ["prior", "seed", "seed", "seed"]
+    assert [g.origin for g in first] == ["seed"] * 4
     assert baseline not in [g.candidate for g in first]
     s.observe(evaluate(first[0].candidate, rng))
     assert [g.origin for g in s.suggest(3)] == ["seed"] * 3  # the design goes on where it was
+
+
+def test_the_first_trial_is_the_priors_guess_only_where_a_workload_shape_backs_it():
+    # without a shape the generic prior's fastest guess is its most underpredicted peak (on the robustness family
+    # 76 of 90 ran out of memory): the design starts with a space-filling seed; with a shape the structural
+    # formula knows the memory physics and the guess locates the fast region (SearchConfig.design_first)
+    meta = TransformerMeta(layers=4, hidden=256, heads=4, seq_len=128, vocab=1000, dense_params=4_000_000,
+                           global_batch=16, capacity_bytes=CAP)
+
+    def first(config: SearchConfig, shape: TransformerMeta | None = None) -> str:
+        return Searcher(SPACE, CAP, meta=shape, seed=0, kb=default_knowledge_base(), config=config).suggest(1)[0].origin
+
+    assert first(SearchConfig()) == "seed"
+    assert first(SearchConfig(), meta) == "prior"
+    assert first(SearchConfig(design_first="prior")) == "prior"
+    assert first(SearchConfig(design_first="seed"), meta) == "seed"
+
+
+
+def test_a_knob_the_measured_peaks_have_varied_is_probed_only_at_lower_risk():
+    # issue 13: probes above P(OOM) 0.5 paid most of the probes' OOMs for little once the peaks had shown the
+    # knob's slope; a knob they have not varied still gets its one informative step at up to 0.7. The rule alone:
+    # every step to micro-batch 8 at P(OOM) 0.6, nothing else above the cut-off, the probe worth any acquisition
+    space = SearchSpace(knobs=SPACE.knobs, memory_direction=SPACE.memory_direction)
+
+    def probe(micro_batches: tuple[int, ...]) -> Candidate | None:
+        s = Searcher(space, CAP, seed=0, kb=default_knowledge_base())
+        rng = np.random.default_rng(0)
+        for mb in micro_batches:  # measured fits; the fastest (the incumbent) at micro-batch 4
+            for z, fa in ((1, True), (2, True), (1, False)):
+                s.observe(evaluate(Candidate.of({"micro_batch": mb, "recompute": "none", "zero_stage": z,
+                                                 "flash_attention": fa}), rng))
+        s.refit()
+        idx = np.arange(len(s.pool.candidates))
+        p_oom = np.array([0.6 if c["micro_batch"] == 8 else 0.0 for c in s.pool.candidates])
+        ones, none = np.ones(idx.size), np.zeros(idx.size, dtype=bool)
+        j = s._step_probe(idx, ones, p_oom, ones, none, none, ones, 0.25, 0.0, math.inf)
+        return None if j is None else s.pool.candidates[j]
+
+    fresh = probe((4,))  # the peaks never varied the micro-batch: its slope is the prior's
+    assert fresh is not None and fresh["micro_batch"] == 8
+    assert probe((2, 4)) is None  # they did: the model's 0.6 is the data's, over the 0.5 limit
+    assert SearchConfig().probe_max_p_oom == 0.5 and SearchConfig().probe_fresh_max_p_oom == 0.7

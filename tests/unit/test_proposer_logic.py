@@ -160,7 +160,7 @@ def test_origins_reasons_and_predictions_are_recorded_and_the_initial_design_is_
                      [created, envelope(RunRequested(parallel=4))])
     proposed = [e.payload for e in of_type(log, ev.TrialProposed)]
     first = proposed[:4]
-    assert first[0].origin == "prior" and all(p.origin == "seed" for p in first[1:])
+    assert all(p.origin == "seed" for p in first)  # no workload shape: no prior's guess (SearchConfig.design_first)
     assert {p.origin for p in proposed[4:]} <= {"ei", "pairing"}
     assert all(p.reason and p.prediction is not None and p.prediction.step_time_s > 0 for p in proposed)
     assert all(0.0 <= p.prediction.p_oom <= 1.0 for p in proposed)

@@ -46,6 +46,7 @@ Origin = Literal["seed", "prior", "ei", "pairing", "bank", "llm", "confirm"]
 Admission = Literal["cut_off", "step_probe", "lifted", "escape"]
 """What admitted a proposal: under the OOM cut-off (``cut_off``), or above it as a memory step probe, under a cut-off
 lifted after a success (every candidate was above it), or as the escape probe before anything fitted."""
+DesignFirst = Literal["auto", "prior", "seed"]
 _ANCHORS = 256
 """Measured peaks ``SearchConfig.memory_anchor_spread`` measures distances to: the latest (bounds its cost)."""
 
@@ -116,14 +117,20 @@ class SearchConfig:
     """Candidates with P(invariants hold) below this are never proposed (a patch known to break the run)."""
     pairing_trigger: float = 0.5
     pairing_target: float = 0.15
-    probe_max_p_oom: float | None = 0.7
+    probe_max_p_oom: float | None = 0.5
     """Memory step probes (``None``: off): a one-step move of one knob from the incumbent (the next value in
     the knob's order, any level of an unordered one) that the cut-off excludes, with P(OOM) up to this, is
     proposed when its risk-neutral worth EI × P(fit) beats the best admitted candidate's acquisition. Without it
     a memory prior that overprices a knob (a micro-batch whose activations are a small share of the peak) keeps
     every move along it above the cut-off for the whole study, and the search spends its trials on knobs that
-    cost no memory; one trial along the knob is what teaches the memory model its real slope."""
-    oom_budget: float | None = 0.16
+    cost no memory; one trial along the knob is what teaches the memory model its real slope. That holds for a
+    knob the measured peaks have not varied yet (``probe_fresh_max_p_oom``); along a knob they have varied, the
+    model's P(OOM) is the data's and probes above 0.5 paid many OOMs for little (docs/modeling.md, "The first
+    trial without a workload shape, and probes by what the peaks have seen")."""
+    probe_fresh_max_p_oom: float | None = 0.7
+    """The probe's P(OOM) limit for a step along a knob that every measured peak so far has at one value (its
+    memory slope is the prior's alone); ``None``: ``probe_max_p_oom`` for every knob."""
+    oom_budget: float | None = 0.12
     """The share of trials the study may spend on OOMs (``None``: no budget). Before each proposal the searcher
     counts what is left: ``oom_budget`` × (trials so far + 1) + ``oom_budget_credit`` − OOMs observed − the
     predicted P(OOM) of trials pending. A candidate above the cut-off (a memory step probe, a lifted cut-off) is
@@ -143,6 +150,12 @@ class SearchConfig:
     """Space-filling seeds only among candidates whose predicted peak is at most the golden baseline's (which
     fits): a ratio to a configuration that fitted, where the memory model's absolute level is known only to a
     factor e before any trial."""
+    design_first: DesignFirst = "auto"
+    """The initial design's first trial: ``prior`` (the best predicted time among candidates likely to fit),
+    ``seed`` (a space-filling seed like the others, below the baseline's predicted peak), ``auto`` (``prior`` with
+    a workload shape, ``seed`` without). Without a shape the generic prior's fastest guess is its most
+    underpredicted peak: on the robustness family 76 of 90 such guesses ran out of memory (docs/modeling.md,
+    "The first trial without a workload shape")."""
     select_tie_sigmas: float = 2.0
     """``top_candidates``: measured step times within this many noise stds of the fastest are ranked by the mean
     of measured and posterior log time (0: by the measurement alone)."""
@@ -717,19 +730,23 @@ class Searcher:
                 usable &= p_oom <= max(allowance, self.config.oom_budget_fit_p_oom)
 
         admitted: Admission = "lifted" if lifted else "cut_off"
-        # initial design: the prior's best guess, then space-filling seeds among likely-fitting candidates
+        # initial design: the prior's best guess (with a workload shape), then space-filling seeds among
+        # likely-fitting candidates
         below: np.ndarray | None = None  # the same shortlist for every seed: predicted once
+        prior_first = self.config.design_first == "prior" or (self.config.design_first == "auto" and
+                                                               self.memory_model.meta is not None)
         while len(out) < n and n_done + len(out) < 1 + self.config.n_seeds:
             k = n_done + len(out)
             safe = usable & (p_oom < self.config.seed_max_p_oom) & (p_hold > 0.5)
-            if k > 0 and self.config.design_below_baseline and self.baseline is not None:
+            first = k == 0 and prior_first
+            if not first and self.config.design_below_baseline and self.baseline is not None:
                 below = self._below_baseline(idx) if below is None else below
                 safe &= below
             if not safe.any():
                 safe = usable
             if not safe.any():
                 break
-            if k == 0:
+            if first:
                 score = np.where(safe, mu, np.inf)
                 j = int(np.argmin(score))
                 out.append(Suggestion(self.pool.candidates[idx[j]], "prior", "best predicted time under the prior "
@@ -817,7 +834,16 @@ class Searcher:
         one = (diff[:, :nk].sum(axis=1) == 1) & ~diff[:, nk:].any(axis=1)
         ordered = np.array([k.values() is not None and not isinstance(k, Categorical) for k in self.space.knobs])
         far = (diff[:, :nk] & ordered & (np.abs(codes[:, :nk] - inc[:nk]) > 1.0)).any(axis=1)
-        cand = one & ~far & ~usable & ~taken & (p_oom > cutoff) & (p_oom <= min(limit, allowance)) & (p_hold > 0.5)
+        cap = np.full(idx.size, limit)
+        fresh = self.config.probe_fresh_max_p_oom
+        if fresh is not None:
+            # a knob the measured peaks have never varied has its memory slope from the prior alone: its step may
+            # be probed at a higher risk than one whose slope the measurements already say
+            ok = self.pool.codes[np.array(self._ok_rows, dtype=int)][:, :nk]
+            unvaried = (ok == ok[0]).all(axis=0)
+            moved = np.argmax(diff[:, :nk], axis=1)
+            cap = np.where(unvaried[moved], max(fresh, limit), limit)
+        cand = one & ~far & ~usable & ~taken & (p_oom > cutoff) & (p_oom <= np.minimum(cap, allowance)) & (p_hold > 0.5)
         if not cand.any():
             return None
         worth = np.where(cand, ei * (1.0 - p_oom) * p_hold / np.maximum(cost, 1e-9), -np.inf)
