@@ -155,7 +155,7 @@ class SearchConfig:
     ``seed`` (a space-filling seed like the others, below the baseline's predicted peak), ``auto`` (``prior`` with
     a workload shape, ``seed`` without). Without a shape the generic prior's fastest guess is its most
     underpredicted peak: on the robustness family 76 of 90 such guesses ran out of memory (docs/modeling.md,
-    "The first trial without a workload shape")."""
+    "The first trial without a workload shape, and probes by what the peaks have seen")."""
     select_tie_sigmas: float = 2.0
     """``top_candidates``: measured step times within this many noise stds of the fastest are ranked by the mean
     of measured and posterior log time (0: by the measurement alone)."""
