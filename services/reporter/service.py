@@ -64,6 +64,7 @@ class ReporterService(Service):
         self.snapshot_path = eventlog.snapshot_path(self.data_dir)
         self.db: eventlog.AnalystDB | None = None
         self._doorbell = asyncio.Event()
+        self._stopping = False
         self._task: asyncio.Task[None] | None = None
         # Every DuckDB call runs on this one thread: one writer, never two statements at once.
         self._writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="analyst-db")
@@ -95,6 +96,7 @@ class ReporterService(Service):
                 log.info("bank entry published", entry_id=entry.payload.entry_id, event_id=entry.event_id)
 
     async def stop(self) -> None:
+        self._stopping = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -126,7 +128,7 @@ class ReporterService(Service):
 
     async def _keep_current(self) -> None:
         wait_s = POLL_S
-        while True:
+        while not self._stopping:  # besides the cancel: a loop that outlived one must still end
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._doorbell.wait(), wait_s)
             self._doorbell.clear()

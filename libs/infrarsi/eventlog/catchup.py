@@ -152,10 +152,20 @@ async def _catch_up_stream(
             pending = loop.run_in_executor(pool, db.write_batch, batch)
     finally:
         reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
+        cancelled = False
+        try:
             await reader
+        except asyncio.CancelledError:
+            # the reader's own cancellation, or this task's arriving while it waits for the reader: the latter
+            # must not be swallowed (a stopping reporter would wait forever for a catch-up that went on)
+            task = asyncio.current_task()
+            cancelled = task is not None and task.cancelling() > 0
+        except Exception:  # noqa: BLE001, S110 — the reader hands its errors over the queue; this is its teardown
+            pass
         if pending is not None:
             applied.add(await pending)
+        if cancelled:
+            raise asyncio.CancelledError
 
 
 async def replay(
