@@ -68,7 +68,8 @@ async def catch_up(
     cancelled and awaited and the pending write awaited, each in its own ``finally``. With the plain loop a
     stopping reporter hung past 60 s in 3 of 8 runs of
     ``tests/integration/test_bank_wiring.py::test_a_finished_study_seeds_the_next_init_through_the_reporter``
-    (0 of 10 with this one).
+    (0 of 10 with this one; a later CI run still hung once, on a cancel that arrived while the finished stream's
+    reader was awaited — ``_catch_up_stream`` now re-raises it, ``tests/unit/test_eventlog_catchup_cancel.py``).
     """
     todo = await backlog(bus, db)
     total = sum(todo.values())
