@@ -49,9 +49,10 @@ def test_the_doctor_baseline_protocol_tells_every_tuner_the_baseline_runs_outsid
 
 
 def test_the_harness_stops_infrarsi_when_should_stop_says_so_as_the_proposer_does() -> None:
-    # family model 123 (288 candidates, a development model): the expected gain runs out before 60 trials (the
-    # tiniest models, e.g. 101, now end on the OOM budget's rule instead: every candidate that fits has run)
-    model = robustness.draw_model(123)
+    # family model 16 (576 candidates): the expected gain runs out before 60 trials (the tiniest models, e.g.
+    # 101, end on the OOM budget's rule instead: every candidate that fits has run; model 123, used until stop
+    # 31's budget of 0.10, now runs its 60 trials with the largest EI just above the threshold)
+    model = robustness.draw_model(16)
     bs = robustness.bench_space(model, CandidatePool.build(model.study.space))
     trials = bench.run_infrarsi(bs, 0, 60)
     rng = np.random.default_rng(10_000)  # run_infrarsi's measurement draws, replayed

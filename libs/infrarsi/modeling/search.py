@@ -130,7 +130,7 @@ class SearchConfig:
     probe_fresh_max_p_oom: float | None = 0.7
     """The probe's P(OOM) limit for a step along a knob that every measured peak so far has at one value (its
     memory slope is the prior's alone); ``None``: ``probe_max_p_oom`` for every knob."""
-    oom_budget: float | None = 0.12
+    oom_budget: float | None = 0.10
     """The share of trials the study may spend on OOMs (``None``: no budget). Before each proposal the searcher
     counts what is left: ``oom_budget`` × (trials so far + 1) + ``oom_budget_credit`` − OOMs observed − the
     predicted P(OOM) of trials pending. A candidate above the cut-off (a memory step probe, a lifted cut-off) is
@@ -138,7 +138,7 @@ class SearchConfig:
     stay within the budget — and once every candidate under the cut-off has run and none above it fits the budget,
     the study stops (``should_stop``). A ``SearchConfig`` setting rather than a contract field: the searcher is
     not told the study's trial count, so the budget is a rate over the trials run."""
-    oom_budget_credit: float = 1.0
+    oom_budget_credit: float = 0.5
     """OOMs the budget holds before any trial: a first probe need not wait for 1/``oom_budget`` clean trials."""
     oom_budget_floor: float | None = None
     """While the budget is overspent, the cut-off for ordinary proposals falls to this (``None``: unchanged)."""
@@ -156,6 +156,11 @@ class SearchConfig:
     a workload shape, ``seed`` without). Without a shape the generic prior's fastest guess is its most
     underpredicted peak: on the robustness family 76 of 90 such guesses ran out of memory (docs/modeling.md,
     "The first trial without a workload shape, and probes by what the peaks have seen")."""
+    escape_baseline: bool = True
+    """Before anything has fitted, once a trial has run out of memory or every candidate is above the cut-off:
+    the golden baseline (the user's job as it runs today, which fits) when it has not run yet, rather than a
+    further seed or the least risky candidate far from the OOMs (the escape probe) — a measured peak the memory
+    model's level is anchored on, at no OOM risk (docs/modeling.md, "The golden baseline as the escape")."""
     select_tie_sigmas: float = 2.0
     """``top_candidates``: measured step times within this many noise stds of the fastest are ranked by the mean
     of measured and posterior log time (0: by the measurement alone)."""
@@ -708,6 +713,11 @@ class Searcher:
         cutoff = self._cutoff(n_done, allowance)
         usable = (p_oom <= cutoff) & (p_hold >= self.config.invariant_exclude)
         lifted = budgeted = False
+        if self._ooms and not any(o.status == "ok" for o in self.observations):
+            golden = self._baseline_escape(taken, f"{len(self._ooms)} trial(s) ran out of memory")
+            if golden is not None:
+                out.append(golden)
+                return out
         if not usable.any():
             probe = p_hold >= self.config.invariant_exclude
             if not probe.any():
@@ -716,6 +726,10 @@ class Searcher:
                 # nothing has fitted yet and the prior puts every candidate above the exclusion: rather than stall
                 # the study before its first measurement, probe the least risky candidate (ties: the smallest
                 # predicted peak) among those far from every OOM so far
+                golden = self._baseline_escape(taken, f"every candidate has P(oom) > {cutoff:.2f}")
+                if golden is not None:
+                    out.append(golden)
+                    return out
                 j = self._escape_probe(idx, probe, p_oom)
                 out.append(Suggestion(self.pool.candidates[idx[j]], "prior", f"every candidate has P(oom) > "
                                       f"{cutoff:.2f}: the least risky far from the OOMs probes the memory model",
@@ -871,6 +885,19 @@ class Searcher:
         blocked = self._domination().mask | self._refused_mask()
         blocked[np.array(self._seen_rows, dtype=int)] = True
         return scanned >= int((~blocked).sum())
+
+    def _baseline_escape(self, taken: set[str], why: str) -> Suggestion | None:
+        """The golden baseline as the escape before anything has fitted (``escape_baseline``), when the study
+        has one that is feasible and has neither run nor is pending; else None."""
+        b = self.baseline
+        if not self.config.escape_baseline or b is None or b.key in self._seen or b.key in taken:
+            return None
+        if not self.space.is_feasible(b):
+            return None
+        row = np.array(self.pool.extend([b]), dtype=int)
+        mu, _ = self.time_model.predict_encoded(self.pool.x_time[row])
+        return Suggestion(b, "prior", f"{why} and nothing has fitted yet: the golden baseline, which fits, anchors "
+                          "the memory model", float(mu[0]), float(self._p_oom(row)[0]), "escape")
 
     def _below_baseline(self, idx: np.ndarray) -> np.ndarray:
         """Shortlist rows whose predicted peak is at most the golden baseline's (``design_below_baseline``)."""
