@@ -45,7 +45,8 @@ Status = Literal["ok", "oom", "crash", "invariant_violation", "timeout", "stoppe
 Origin = Literal["seed", "prior", "ei", "pairing", "bank", "llm", "confirm"]
 Admission = Literal["cut_off", "step_probe", "lifted", "escape"]
 """What admitted a proposal: under the OOM cut-off (``cut_off``), or above it as a memory step probe, under a cut-off
-lifted after a success (every candidate was above it), or as the escape probe before anything fitted."""
+lifted after a success (every candidate was above it), or as the escape before anything fitted (the golden baseline,
+``SearchConfig.escape_baseline``, or else a probe of the least risky candidate far from the OOMs)."""
 DesignFirst = Literal["auto", "prior", "seed"]
 _ANCHORS = 256
 """Measured peaks ``SearchConfig.memory_anchor_spread`` measures distances to: the latest (bounds its cost)."""
@@ -160,7 +161,8 @@ class SearchConfig:
     """Before anything has fitted, once a trial has run out of memory or every candidate is above the cut-off:
     the golden baseline (the user's job as it runs today, which fits) when it has not run yet, rather than a
     further seed or the least risky candidate far from the OOMs (the escape probe) — a measured peak the memory
-    model's level is anchored on, at no OOM risk (docs/modeling.md, "The golden baseline as the escape")."""
+    model's level is anchored on, at no OOM risk (docs/modeling.md, "The golden baseline as the escape, and a
+    tighter OOM budget")."""
     select_tie_sigmas: float = 2.0
     """``top_candidates``: measured step times within this many noise stds of the fastest are ranked by the mean
     of measured and posterior log time (0: by the measurement alone)."""
