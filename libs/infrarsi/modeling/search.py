@@ -713,25 +713,24 @@ class Searcher:
         p_hold = self._p_hold(idx)
         allowance = self.oom_allowance(pending)
         cutoff = self._cutoff(n_done, allowance)
-        usable = (p_oom <= cutoff) & (p_hold >= self.config.invariant_exclude)
+        probe = p_hold >= self.config.invariant_exclude
+        usable = (p_oom <= cutoff) & probe
         lifted = budgeted = False
-        if self._ooms and not any(o.status == "ok" for o in self.observations):
-            golden = self._baseline_escape(taken, f"{len(self._ooms)} trial(s) ran out of memory")
+        stuck = not usable.any() and probe.any()  # every candidate above the cut-off, some not known to break
+        if not self._ok_rows and (self._ooms or stuck):
+            # nothing has fitted yet: the golden baseline, where it may run, before any further risk
+            golden = self._baseline_escape(taken, f"{len(self._ooms)} trial(s) ran out of memory" if self._ooms
+                                           else f"every candidate has P(oom) > {cutoff:.2f}")
             if golden is not None:
                 out.append(golden)
                 return out
         if not usable.any():
-            probe = p_hold >= self.config.invariant_exclude
             if not probe.any():
                 return out
-            if not any(o.status == "ok" for o in self.observations):
+            if not self._ok_rows:
                 # nothing has fitted yet and the prior puts every candidate above the exclusion: rather than stall
                 # the study before its first measurement, probe the least risky candidate (ties: the smallest
                 # predicted peak) among those far from every OOM so far
-                golden = self._baseline_escape(taken, f"every candidate has P(oom) > {cutoff:.2f}")
-                if golden is not None:
-                    out.append(golden)
-                    return out
                 j = self._escape_probe(idx, probe, p_oom)
                 out.append(Suggestion(self.pool.candidates[idx[j]], "prior", f"every candidate has P(oom) > "
                                       f"{cutoff:.2f}: the least risky far from the OOMs probes the memory model",
