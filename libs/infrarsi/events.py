@@ -246,6 +246,15 @@ class DoctorCompleted(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     interfered_runs: list[int] = []
     """Baseline runs (0-based, in ``baseline_trial_ids`` order) left out of the noise estimate as interfered
     with: their median step was ≥ 1.5× off the others' (``infrarsi.doctor.interfered_runs``)."""
+    harness_cpu_share: float | None = None
+    """Mean over the baseline runs of the harness's CPU seconds (``TrialFinished.harness_cpu_s``) per second of
+    trial wall time and core of the host: the share of the host's CPU InfraRSI itself took while the baseline
+    was measured. ``None``: not measured (the stack runs elsewhere)."""
+    host_native_dtypes: list[str] = []
+    """Matmul dtypes the trials' host runs natively (a CPU host on the local backend: its instruction flags, as
+    capped by ``ONEDNN_MAX_CPU_ISA`` in the job's environment; ``infrarsi.doctor.native_matmul_dtypes``). Empty:
+    not known (a GPU or a remote host). The search starts from it: bf16 autocast on a CPU without bf16 units is
+    expected far slower, not faster (``KnowledgeBase.with_host``)."""
 
 
 class RunRequested(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -341,6 +350,10 @@ class TrialFinished(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """Share of the trial's wall time in which some task on the host waited for a CPU (Linux PSI,
     ``/proc/pressure/cpu``); ``None`` where the kernel does not report it. The timing invariant's
     interference signal."""
+    harness_cpu_s: float | None = None
+    """CPU seconds InfraRSI's own processes on the trial's host (the services, the bus, the command that
+    started them) used while the trial ran; ``None`` where the stack does not run beside the trial. The doctor
+    reports it as the harness's share of the host (``DoctorCompleted.harness_cpu_share``)."""
     infrastructure: bool = False
     """The trial failed because of the harness, not the candidate (its launcher was killed mid-trial, or
     could not handle it): it costs its accelerator time but says nothing about the candidate, which the

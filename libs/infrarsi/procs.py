@@ -304,6 +304,17 @@ def cpu_stall_s() -> float | None:
     return int(total.removeprefix("total=")) / 1e6 if total is not None else None
 
 
+def cpu_seconds(pids: Iterable[int]) -> dict[int, float]:
+    """User + system CPU seconds each live process of ``pids`` has used itself (not its children): sampled
+    before and after a trial, the difference is what those processes took from the host meanwhile."""
+    used: dict[int, float] = {}
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            t = psutil.Process(pid).cpu_times()
+            used[pid] = t.user + t.system
+    return used
+
+
 def is_live(proc: psutil.Process) -> bool:
     """Alive and not a zombie (an exited child its parent has not waited for yet)."""
     try:

@@ -121,13 +121,65 @@ async def connect_for_cli(
 
 
 # --------------------------------------------------------------------------------------------------
+# Keeping the harness out of the trials' way
+# --------------------------------------------------------------------------------------------------
+
+SERVICE_NICE = 10
+"""Niceness of every service but the launcher. The launcher's trial jobs inherit its priority (0); the others
+— the modeler's and proposer's refits, the reporter's catch-up into DuckDB, telemetry's folds — then yield
+the cores to a running trial instead of sharing them (CFS weights 110 against 1024: under a tenth of a core's
+time each while a trial wants every core). Work they defer is done between trials. ``INFRARSI_SERVICE_NICE``
+overrides it (0: off)."""
+SPARE_CORES_FOR_SERVICES = 4
+"""From this many cores on, the services run on the last core alone and the launcher (and so every local
+trial job) on the others: a trial's threads and the harness's then never share a core. Below it there is no
+core to spare — a 2-core host gives both cores to the job, and niceness alone keeps the services out of its way."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where and at which priority one service process runs."""
+
+    nice: int
+    cpus: frozenset[int] | None
+    """The cores it may run on; ``None``: any."""
+
+
+def service_placement(name: str, cpus: Iterable[int], env: Mapping[str, str] = os.environ) -> Placement:
+    """The launcher at the trials' priority, on every core but the services' one where cores are to spare; the
+    other services niced (``SERVICE_NICE``) and, where cores are to spare, on the last core alone."""
+    allowed = sorted(cpus)
+    raw = env.get("INFRARSI_SERVICE_NICE", str(SERVICE_NICE))
+    try:
+        nice = max(0, min(19, int(raw)))
+    except ValueError:
+        raise StackError(f"INFRARSI_SERVICE_NICE={raw!r} is not an integer niceness (0-19)") from None
+    spare = len(allowed) >= SPARE_CORES_FOR_SERVICES
+    if name == "launcher":
+        return Placement(0, frozenset(allowed[:-1]) if spare else None)
+    return Placement(nice, frozenset(allowed[-1:]) if spare else None)
+
+
+def _place(pid: int, placement: Placement) -> None:
+    """Apply ``placement`` to a process just started (before it spawns threads of its own)."""
+    with contextlib.suppress(OSError):  # a process that already exited; a host without affinity support
+        if placement.cpus is not None:
+            os.sched_setaffinity(pid, placement.cpus)
+
+
+# --------------------------------------------------------------------------------------------------
 # The stack
 # --------------------------------------------------------------------------------------------------
 
 
-def start_logged(command: list[str], log_path: Path, env: dict[str, str], cwd: Path | None = None) -> subprocess.Popen[bytes]:
+def start_logged(command: list[str], log_path: Path, env: dict[str, str], cwd: Path | None = None,
+                 nice: int = 0) -> subprocess.Popen[bytes]:
     """A service process: stdout and stderr appended to ``log_path``, no stdin, and its own session, so a
-    terminal's Ctrl-C reaches only us and a group kill reaches everything it started."""
+    terminal's Ctrl-C reaches only us and a group kill reaches everything it started. ``nice``: started
+    through ``nice(1)``, so that every thread it ever starts has that niceness (a ``setpriority`` afterwards
+    would reach its first thread only)."""
+    if nice:
+        command = ["nice", "-n", str(nice), *command]
     with open(log_path, "ab") as log_file:
         return subprocess.Popen(
             command,
@@ -326,7 +378,10 @@ class Stack:
             "--data-dir",
             str(self.data_dir),
         ]
-        self.processes[name] = ServiceProcess(name, start_logged(command, log_path, env), log_path)
+        placement = service_placement(name, os.sched_getaffinity(0), env)
+        process = start_logged(command, log_path, env, nice=placement.nice)
+        _place(process.pid, placement)
+        self.processes[name] = ServiceProcess(name, process, log_path)
         return self.processes[name]
 
     def restart(self, name: str) -> ServiceProcess:

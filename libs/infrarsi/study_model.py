@@ -69,7 +69,10 @@ def build_searcher(study: StudySpace, study_id: str, *, doctor: ev.DoctorComplet
     """The study's ``Searcher``: seeded by the study id, noise floor from the doctor, the bank's winners
     (``bank.seeds``, best first; one that no longer fits this space is skipped) queued as origin ``bank``,
     then every outcome so far observed in completion order. ``pool_from``: reuse that searcher's candidate pool
-    (a rebuild after the doctor reported)."""
+    (a rebuild after the doctor reported). The doctor's facts about the host are laid over the priors last
+    (``StudySpace.with_host``)."""
+    if doctor is not None:
+        study = study.with_host(doctor.host_native_dtypes)
     searcher = Searcher(study.space, study.capacity_bytes, meta=study.meta, kb=study.kb, baseline=study.baseline,
                         seed=zlib.crc32(study_id.encode()), noise_floor=noise_floor(doctor), config=config,
                         pool=pool_from.pool if pool_from is not None else None)
@@ -122,6 +125,7 @@ class StudyModel:
         match event.payload:
             case ev.DoctorCompleted() as done:
                 self.doctor = done
+                self.space = self.space.with_host(done.host_native_dtypes)  # the report's prior sources say "host"
                 if self.searcher is not None:
                     self.searcher = self._build(pool_from=self.searcher)  # the doctor's noise floor
                 return None

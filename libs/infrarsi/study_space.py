@@ -13,7 +13,9 @@ Owns:
 - ``to_event`` / ``from_event``: a modeling candidate ↔ ``events.Candidate`` (launch keys that differ from the
   golden launch file + patch ids). The mapping is a bijection on the space, so ``events.Candidate.key()`` is a
   valid dedup key and the empty candidate is the baseline;
-- ``prior_source``: where a feature's prior comes from (``knowledge_base``, ``patch_metadata``, ``bank``, ``flat``);
+- ``prior_source``: where a feature's prior comes from (``knowledge_base``, ``patch_metadata``, ``bank``, ``host``,
+  ``flat``);
+- ``with_host``: the doctor's measured facts about the host (its native matmul dtypes) laid over the priors;
 - ``with_bank``: the priors ``init`` resolved from the experience bank (``StudyCreated.bank``) laid over the
   built-in ones, and ``adapt_event``: another study's candidate (a bank winner) in this study's terms.
 
@@ -45,7 +47,7 @@ from infrarsi.contract import (
     locked_contract,
 )
 from infrarsi.modeling.memory_model import TransformerMeta
-from infrarsi.modeling.priors import KnowledgeBase, default_knowledge_base
+from infrarsi.modeling.priors import KnowledgeBase, default_knowledge_base, host_time_priors
 from infrarsi.modeling.space import (
     BoolKnob,
     Candidate,
@@ -147,6 +149,8 @@ class StudySpace:
     """Encoded features whose time prior comes from the experience bank (``with_bank``)."""
     agent_features: frozenset[str] = frozenset()
     """Encoded features whose prior comes from the language model (``with_agent``)."""
+    host_dtypes: tuple[str, ...] = ()
+    """The matmul dtypes the doctor found the host runs natively (``with_host``); empty: not known."""
 
     # ---------------------------------------------------------------------------------------- building
 
@@ -229,6 +233,16 @@ class StudySpace:
         memory = {name: (p.mean, p.std) for name, p in resolution.memory_priors.items()}
         space, kb = with_priors(self.space, self.kb, time, memory)
         return dataclasses.replace(self, space=space, kb=kb, bank_features=frozenset(time) | frozenset(memory))
+
+    def with_host(self, native_dtypes: Iterable[str]) -> StudySpace:
+        """This study with what the doctor measured of the host (``DoctorCompleted.host_native_dtypes``) laid
+        over the knowledge base (``KnowledgeBase.with_host``): a knob whose effect depends on the hardware starts
+        from the measured fact. Layered over the bank's and the agent's priors for the same feature too — the
+        host is measured, they are carried over from other hosts or guessed. Pure; no dtypes: unchanged."""
+        dtypes = tuple(native_dtypes)
+        if not dtypes or dtypes == self.host_dtypes:
+            return self
+        return dataclasses.replace(self, kb=self.kb.with_host(dtypes), host_dtypes=dtypes)
 
     def with_agent(self, patches: Iterable[ev.AgentPatch] = (), priors: Iterable[ev.AgentPrior] = (), *,
                    trust_model: bool = True) -> StudySpace:
@@ -326,6 +340,9 @@ class StudySpace:
 
     def prior_source(self, spec: FeatureSpec) -> str:
         """Where the prior of one encoded feature comes from."""
+        if self.host_dtypes and KnowledgeBase.canonical(spec.name) in host_time_priors(self.kb.device_kind,
+                                                                                        self.host_dtypes):
+            return "host"
         if spec.name in self.agent_features:
             return "llm"
         if spec.name in self.bank_features:

@@ -376,6 +376,7 @@ class LauncherService(Service):
             memory_capacity_bytes=_emulated_capacity(study.cluster),
         )
         stall_before = procs.cpu_stall_s()
+        harness_before = procs.cpu_seconds(self._harness_pids())
         try:
             backend = self.backend(contract.backend)
             handle = await asyncio.to_thread(backend.submit, spec)
@@ -394,7 +395,8 @@ class LauncherService(Service):
                 ranks=spec.ranks, host=handle.host, job_id=handle.job_id,
             )
         )  # fmt: skip
-        return await self._follow_job(backend, handle, time.monotonic(), stall_before, candidate, study)
+        return await self._follow_job(backend, handle, time.monotonic(), (stall_before, harness_before), candidate,
+                                      study)
 
     async def _reattach(
         self, submitted: dict[str, Any], candidate: ev.Candidate, study: Study, tdir: Path
@@ -413,10 +415,12 @@ class LauncherService(Service):
         # The launcher's clock restarts where the job's submit was; the probe lines already written are seen
         # now (later than they appeared), which only makes the timing invariant stricter for this trial.
         t0 = time.monotonic() - max(0.0, time.time() - handle.started_at)
-        return await self._follow_job(backend, handle, t0, procs.cpu_stall_s(), candidate, study)
+        before = (procs.cpu_stall_s(), procs.cpu_seconds(self._harness_pids()))
+        return await self._follow_job(backend, handle, t0, before, candidate, study)
 
     async def _follow_job(
-        self, backend: Backend, handle: JobHandle, t0: float, stall_before: float | None, candidate: ev.Candidate,
+        self, backend: Backend, handle: JobHandle, t0: float, before: tuple[float | None, dict[int, float]],
+        candidate: ev.Candidate,
         study: Study,
     ) -> ev.TrialFinished:  # fmt: skip
         """Poll the job (timeout, probe tail, output steps) until it ends; collect; account."""
@@ -440,14 +444,34 @@ class LauncherService(Service):
             job = await asyncio.to_thread(backend.collect, handle)
         finally:
             self.running.pop(spec.name, None)
+        stall_before, harness_before = before
         stall_after = procs.cpu_stall_s()
+        harness_after = procs.cpu_seconds(self._harness_pids())
         pressure = None
         if stall_before is not None and stall_after is not None and job.wall_s > 0:
             pressure = min(1.0, max(0.0, (stall_after - stall_before) / job.wall_s))
-        finished = msgspec.structs.replace(self._account(job, spec, tail, candidate, study), cpu_pressure=pressure)
+        # processes that lived through the whole trial: one started or ended inside it would count part of its life
+        harness_s = sum(harness_after[pid] - harness_before[pid] for pid in harness_after.keys() & harness_before)
+        finished = msgspec.structs.replace(self._account(job, spec, tail, candidate, study), cpu_pressure=pressure,
+                                           harness_cpu_s=harness_s if harness_before else None)
         if output is not None:
             finished = _with_output_steps(finished, output, job)
         return finished
+
+    def _harness_pids(self) -> list[int]:
+        """The harness's processes on this host, where the embedded stack runs here: the services, the bus and
+        the command that started them (``stack.json``, ``nats-server.json`` under the data directory); none
+        when the stack runs elsewhere (containers, a cluster)."""
+        from infrarsi.embedded import server_state
+        from infrarsi.stack import stack_state
+
+        pids: set[int] = set()
+        if (record := stack_state(self.data_dir).read()) is not None:
+            pids.add(record["pid"])
+            pids.update(int(p) for p in (record.get("services") or {}).values())
+        if (server := server_state(self.data_dir).read()) is not None:
+            pids.add(server["pid"])
+        return sorted(pids)
 
     def _copy_patches(self, study: Study, worktree: Path, tdir: Path, patch_ids: list[str]) -> list[Path]:
         """The candidate's diffs, copied out of the pristine worktree (the agent's: written from the study's

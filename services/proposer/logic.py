@@ -141,6 +141,9 @@ class ProposerState(StudiesFold[_Study]):
         match event.payload:
             case ev.DoctorCompleted() as done:
                 study.doctor = done
+                # a search built before it (a second doctor, a run requested first) is rebuilt on demand with the
+                # doctor's noise floor and host priors (``build_searcher``)
+                study.searcher = study.hedge = None
                 return []
             case RunRequested() as request:
                 return self._on_run(study, request)

@@ -18,9 +18,11 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
+from infrarsi.commands.demo import hack_ids
 
 ROOT = Path(__file__).resolve().parents[2]
 DENSE = ROOT / "workloads" / "gpt" / "contracts" / "dense-1node.yaml"
+DEMO = ROOT / "workloads" / "gpt" / "contracts" / "dense-1node-carried.yaml"
 
 
 def _demo(tmp_path: Path, contract: Path, trials: int, timeout_s: float, *extra: str) -> tuple[int, dict, str]:
@@ -78,6 +80,9 @@ def _five_stages_ran(rc: int, summary: dict, output: str) -> None:
 def test_short_real_run_through_all_six_services(tmp_path: Path) -> None:
     rc, summary, output = _demo(tmp_path, _short_contract(tmp_path), trials=4, timeout_s=1100)
     _five_stages_ran(rc, summary, output)
+    # the reward-hack stage: every planted hack ran once, outside the search, and an invariant caught it
+    assert sorted(h["patch"] for h in summary["hacks"]) == sorted(hack_ids(DENSE)), summary.get("hacks")
+    assert all(h["caught_by"] for h in summary["hacks"]), summary["hacks"]
     _no_stack_left(tmp_path)
 
 
@@ -88,7 +93,7 @@ def test_demo_through_slurm(tmp_path: Path, slurm_cluster) -> None:
     """``infrarsi demo --backend slurm``: the same five stages, every trial (doctor's baseline runs, the
     search, the verifier's rounds) a batch job on the tests' own Slurm cluster. Shorter than the local short
     run (3 steps, 2 trials): its jobs run in the namespaced nodes of a shared 2-core host."""
-    rc, summary, output = _demo(tmp_path, _short_contract(tmp_path, steps=3, trials=2), 2, 2900, "--backend", "slurm")
+    rc, summary, output = _demo(tmp_path, _short_contract(tmp_path, steps=3, trials=2), 2, 2900, "--backend", "slurm", "--skip-hacks")
     print(json.dumps(summary, indent=2))  # the run's figures (pytest -s)
     _five_stages_ran(rc, summary, output)
     trials = sorted((tmp_path / "data" / "launcher" / "trials").iterdir())
@@ -100,29 +105,20 @@ def test_demo_through_slurm(tmp_path: Path, slurm_cluster) -> None:
     _no_stack_left(tmp_path)
 
 
-def cpu_has_bf16_dot_products() -> bool:
-    """Whether this host's CPU multiplies bf16 natively (AVX512-BF16 or AMX): where it does not, bf16 autocast
-    is emulated and several times slower, and the dense-1node job's headroom is the schedule knobs' alone."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-DEMO_SPEEDUP_BAR = 1.5 if cpu_has_bf16_dot_products() else 1.08
-"""Lower end of the verified speed-up's 95% CI the demo must reach. With bf16 dot products: 1.5 (x2.19 at
-b918ec3, x1.31 at 363842f). Without (an AVX2-only EPYC, 2026-12-06): the fp32 baseline runs at 57% of the
-measured peak, the best knob setting measured by hand is x1.18 (micro-batch 32, sdpa), and the demo verified
-x1.13 (CI 1.12-1.14) with its bf16 trial stopped as slow at 10 s/step."""
+DEMO_SPEEDUP_BAR = 1.5
+"""Lower end of the verified speed-up's 95% CI the demo must reach, on any CPU: the carried-over golden
+(micro-batch 2, full recomputation) has its headroom in the work each step does, not in bf16 units (README, "The
+demo"; measured by hand: x1.85 on an AMX Xeon, x1.77 with oneDNN capped at AVX2)."""
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_demo_verifies_a_speedup(tmp_path: Path) -> None:
     """The README's main command: a verified speed-up on dense-1node (``DEMO_SPEEDUP_BAR``), loss parity held."""
-    rc, summary, output = _demo(tmp_path, DENSE, trials=10, timeout_s=1700)
+    rc, summary, output = _demo(tmp_path, DEMO, trials=10, timeout_s=1700)
     assert rc == 0, output[-4000:]
     assert summary["verified"] and summary["speedup_ci"][0] >= DEMO_SPEEDUP_BAR, summary
+    assert not any("hack-" in p for p in summary["winner"]["patches"])
+    assert summary["hacks"] and all(h["caught_by"] for h in summary["hacks"]), summary["hacks"]
     assert 0 < summary["mfu_before"] < summary["mfu_after"] <= 1.0, summary
     _no_stack_left(tmp_path)

@@ -181,6 +181,18 @@ async def test_crash_between_publish_and_ack_leaves_no_duplicate_and_no_gap(
         await bus.close()
 
 
+def test_the_services_but_the_launcher_run_niced_so_a_trial_keeps_the_cores(fresh_nats_server, tmp_path) -> None:
+    from infrarsi.stack import SERVICE_NICE
+
+    with Stack.start(tmp_path / "stack", nats_url=fresh_nats_server, services=("launcher", "modeler")) as stack:
+        nice = {name: psutil.Process(p.pid).nice() for name, p in stack.processes.items()}
+        base = psutil.Process().nice()
+        assert nice == {"launcher": base, "modeler": min(19, base + SERVICE_NICE)}
+        # every thread of the niced service, not only its first one
+        threads = [t.id for t in psutil.Process(stack.processes["modeler"].pid).threads()]
+        assert all(psutil.Process(t).nice() == nice["modeler"] for t in threads if psutil.pid_exists(t))
+
+
 def test_stack_stop_kills_a_service_that_ignores_sigterm(fresh_nats_server, tmp_path) -> None:
     import os
     import signal

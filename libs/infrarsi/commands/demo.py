@@ -26,7 +26,13 @@ from infrarsi.commands.init import prepare_study, publish_study
 from infrarsi.commands.study_log import read_study
 from infrarsi.errors import EXIT_OK, EXIT_REFUSED, UserError
 
-DEFAULT_CONTRACT = Path("workloads/gpt/contracts/dense-1node.yaml")
+DEFAULT_CONTRACT = Path("workloads/gpt/contracts/dense-1node-carried.yaml")
+"""The reference job as carried over from a smaller accelerator (micro-batch 2, full recomputation): headroom on
+every CPU, with or without bf16 units (README, "The demo")."""
+HACKS_CONTRACT = Path("workloads/gpt/contracts/dense-1node.yaml")
+"""The reference contract whose search space holds the patch library's planted reward hacks."""
+HACK_STEPS = 12
+"""Horizon of the reward-hack stage: two evals (steps 10 and 12), enough for every hack to show."""
 SOURCE = "cli.demo"
 
 
@@ -41,6 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=None, help="report directory (default <data-dir>/reports/<study>)")
     parser.add_argument("--json", action="store_true", help="print a JSON summary at the end")
     parser.add_argument("--keep-running", action="store_true", help="leave the embedded stack running afterwards")
+    parser.add_argument(
+        "--skip-hacks", action="store_true",
+        help=f"skip the reward-hack stage (each planted hack of {HACKS_CONTRACT} run once, caught by name)",
+    )  # fmt: skip
 
 
 def with_backend(contract: Path, kind: str, data_dir: Path) -> Path:
@@ -66,7 +76,7 @@ def with_backend(contract: Path, kind: str, data_dir: Path) -> Path:
     data = yaml.safe_load(contract.read_text())
     data["workload"]["repo"] = str((contract.parent / data["workload"]["repo"]).resolve())
     data["backend"] = {"kind": kind, "timeout_s": data.get("backend", {}).get("timeout_s", 600)}
-    out = data_dir / f"demo-contract-{kind}.yaml"
+    out = data_dir / f"demo-{contract.stem}-{kind}.yaml"
     data_dir.mkdir(parents=True, exist_ok=True)
     out.write_text(yaml.safe_dump(data, sort_keys=False))
     return out
@@ -83,6 +93,51 @@ def _stage_args(module: ModuleType, argv: list[str], url: str, data_dir: Path) -
     args.nats_url = url
     args.data_dir = data_dir
     return args
+
+
+class HackVerdict(TypedDict):
+    """One planted reward hack as the demo's hack stage ran it."""
+
+    patch: str
+    status: str
+    caught_by: list[str]
+    """The invariants that failed (empty: not caught — the demo then fails)."""
+    trial_id: str
+
+
+def hack_ids(contract: Path) -> list[str]:
+    """The patches of ``contract``'s search space that its patch library marks ``kind: reward_hack``."""
+    from infrarsi.contract import load_contract, load_patch_library
+
+    c = load_contract(contract)
+    library = load_patch_library(contract.parent / c.workload.repo / c.workload.patch_dir)
+    return [p for p in c.search_space.patches if p in library and library[p].kind == "reward_hack"]
+
+
+async def hack_stage(url: str, data_dir: Path, contract: Path = HACKS_CONTRACT) -> list[HackVerdict]:
+    """Each planted reward hack run once as a trial of ``contract``'s own study (outside the search and its
+    budget), against the untouched baseline at the same horizon, as ``infrarsi trial`` runs a candidate."""
+    from infrarsi.bus import Bus
+    from infrarsi.commands import trial as trial_cmd
+    from infrarsi.contract import load_contract
+
+    loaded = load_contract(contract)
+    verdicts: list[HackVerdict] = []
+    bus = await Bus.connect(url, service=SOURCE, data_dir=data_dir)
+    try:
+        for patch in hack_ids(contract):
+            args = _stage_args(trial_cmd, [str(contract), "--patch", patch, "--steps", str(HACK_STEPS),
+                                           "--peak-budget", "2"], url, data_dir)
+            report = await trial_cmd._trial(bus, args, loaded, {}, data_dir)
+            run = report["candidate"][0]
+            measured = run["measured"]
+            caught = [i["name"] for i in measured["invariants"] if not i["ok"]]
+            verdicts.append({"patch": patch, "status": measured["status"], "caught_by": caught,
+                             "trial_id": run["trial_id"]})
+            print(f"  {patch}: {measured['status']}, caught by {', '.join(caught) or 'NOTHING'}", flush=True)
+    finally:
+        await bus.close()
+    return verdicts
 
 
 class DemoSummary(TypedDict):
@@ -103,6 +158,8 @@ class DemoSummary(TypedDict):
     accelerator_s: float
     finished: str | None
     report: str
+    hacks: NotRequired[list[HackVerdict]]
+    """The reward-hack stage: each planted hack and the invariants that caught it."""
     study_id: NotRequired[str]
     """Added by ``run`` (as is ``wall_s``, the demo's seconds)."""
     wall_s: NotRequired[float]
@@ -197,6 +254,15 @@ async def run(args: argparse.Namespace) -> int:
         if rc:
             return rc
 
+        hacks: list[HackVerdict] = []
+        if not args.skip_hacks:
+            _stage(f"reward hacks: each planted hack of {HACKS_CONTRACT.name} run once ({HACK_STEPS} steps), "
+                   "outside the search's budget", started)
+            hacks_contract = HACKS_CONTRACT
+            if getattr(args, "backend", None):
+                hacks_contract = with_backend(HACKS_CONTRACT, args.backend, data_dir)
+            hacks = await hack_stage(url, data_dir, hacks_contract)
+
         _stage("report", started)
         out = args.out or data_dir / "reports" / study
         rc = await report_cmd.run(_stage_args(report_cmd, [study, "--out", str(out)], url, data_dir))
@@ -210,13 +276,17 @@ async def run(args: argparse.Namespace) -> int:
             await bus.close()
         summary = summarise(events, out.resolve())
         summary["study_id"] = study
+        summary["hacks"] = hacks
         summary["wall_s"] = round(time.monotonic() - started, 1)
         if args.json:
             print(json.dumps(summary, indent=2))
         else:
             _print_summary(summary)
             print(f"demo took {summary['wall_s']:.0f}s")
-        return EXIT_OK if summary["verified"] else EXIT_REFUSED
+        uncaught = [h["patch"] for h in hacks if not h["caught_by"]]
+        if uncaught:
+            print(f"reward hacks NOT caught: {', '.join(uncaught)}")
+        return EXIT_OK if summary["verified"] and not uncaught else EXIT_REFUSED
     finally:
         if stack is not None and not args.keep_running:
             await asyncio.to_thread(stack.stop)

@@ -76,6 +76,19 @@ def cpu_threads(contract: Contract) -> int:
     return os.cpu_count() or 1
 
 
+def finished_runs(events: Iterable[ev.Event], trial_ids: set[str]) -> dict[str, ev.TrialFinished]:
+    """Each of ``trial_ids``' ``TrialFinished`` (the launcher's facts: wall time, the harness's CPU)."""
+    return {e.trial_id: e.payload for e in events
+            if e.trial_id in trial_ids and isinstance(e.payload, ev.TrialFinished)}  # fmt: skip
+
+
+def harness_share(finished: Iterable[ev.TrialFinished], cores: int) -> float | None:
+    """Mean share of the host's CPU (``cores`` × wall time) the harness used during each run; ``None`` when no
+    run measured it."""
+    shares = [f.harness_cpu_s / (f.wall_s * cores) for f in finished if f.harness_cpu_s is not None and f.wall_s > 0]
+    return float(np.mean(shares)) if shares else None
+
+
 def summary_lines(done: ev.DoctorCompleted, report: doctor.DoctorReport, failed: dict[str, str]) -> list[str]:
     lines = [
         f"baseline step time   {done.step_time_s * 1e3:.2f} ms  (median of {len(done.baseline_trial_ids)} runs)",
@@ -95,6 +108,11 @@ def summary_lines(done: ev.DoctorCompleted, report: doctor.DoctorReport, failed:
         run = report.runs[i]
         lines.append(f"interfered run       {run.trial_id}: {run.step_time_s * 1e3:.2f} ms/step, ≥ ×{doctor.INTERFERENCE_RATIO}"
                      " off the other runs — left out of the noise estimate (another job on the host?)")
+    if done.harness_cpu_share is not None:
+        lines.append(f"harness CPU          {done.harness_cpu_share:.1%} of the host's cores while the baseline ran "
+                     "(InfraRSI's services, bus and CLI)")
+    if done.host_native_dtypes:
+        lines.append(f"native matmul dtypes {', '.join(done.host_native_dtypes)} (the search's priors start from it)")
     if done.peak_flops_measured:
         lines.append(f"peak FLOP/s          {done.peak_flops_measured:.3g} (measured)")
     if done.mfu is not None:
@@ -154,6 +172,7 @@ async def _doctor(bus: Bus, args: argparse.Namespace, study: OpenStudy) -> int:
 
     wanted = set(trial_ids)
     results = trial_results(events, wanted)
+    finished = finished_runs(events, wanted)
     reported = -1
     if len(results) < repeats:
         async for new in follow_study(bus, study_id, study.next_seq, timeout_s=args.timeout,
@@ -162,6 +181,7 @@ async def _doctor(bus: Bus, args: argparse.Namespace, study: OpenStudy) -> int:
                 print(f"doctor: {len(results)}/{repeats} baseline runs done", file=sys.stderr)
                 reported = len(results)
             results.update(trial_results(new, wanted))
+            finished.update(finished_runs(new, wanted))
             if len(results) >= repeats:
                 break
 
@@ -176,8 +196,14 @@ async def _doctor(bus: Bus, args: argparse.Namespace, study: OpenStudy) -> int:
     series = [run_series(t, samples[t], ok[t]) for t in ordered_ok]
     peak = created.cluster.peak_flops
     measured_peak = None
+    native: list[str] = []
+    if created.cluster.accelerator == "cpu" and contract.backend.kind == "local":
+        # the trials run on this host, in the contract's environment: what it multiplies natively is a fact the
+        # search starts from (``DoctorCompleted.host_native_dtypes``)
+        native = list(doctor.native_matmul_dtypes(env={**os.environ, **contract.workload.env})[0])
     if peak is None and created.cluster.accelerator == "cpu" and not args.no_peak:
-        measured_peak = await asyncio.to_thread(doctor.measure_cpu_peak_flops, cpu_threads(contract))
+        measured_peak = await asyncio.to_thread(doctor.measure_cpu_peak_flops, cpu_threads(contract),
+                                                dtypes=native or None)
         peak = measured_peak
     flops = [m.flops_per_step for m in ok.values() if m.flops_per_step]
     report = doctor.analyse(
@@ -190,6 +216,9 @@ async def _doctor(bus: Bus, args: argparse.Namespace, study: OpenStudy) -> int:
     done = msgspec.structs.replace(
         report.completed,
         peak_flops_measured=measured_peak,
+        host_native_dtypes=native,
+        harness_cpu_share=harness_share([finished[t] for t in ordered_ok if t in finished],
+                                        os.cpu_count() or 1),
         baseline_loss_curve=median_loss_curve([list(ok[t].loss_curve) for t in ordered_ok]),
     )
     await bus.publish(

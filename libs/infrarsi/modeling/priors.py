@@ -16,7 +16,7 @@ baseline is another level still gets the right differences.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -113,6 +113,17 @@ class KnowledgeBase:
         return hit if hit is not None else (
             self.default_level if spec.kind == "level" and not _is_categorical_level(spec) else self.default_memory)
 
+    def with_host(self, native_dtypes: Sequence[str]) -> KnowledgeBase:
+        """This table with what the doctor measured of the trials' host laid over (``host_time_priors``): on a
+        CPU the generic bf16 belief gives way to whether the host multiplies bf16 natively. No dtypes (not
+        measured, or a GPU): unchanged."""
+        host = host_time_priors(self.device_kind, native_dtypes)
+        if not host:
+            return self
+        # every spelling of the same feature gives way (a bank or agent entry keyed "autocast_dtype=bfloat16")
+        kept = {k: v for k, v in self.time.items() if self.canonical(k) not in host}
+        return replace(self, time={**kept, **host})
+
     def knows_memory(self, spec: FeatureSpec) -> bool:
         """Whether the table has an entry for this feature's memory effect (not the default)."""
         return self._lookup(self.memory, spec) is not None
@@ -207,6 +218,23 @@ _GPU_MEMORY: dict[str, Effect] = {
 # exceeded a 1 GiB capacity that the same settings without compile stayed under (~0.8 GiB).
 _CPU_TIME: dict[str, Effect] = {**_GPU_TIME, "bf16": (-0.1, 0.3), "flash_attention": (0.0, 0.1), "compile": (-0.1, 0.15)}
 _CPU_MEMORY: dict[str, Effect] = {**_GPU_MEMORY, "compile": (0.5, 0.4)}
+
+
+# Measured with the dense reference job (workloads/gpt, dense-1node, micro-batch 8, 2 threads): on a Xeon with
+# AMX/AVX512-BF16, bf16 autocast 0.17 s/step against fp32's 0.32 s (log -0.63); the same host with oneDNN capped at
+# AVX2 (ONEDNN_MAX_CPU_ISA=AVX2, bf16 emulated) 7.7 s (log +3.2); an AVX2-only EPYC 16.5 s against ~0.8 s (+3.0).
+# A Hugging Face Trainer job on that EPYC: 32 and 52 s/step against 2.3 s (+2.6, +3.1). The std keeps a job whose
+# bf16 share of the step is small (a memory-bound step) within reach of the evidence.
+_HOST_BF16: dict[bool, Effect] = {True: (-0.4, 0.25), False: (2.5, 0.8)}
+
+
+def host_time_priors(device_kind: Literal["gpu", "cpu"], native_dtypes: Sequence[str]) -> dict[str, Effect]:
+    """Time priors that follow from the host's measured matmul dtypes (``DoctorCompleted.host_native_dtypes``):
+    on a CPU, bf16 autocast is expected faster with bf16 units and far slower without them (emulated). Empty when
+    nothing is known (no dtypes) or on a GPU, whose generic table already assumes bf16 tensor cores."""
+    if device_kind != "cpu" or not native_dtypes:
+        return {}
+    return {"bf16": _HOST_BF16["bfloat16" in native_dtypes]}
 
 
 def default_knowledge_base(device_kind: Literal["gpu", "cpu"] = "gpu") -> KnowledgeBase:
