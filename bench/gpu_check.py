@@ -5,7 +5,12 @@
 1. dense and MoE GPT train on CUDA (NCCL process group of one rank), bf16 autocast + SDPA, and the probe
    reports CUDA allocator peak memory and MFU (peak FLOP/s from --peak-flops, else a per-SKU table);
 2. a real CUDA OOM: a large model at a huge micro-batch must raise ``torch.OutOfMemoryError`` — caught in
-   process here, and, run as the job, exit non-zero with the traceback unchanged in its output.
+   process here, and, run as the job, exit non-zero with the traceback unchanged in its output;
+3. the structural memory formula against measured CUDA peaks (``bench/formula_check.py``): a ~110M-parameter
+   dense GPT at the golden layout and seven others (micro-batch ×4/×8, recomputation, bf16, and pairs); the
+   formula is calibrated on the golden run's peak, as a study calibrates it on its baseline, and its prediction
+   for each other layout is printed beside the measured peak (a ratio far from 1 on a layout the search needs
+   is what the learned weight of the formula has to overrule).
 Without CUDA it prints why and exits 0 (nothing to check on this host).
 """
 
@@ -39,6 +44,49 @@ def run_job(launch: str, overrides: dict[str, object], probe_dir: Path, env: dic
     for key, value in overrides.items():
         args += ["--set", f"{key}={value}"]
     return subprocess.run(args, cwd=WORKLOAD, env=env, capture_output=True, text=True, timeout=900)
+
+
+FORMULA_MODEL = {
+    "model.d_model": 1024, "model.n_head": 16, "model.n_layer": 8, "model.mlp_hidden": 4096, "model.seq_len": 1024,
+    "run.eval_batch_size": 4, "run.steps": 3,
+}  # fmt: skip
+"""~110M parameters at 1024 tokens: activations of a few GB, so the peak is the model's, not the CUDA context's."""
+
+
+def formula_vs_cuda(tmp: Path, env: dict[str, str], results: dict[str, object], failures: list[str], *,
+                    device: str = "cuda", model: dict[str, object] = FORMULA_MODEL,
+                    capacity_bytes: float | None = None, layouts: dict[str, dict[str, object]] | None = None) -> None:
+    """Each ``formula_check.LAYOUTS`` layout of the ``model`` job measured on ``device``, then the formula's
+    prediction for it, calibrated on the golden layout's peak with the shape the probe reported. (``device``,
+    ``model``, ``capacity_bytes``, ``layouts``: the unit test runs the same path on a CPU with a tiny model; the
+    formula is the GPU study's either way — a CPU study uses it only with a stated shape.)"""
+    import yaml
+    from formula_check import LAYOUTS, compare, device_contract, predict_peaks, table
+    from infrarsi.contract import load_contract
+    from infrarsi.probe import read_records
+
+    measured: dict[str, float] = {}
+    shape = None
+    layouts = layouts or LAYOUTS
+    for name, overrides in layouts.items():
+        probe_dir = tmp / f"formula-{len(measured)}"
+        proc = run_job("dense-1node", {**model, **overrides, "device": device}, probe_dir, env)
+        if proc.returncode != 0:
+            failures.append(f"formula layout {name!r} exited {proc.returncode}: {proc.stderr[-1500:]}")
+            continue
+        recs = read_records(probe_dir / "probe-rank0.jsonl")
+        measured[name] = float(max(r.peak_memory_bytes for r in recs))
+        shape = shape or next((r.shape for r in recs if r.shape is not None), None)
+    if "golden" not in measured or shape is None:
+        failures.append("formula check: the golden layout did not run, or the probe reported no shape")
+        return
+    capacity = capacity_bytes or torch.cuda.get_device_properties(0).total_memory
+    contract = device_contract(load_contract(WORKLOAD / "contracts" / "dense-1node.yaml"), "cuda", capacity)
+    launch = yaml.safe_load((WORKLOAD / "launch" / "dense-1node.yaml").read_text())
+    rows = compare(measured, predict_peaks(contract, launch, shape, measured["golden"], layouts))
+    print(table(rows))
+    results["formula_vs_measured"] = [{"layout": r.layout, "measured_bytes": r.measured_bytes,
+                                       "predicted_bytes": r.predicted_bytes, "ratio": r.ratio} for r in rows]
 
 
 def main() -> int:
@@ -112,6 +160,9 @@ def main() -> int:
             failures.append(f"job OOM: exit {proc.returncode}, traceback missing: {proc.stderr[-1500:]}")
         else:
             print(f"job OOM: exit {proc.returncode}, 'torch.OutOfMemoryError' in its output")
+
+        # The formula against measured peaks, over a few layouts.
+        formula_vs_cuda(Path(tmp), env, results, failures)
 
     results["failures"] = failures
     if args.json:
