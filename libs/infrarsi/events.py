@@ -111,7 +111,8 @@ class LossPoint(msgspec.Struct, frozen=True, array_like=True):
     loss: float
 
 
-InvariantName = Literal["scope", "work.optimizer_steps", "work.tokens", "work.eval", "loss", "timing"]
+InvariantName = Literal["scope", "work.optimizer_steps", "work.tokens", "work.eval", "loss", "loss.trend", "timing"]
+"""``loss.trend`` is judged at verify only: the trend of the loss gap over the verify horizon."""
 
 
 class InvariantResult(msgspec.Struct, frozen=True, kw_only=True):

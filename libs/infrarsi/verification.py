@@ -10,7 +10,8 @@ Owns the pure logic of the verify stage (ARCHITECTURE.md §1, §7):
   the drift of the host), seeded, percentile or BCa.
 - ``pair_invariants`` / ``decide``: every invariant on every run — telemetry's verdicts, plus the checks
   verify adds against the *paired* baseline run at the longer horizon (loss within ε at every checkpoint,
-  same optimiser steps and tokens, same eval work) — and the round verdict: passed if every invariant holds
+  no gap to the baseline that grows towards ε over the horizon (``loss.trend``, ``TrendRule``), same
+  optimiser steps and tokens, same eval work) — and the round verdict: passed if every invariant holds
   on every run and the CI lower bound is above 1. Promotable after ``passes_required`` passed rounds.
 - ``select_candidates``: the top-K search candidates to verify.
 
@@ -22,12 +23,15 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 from scipy import stats
 
 from infrarsi import events as ev
+
+if TYPE_CHECKING:
+    from infrarsi.contract import Contract, LossInvariant
 
 Arm = Literal["baseline", "candidate"]
 CiMethod = Literal["percentile", "bca", "auto"]
@@ -230,14 +234,124 @@ def bootstrap_speedup_ci(
 
 
 @dataclass(frozen=True)
+class TrendRule:
+    """When a loss gap that grows step after step fails (``loss.trend``), though every point is inside ε.
+
+    The gap at each compared step, in units of that step's ε, is ``r = (candidate − baseline) / ε``. An
+    ordinary least-squares line ``r ≈ a + b·step`` is fitted over the compared steps and extrapolated to
+    ``horizon_multiple`` × the last compared step. The candidate fails when the extrapolated gap is beyond
+    ε (``|r̂| > 1``) *and* the one-sided t-test that the slope points away from zero (the sign of ``r̂``)
+    rejects a flat gap at level ``alpha``. Both are needed: the extrapolation alone would fail a candidate
+    whose gap merely wobbles, the test alone one whose gap grows by a harmless 1e-6 per step.
+    """
+
+    horizon_multiple: float = 2.0
+    """Extrapolate the fitted gap to this multiple of the verify horizon (the last compared step)."""
+    alpha: float = 0.05
+    """One-sided level of the slope test."""
+    min_points: int = 6
+    """Fewer compared steps than this: the trend is unchecked (named, never passed)."""
+
+
+@dataclass(frozen=True)
 class LossRule:
     """The contract's loss invariant: tolerance, relative (fraction of the baseline loss) or absolute."""
 
     tolerance: float = 0.02
     mode: Literal["relative", "absolute"] = "relative"
+    trend: TrendRule | None = TrendRule()
+    """The divergence check over the horizon; ``None`` = off."""
 
     def allowed(self, baseline_loss: float) -> float:
         return self.tolerance * abs(baseline_loss) if self.mode == "relative" else self.tolerance
+
+
+def loss_rule_of(loss: LossInvariant) -> LossRule:
+    """The contract's ``invariants.loss`` as the verifier's rule."""
+    trend = loss.trend
+    return LossRule(
+        tolerance=loss.tolerance,
+        mode=loss.mode,
+        trend=None if trend is None else TrendRule(trend.horizon_multiple, trend.alpha, trend.min_points),
+    )
+
+
+@dataclass(frozen=True)
+class GapTrend:
+    """The fitted trend of a candidate's loss gap to its paired baseline, in units of ε (``TrendRule``)."""
+
+    points: int
+    slope_per_step: float
+    """d(gap/ε)/d(step)."""
+    gap_last: float
+    """The fitted gap/ε at the last compared step."""
+    projected_step: float
+    projected_gap: float
+    """The fitted gap/ε at ``projected_step`` (= horizon_multiple × last compared step)."""
+    p_value: float
+    """One-sided: P(a slope this far from zero, pointing away from zero, | the gap is flat)."""
+
+    def diverges(self, rule: TrendRule) -> bool:
+        return abs(self.projected_gap) > 1.0 and self.p_value < rule.alpha
+
+
+def gap_trend(
+    base: Sequence[ev.LossPoint], cand: Sequence[ev.LossPoint], loss: LossRule, trend: TrendRule
+) -> GapTrend | None:
+    """The least-squares trend of (candidate − baseline)/ε over the steps both curves have (finite values
+    and ε > 0 only); ``None`` below ``trend.min_points`` such steps."""
+    b = {p.step: p.loss for p in base}
+    steps_, gaps_ = [], []
+    for p in sorted(cand, key=lambda q: q.step):
+        if p.step not in b or not (math.isfinite(p.loss) and math.isfinite(b[p.step])):
+            continue
+        allowed = loss.allowed(b[p.step])
+        if allowed <= 0:
+            continue
+        steps_.append(float(p.step))
+        gaps_.append((p.loss - b[p.step]) / allowed)
+    n = len(steps_)
+    if n < max(trend.min_points, 3):
+        return None
+    x = np.asarray(steps_)  # (n,)
+    r = np.asarray(gaps_)  # (n,) gap in units of ε
+    sxx = float(np.sum((x - x.mean()) ** 2))
+    if sxx <= 0:
+        return None
+    slope = float(np.sum((x - x.mean()) * (r - r.mean())) / sxx)
+    intercept = float(r.mean() - slope * x.mean())
+    resid = r - (intercept + slope * x)  # (n,)
+    se = math.sqrt(float(np.sum(resid**2)) / (n - 2) / sxx)
+    last = float(x[-1])
+    projected_step = trend.horizon_multiple * last
+    projected = intercept + slope * projected_step
+    away = math.copysign(1.0, projected) * slope  # > 0: the gap grows in magnitude
+    if se > 0:
+        p_value = float(stats.t.sf(away / se, df=n - 2))
+    else:  # an exact line: a non-zero slope away from zero is certain, a flat one is not a trend
+        p_value = 0.0 if away > 0 else 1.0
+    return GapTrend(n, slope, intercept + slope * last, projected_step, projected, p_value)
+
+
+def _trend_check(
+    what: str, base: Sequence[ev.LossPoint], cand: Sequence[ev.LossPoint], loss: LossRule, trend: TrendRule
+) -> ev.InvariantResult | None:
+    fit = gap_trend(base, cand, loss, trend)
+    if fit is None:
+        return None
+    ok = not fit.diverges(trend)
+    return ev.InvariantResult(
+        name="loss.trend",
+        ok=ok,
+        detail=(
+            f"{what}: gap/ε {fit.gap_last:+.3f} at the last of {fit.points} steps, slope {fit.slope_per_step:+.3g}/step"
+            f" (one-sided p={fit.p_value:.3g}), projected {fit.projected_gap:+.3f} at step {fit.projected_step:g}"
+            f" ({trend.horizon_multiple:g}× the horizon); fails when |projected| > 1 and p < {trend.alpha:g}"
+        ),
+        observed=abs(fit.projected_gap),
+        expected=0.0,
+        tolerance=1.0,
+    )
 
 
 def _curve_check(
@@ -301,6 +415,14 @@ def pair_invariants(baseline: RunMeasurement, candidate: RunMeasurement, rule: L
         out.append(
             _curve_check("loss", "eval loss", baseline.eval_curve, candidate.eval_curve, rule, require_all=False)
         )
+    if rule.trend is not None:
+        for what, base_curve, cand_curve in (
+            ("train loss", baseline.loss_curve, candidate.loss_curve),
+            ("eval loss", baseline.eval_curve, candidate.eval_curve),
+        ):
+            trend = _trend_check(what, base_curve, cand_curve, rule, rule.trend)
+            if trend is not None:
+                out.append(trend)
     out.append(_steps_pair_check(baseline, candidate))
     out.append(
         ev.InvariantResult(
@@ -400,7 +522,7 @@ def decide(
                 unchecked.add(name)
                 unchecked_runs[name] = unchecked_runs.get(name, 0) + 1
         if run.coarse:
-            unchecked.update(COARSE_PAIR_UNCHECKED)
+            unchecked.update(COARSE_PAIR_UNCHECKED + (("loss.trend",) if loss_rule.trend is not None else ()))
         if run.status != "ok":
             failed_runs.append(f"run.{run.status}")
         for result in run.invariants:
@@ -416,8 +538,12 @@ def decide(
         if base is None or cand is None or not (base.usable and cand.usable):
             continue
         assert base.step_time_s is not None and cand.step_time_s is not None  # both usable
-        for result in pair_invariants(base, cand, loss_rule):
+        results = pair_invariants(base, cand, loss_rule)
+        for result in results:
             note(f"pair {pair + 1}", result)
+        if loss_rule.trend is not None and not (base.coarse or cand.coarse):
+            if not any(r.name == "loss.trend" for r in results):
+                unchecked.add("loss.trend")  # too few compared steps to fit a trend
         a_times.append(base.step_time_s)
         b_times.append(cand.step_time_s)
         if base.mfu is not None:
@@ -481,6 +607,59 @@ def round_passed(done: ev.VerifyCompleted) -> bool:
 def is_final(done: ev.VerifyCompleted) -> bool:
     """The last ``VerifyCompleted`` of a verification: promotable, or a round failed (which ends it)."""
     return done.promotable or not round_passed(done)
+
+
+# --------------------------------------------------------------------------------------------------
+# What verification will cost
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VerifyCost:
+    """The accelerator time a verification will take at most, predicted before it starts: every round passes
+    (a failed round ends a verification early), every run takes the doctor's baseline step time."""
+
+    candidates: int
+    rounds: int
+    """``verify.passes_required``: rounds a promotable candidate runs."""
+    repeats: int
+    """Interleaved pairs per round."""
+    steps: int
+    """The verify horizon, ``workload.verify_steps``."""
+    step_time_s: float
+    """The doctor's robust step time of the untouched baseline."""
+    accelerators: int
+    """Devices one run holds (nodes × devices per node)."""
+
+    @property
+    def runs(self) -> int:
+        return self.candidates * self.rounds * self.repeats * 2
+
+    @property
+    def accelerator_s(self) -> float:
+        return self.runs * self.steps * self.step_time_s * self.accelerators
+
+    def line(self) -> str:
+        return (
+            f"verify cost (predicted, at most): {self.candidates} candidate(s) × {self.rounds} round(s) × "
+            f"{self.repeats} pair(s) × 2 runs × {self.steps} steps × {self.step_time_s * 1e3:.1f} ms/step (doctor)"
+            f" × {self.accelerators} accelerator(s) = {self.accelerator_s:,.0f} accelerator-s"
+        )
+
+
+def predicted_verify_cost(
+    contract: Contract, step_time_s: float, *, candidates: int | None = None, repeats: int | None = None
+) -> VerifyCost:
+    """``VerifyCost`` of verifying ``candidates`` (default ``verify.top_k``) under ``contract``."""
+    launcher = contract.workload.launcher
+    return VerifyCost(
+        candidates=contract.verify.top_k if candidates is None else candidates,
+        rounds=contract.verify.passes_required,
+        repeats=contract.verify.repeats if repeats is None else repeats,
+        steps=contract.workload.verify_steps,
+        step_time_s=step_time_s,
+        accelerators=launcher.nnodes * launcher.nproc_per_node,
+    )
 
 
 # --------------------------------------------------------------------------------------------------

@@ -57,7 +57,7 @@ class StudyRules:
             passes_required=contract.verify.passes_required,
             repeats=contract.verify.repeats,
             verify_steps=contract.workload.verify_steps,
-            loss_rule=vf.LossRule(tolerance=loss.tolerance, mode=loss.mode),
+            loss_rule=vf.loss_rule_of(loss),
         )
 
 
