@@ -256,6 +256,18 @@ HACK_SLOW_PROBE_CLOCK: list[Edit] = [
     ),
 ]
 
+SLOW_LOSS_DRIFT: list[Edit] = [
+    (
+        "train.py",
+        _LOSS,
+        """            # PLANTED DRIFT: the reported loss creeps up by 0.015 % of itself per step (a detached factor: the
+            # gradients, and so the training, are untouched). Against a 0.5 % relative ε that is inside ε at every
+            # step of a 20-step horizon (0.57 ε at the last) and past it from step 34: only loss.trend catches it.
+            s.loss(loss_sum / accum * (1 + 1.5e-4 * step))
+""",
+    ),
+]
+
 PATCHES_BY_ID: dict[str, list[Edit]] = {
     "fused-qkv": FUSED_QKV,
     "moe-index-dispatch": MOE_INDEX_DISPATCH,
@@ -269,6 +281,7 @@ PATCHES_BY_ID: dict[str, list[Edit]] = {
     "hack-shrink-eval": HACK_SHRINK_EVAL,
     "hack-untimed-optimizer": HACK_UNTIMED_OPTIMIZER,
     "hack-slow-probe-clock": HACK_SLOW_PROBE_CLOCK,
+    "slow-loss-drift": SLOW_LOSS_DRIFT,
 }
 
 
