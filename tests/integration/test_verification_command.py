@@ -62,5 +62,8 @@ async def test_verify_command_end_to_end(tmp_path, capsys, nats_server: str, bus
         assert len(slow) == 1 and not slow[0].promotable and slow[0].ci_low <= 1.0
         out = capsys.readouterr()
         assert "PROMOTABLE" in out.out and "1 of 2 candidates promotable" in out.err
+        # The cost, predicted before any verify run: 2 × 2 rounds × 2 pairs × 2 runs × 120 steps × the doctor's 0.2 s.
+        assert ("verify cost (predicted, at most): 2 candidate(s) × 2 round(s) × 2 pair(s) × 2 runs × 120 steps"
+                " × 200.0 ms/step (doctor) × 1 accelerator(s) = 384 accelerator-s") in out.err
     finally:
         stop.set()
