@@ -31,7 +31,7 @@ from scipy import stats
 from infrarsi import events as ev
 
 if TYPE_CHECKING:
-    from infrarsi.contract import Contract, LossInvariant
+    from infrarsi.contract import Contract, Invariants
 
 Arm = Literal["baseline", "candidate"]
 CiMethod = Literal["percentile", "bca", "auto"]
@@ -130,6 +130,8 @@ class RunMeasurement:
     """Measured from outside (no probe): no loss curve, tokens or evals to compare."""
     unchecked: tuple[str, ...] = ()
     """Invariants telemetry could not check on this run."""
+    deterministic: bool | None = None
+    """Torch's deterministic algorithms on at every step the probe reported (``None``: not said)."""
 
     @property
     def usable(self) -> bool:
@@ -151,6 +153,7 @@ class RunMeasurement:
             invariants=tuple(m.invariants),
             coarse=m.coarse,
             unchecked=tuple(u.name for u in m.unchecked_invariants),
+            deterministic=m.deterministic,
         )
 
     @classmethod
@@ -254,6 +257,19 @@ class TrendRule:
 
 
 @dataclass(frozen=True)
+class ParityRule:
+    """The contract's numeric parity mode (``invariants.parity``), checked at verify as ``loss.parity``.
+
+    ``tight``: every baseline step (train and eval) is in the candidate's curve with
+    ``|Δ| ≤ max_abs + max_rel·|baseline|``. ``bitwise``: every one is exactly equal, and both runs of the pair
+    reported torch's deterministic algorithms on at every step (``parity.deterministic``)."""
+
+    mode: Literal["none", "tight", "bitwise"] = "none"
+    max_abs: float = 1e-6
+    max_rel: float = 1e-4
+
+
+@dataclass(frozen=True)
 class LossRule:
     """The contract's loss invariant: tolerance, relative (fraction of the baseline loss) or absolute."""
 
@@ -261,18 +277,21 @@ class LossRule:
     mode: Literal["relative", "absolute"] = "relative"
     trend: TrendRule | None = TrendRule()
     """The divergence check over the horizon; ``None`` = off."""
+    parity: ParityRule = ParityRule()
+    """Numeric parity beyond ε (off by default)."""
 
     def allowed(self, baseline_loss: float) -> float:
         return self.tolerance * abs(baseline_loss) if self.mode == "relative" else self.tolerance
 
 
-def loss_rule_of(loss: LossInvariant) -> LossRule:
-    """The contract's ``invariants.loss`` as the verifier's rule."""
-    trend = loss.trend
+def loss_rule_of(invariants: Invariants) -> LossRule:
+    """The contract's ``invariants.loss`` and ``invariants.parity`` as the verifier's rule."""
+    loss, trend, tight = invariants.loss, invariants.loss.trend, invariants.parity_tight
     return LossRule(
         tolerance=loss.tolerance,
         mode=loss.mode,
         trend=None if trend is None else TrendRule(trend.horizon_multiple, trend.alpha, trend.min_points),
+        parity=ParityRule(invariants.parity, tight.max_abs, tight.max_rel),
     )
 
 
@@ -395,6 +414,55 @@ def _curve_check(
     )
 
 
+def _parity_check(
+    base: RunMeasurement, cand: RunMeasurement, parity: ParityRule
+) -> ev.InvariantResult:
+    """``loss.parity``: every baseline step (train, then eval) in the candidate's curve within the parity
+    mode's tolerance (exactly equal under ``bitwise``), over the whole horizon; the evidence is the largest
+    absolute and relative deviation and where the first step out of tolerance is."""
+    bitwise = parity.mode == "bitwise"
+    max_abs = max_rel = 0.0
+    first_bad: str | None = None
+    compared = 0
+    for what, b_curve, c_curve in (("train", base.loss_curve, cand.loss_curve), ("eval", base.eval_curve, cand.eval_curve)):
+        c = {p.step: p.loss for p in c_curve}
+        for p in b_curve:
+            if p.step not in c:
+                first_bad = first_bad or f"{what} step {p.step} missing from the candidate"
+                continue
+            compared += 1
+            dev = abs(c[p.step] - p.loss)
+            if not math.isfinite(dev):
+                dev = math.inf
+            rel = dev / abs(p.loss) if p.loss else (0.0 if dev == 0 else math.inf)
+            max_abs, max_rel = max(max_abs, dev), max(max_rel, rel)
+            ok = c[p.step] == p.loss if bitwise else dev <= parity.max_abs + parity.max_rel * abs(p.loss)
+            if not ok and first_bad is None:
+                first_bad = f"{what} step {p.step}: {c[p.step]!r} vs {p.loss!r}"
+    allowed = "identical" if bitwise else f"|Δ| ≤ {parity.max_abs:g} + {parity.max_rel:g}·|baseline|"
+    detail = (
+        f"{parity.mode}: max |Δ| {max_abs:.3g}, max relative {max_rel:.3g} over {compared} steps ({allowed})"
+        + (f"; first out: {first_bad}" if first_bad else "")
+    )
+    return ev.InvariantResult(
+        name="loss.parity", ok=first_bad is None, detail=detail,
+        observed=max_abs if math.isfinite(max_abs) else None, expected=0.0,
+        tolerance=0.0 if bitwise else parity.max_abs,
+    )
+
+
+def _determinism_check(base: RunMeasurement, cand: RunMeasurement) -> ev.InvariantResult:
+    """``parity.deterministic``: under ``bitwise`` both runs of the pair kept torch's deterministic algorithms on
+    at every step; a run that turned them off, or whose probe never said, is refused."""
+    said = {"baseline": base.deterministic, "candidate": cand.deterministic}
+    bad = [f"{arm} {'turned them off' if v is False else 'never reported them'}" for arm, v in said.items() if v is not True]
+    return ev.InvariantResult(
+        name="parity.deterministic", ok=not bad,
+        detail="deterministic algorithms on at every step of both runs" if not bad
+        else "bitwise parity needs deterministic algorithms: " + "; ".join(bad),
+    )
+
+
 COARSE_PAIR_UNCHECKED = ("loss", "work.tokens", "work.eval")
 """What a pair of coarse runs cannot compare: no probe reported loss, tokens or evals."""
 
@@ -423,6 +491,10 @@ def pair_invariants(baseline: RunMeasurement, candidate: RunMeasurement, rule: L
             trend = _trend_check(what, base_curve, cand_curve, rule, rule.trend)
             if trend is not None:
                 out.append(trend)
+    if rule.parity.mode != "none":
+        out.append(_parity_check(baseline, candidate, rule.parity))
+    if rule.parity.mode == "bitwise":
+        out.append(_determinism_check(baseline, candidate))
     out.append(_steps_pair_check(baseline, candidate))
     out.append(
         ev.InvariantResult(
@@ -523,6 +595,8 @@ def decide(
                 unchecked_runs[name] = unchecked_runs.get(name, 0) + 1
         if run.coarse:
             unchecked.update(COARSE_PAIR_UNCHECKED + (("loss.trend",) if loss_rule.trend is not None else ()))
+            unchecked.update({"none": (), "tight": ("loss.parity",),
+                              "bitwise": ("loss.parity", "parity.deterministic")}[loss_rule.parity.mode])
         if run.status != "ok":
             failed_runs.append(f"run.{run.status}")
         for result in run.invariants:
@@ -566,8 +640,11 @@ def decide(
             ))
         else:
             also = f"; not checked on {unchecked_runs[name]} run(s)" if name in unchecked_runs else ""
-            invariants.append(ev.InvariantResult(name=results[0][1].name, ok=True,
-                                                 detail=f"held on {len(results)} checks{also}"))
+            where, closest = _closest(results)
+            invariants.append(ev.InvariantResult(
+                name=closest.name, ok=True, detail=f"held on {len(results)} checks{also}; closest: {where}: {closest.detail}",
+                observed=closest.observed, expected=closest.expected, tolerance=closest.tolerance,
+            ))
     for run_failure in sorted(set(failed_runs)):
         failed.append(run_failure)
 
@@ -597,6 +674,21 @@ def decide(
         trial_ids=sorted(round_.runs, key=lambda t: (round_.runs[t].pair, round_.runs[t].arm)),
         unchecked_invariants=sorted(unchecked - set(verdicts)),
     )
+
+
+def _closest(results: list[tuple[str, ev.InvariantResult]]) -> tuple[str, ev.InvariantResult]:
+    """The held check nearest its limit (largest observed / tolerance, else largest observed deviation from
+    expected), so a held invariant keeps its evidence: how much room was left, and where."""
+
+    def margin(item: tuple[str, ev.InvariantResult]) -> float:
+        r = item[1]
+        if r.observed is None:
+            return -math.inf
+        if r.tolerance:
+            return abs(r.observed) / r.tolerance
+        return abs(r.observed - (r.expected or 0.0))
+
+    return max(results, key=margin)
 
 
 def round_passed(done: ev.VerifyCompleted) -> bool:

@@ -98,6 +98,7 @@ def test_renderers_carry_the_same_numbers(db, tmp_path):
     for text in (html, md):
         assert f"= {cost.accelerator_s:,.0f} accelerator-s at most" in text
         assert "loss trend (verify)" in text
+        assert "numeric parity (verify)" in text
 
 
 def test_unknown_study_and_missing_table(tmp_path, db):

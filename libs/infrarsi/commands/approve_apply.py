@@ -226,7 +226,7 @@ def measured_verification(
         if isinstance(e.payload, ev.TrialMeasured)
         or (isinstance(e.payload, ev.TrialFinished) and e.payload.status != "ok")
     }
-    rule = vf.loss_rule_of(contract.invariants.loss)
+    rule = vf.loss_rule_of(contract.invariants)
     derived, passes = published, 0
     for round_no, done in enumerate(rounds, start=1):
         repeats = max(1, len(done.trial_ids) // 2)

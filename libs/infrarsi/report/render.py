@@ -181,6 +181,10 @@ def outline(report: Report) -> list[Block]:
          f"gap/ε fitted over the horizon must stay ≤ 1 at {loss.trend.horizon_multiple:g}× verify_steps "
          f"unless its slope is insignificant (one-sided p ≥ {loss.trend.alpha:g}); unchecked under "
          f"{loss.trend.min_points} compared steps"],
+        ["numeric parity (verify)", {"none": "none", "bitwise": "bitwise: identical loss trajectory, deterministic "
+                                     "algorithms on (INFRARSI_DETERMINISTIC)",
+                                     "tight": f"tight: |Δ| ≤ {inv.parity_tight.max_abs:g} + "
+                                              f"{inv.parity_tight.max_rel:g}·|baseline| at every step"}[inv.parity]],
         ["work invariants", f"steps={inv.steps} tokens={inv.tokens} eval={inv.eval}; "
                             f"timing tolerance {inv.timing_tolerance}"],
         ["budget", f"{c.budget.trials} trials, {c.budget.accelerator_hours} accelerator-hours"],
