@@ -612,11 +612,11 @@ def decide(
         if base is None or cand is None or not (base.usable and cand.usable):
             continue
         assert base.step_time_s is not None and cand.step_time_s is not None  # both usable
-        results = pair_invariants(base, cand, loss_rule)
-        for result in results:
+        checks = pair_invariants(base, cand, loss_rule)
+        for result in checks:
             note(f"pair {pair + 1}", result)
         if loss_rule.trend is not None and not (base.coarse or cand.coarse):
-            if not any(r.name == "loss.trend" for r in results):
+            if not any(r.name == "loss.trend" for r in checks):
                 unchecked.add("loss.trend")  # too few compared steps to fit a trend
         a_times.append(base.step_time_s)
         b_times.append(cand.step_time_s)
