@@ -455,7 +455,7 @@ def _determinism_check(base: RunMeasurement, cand: RunMeasurement) -> ev.Invaria
     """``parity.deterministic``: under ``bitwise`` both runs of the pair kept torch's deterministic algorithms on
     at every step; a run that turned them off, or whose probe never said, is refused."""
     said = {"baseline": base.deterministic, "candidate": cand.deterministic}
-    bad = [f"{arm} {'turned them off' if v is False else 'never reported them'}" for arm, v in said.items() if v is not True]
+    bad = [f"{arm} {'had them off at some step' if v is False else 'never reported them'}" for arm, v in said.items() if v is not True]
     return ev.InvariantResult(
         name="parity.deterministic", ok=not bad,
         detail="deterministic algorithms on at every step of both runs" if not bad
