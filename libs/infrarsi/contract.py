@@ -62,7 +62,10 @@ from infrarsi.policy import Policy
 COMMAND_PLACEHOLDERS = frozenset({"python", "launch_file", "probe_dir"})
 """The only ``{...}`` names allowed in ``workload.command``; the launcher fills them per trial."""
 
-INVARIANT_NAMES = ("scope", "work.optimizer_steps", "work.tokens", "work.eval", "loss", "timing")
+INVARIANT_NAMES = (
+    "scope", "work.optimizer_steps", "work.tokens", "work.eval", "loss", "loss.trend", "loss.parity",
+    "parity.deterministic", "timing",
+)
 """Names of ``events.InvariantResult``; a reward-hack patch's ``breaks`` must be one of them."""
 
 _IGNORED_DIRS = frozenset({".git", "__pycache__"})
@@ -681,6 +684,25 @@ class SearchSpace(_Model):
     """Ids of patches from the workload's patch library the search may apply."""
 
 
+class LossTrend(_Model):
+    """Divergence over the verify horizon (invariant ``loss.trend``): a gap to the baseline that grows step after
+    step fails even when every point is inside the tolerance.
+
+    Rule: the gap at each compared step of the train loss (and of the eval loss, when it has ``min_points``
+    evals), in units of that step's tolerance, is fitted by least squares against the step; the candidate
+    fails when the line extrapolated to ``horizon_multiple`` × the verify horizon is beyond the tolerance
+    *and* a one-sided t-test on the slope (growing away from zero) is significant at ``alpha``.
+    """
+
+    horizon_multiple: float = Field(default=2.0, ge=1)
+    """Where the fitted gap must still be inside the tolerance, as a multiple of the verify horizon
+    (``workload.verify_steps``); 1 means only at the horizon itself."""
+    alpha: float = Field(default=0.05, gt=0, lt=0.5)
+    """One-sided significance level of the slope test: how sure the gap is growing before it can fail."""
+    min_points: int = Field(default=6, ge=3)
+    """Fewer compared steps than this leave ``loss.trend`` unchecked (named in the verdict, never passed)."""
+
+
 class LossInvariant(_Model):
     """The candidate's loss curve must stay within tolerance of the baseline's."""
 
@@ -690,6 +712,21 @@ class LossInvariant(_Model):
     """How ``tolerance`` is measured."""
     at: Literal["every_eval", "every_step"] | list[Annotated[int, Field(ge=1)]] = "every_eval"
     """Where the curves are compared: every eval, every step, or the listed steps."""
+    trend: LossTrend | None = LossTrend()
+    """Checked at verify: the gap's trend over the horizon (``loss.trend``); ``null`` turns it off."""
+
+
+class TightParity(_Model):
+    """``invariants.parity: tight``: per-step agreement far inside the loss invariant's ε (``loss.parity``).
+
+    Every step of the baseline's train loss (and every eval) must be in the candidate's curve with
+    ``|candidate − baseline| ≤ max_abs + max_rel · |baseline|`` (``numpy.isclose``'s rule), across the whole
+    verify horizon."""
+
+    max_abs: float = Field(default=1e-6, ge=0)
+    """Absolute part of the allowed per-step deviation, in loss units."""
+    max_rel: float = Field(default=1e-4, ge=0)
+    """Relative part of the allowed per-step deviation, a fraction of the baseline's loss at that step."""
 
 
 class Invariants(_Model):
@@ -705,6 +742,13 @@ class Invariants(_Model):
     """Same eval batch and eval interval."""
     timing_tolerance: float = Field(default=0.10, gt=0, le=1)
     """Largest allowed |launcher wall over steady steps − sum of reported step times| / wall."""
+    parity: Literal["none", "tight", "bitwise"] = "none"
+    """Numeric parity at verify, beyond ``loss``: ``none``; ``tight`` (``loss.parity`` with ``parity_tight``'s
+    tolerances at every step); ``bitwise`` (verify runs with torch's deterministic algorithms on, told through
+    ``INFRARSI_DETERMINISTIC``; the candidate's loss trajectory must equal the baseline's exactly, and a run
+    that turned determinism off or could not report it is refused as ``parity.deterministic``)."""
+    parity_tight: TightParity = TightParity()
+    """The tolerances of ``parity: tight``."""
 
 
 class Budget(_Model):
@@ -1094,9 +1138,13 @@ class PatchInfo(_Model):
     kind: Literal["speedup", "memory", "math_change", "conflict", "reward_hack"] = "speedup"
     """What the patch is for. ``math_change`` changes what is computed (verify should catch it),
     ``conflict`` does not apply together with some other patch, ``reward_hack`` games a measurement."""
-    breaks: Literal["scope", "work.optimizer_steps", "work.tokens", "work.eval", "loss", "timing"] | None = (
-        None
-    )
+    breaks: (
+        Literal[
+            "scope", "work.optimizer_steps", "work.tokens", "work.eval", "loss", "loss.trend", "loss.parity",
+            "parity.deterministic", "timing",
+        ]
+        | None
+    ) = None
     """For ``reward_hack`` / ``math_change``: the invariant that should catch it."""
     conflicts_with: list[str] = []
     """Patch ids this one does not apply together with."""

@@ -111,7 +111,13 @@ class LossPoint(msgspec.Struct, frozen=True, array_like=True):
     loss: float
 
 
-InvariantName = Literal["scope", "work.optimizer_steps", "work.tokens", "work.eval", "loss", "timing"]
+InvariantName = Literal[
+    "scope", "work.optimizer_steps", "work.tokens", "work.eval", "loss", "loss.trend", "loss.parity",
+    "parity.deterministic", "timing",
+]
+"""``loss.trend``, ``loss.parity`` and ``parity.deterministic`` are judged at verify only: the trend of the loss
+gap over the verify horizon, the contract's numeric parity mode, and whether a run under ``bitwise`` parity kept
+torch's deterministic algorithms on."""
 
 
 class InvariantResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -323,6 +329,9 @@ class TrialStep(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """Unix time at the end of the step (the probe's clock)."""
     shape: WorkloadShape | None = None
     """The model's shape, on the first record a probe writes (``None`` on the others)."""
+    deterministic: bool | None = None
+    """Whether torch's deterministic algorithms were on at the end of this step
+    (``torch.are_deterministic_algorithms_enabled()``); ``None`` from probes that do not say."""
 
 
 class TrialFinished(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -419,6 +428,9 @@ class TrialMeasured(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     counted in the output. Step time is the launcher's estimate; tokens, MFU and loss are unknown."""
     unchecked_invariants: list[UncheckedInvariant] = []
     """The invariants this trial could not check, with why: never counted as held."""
+    deterministic: bool | None = None
+    """Torch's deterministic algorithms were on at every step the probe reported (``False``: off at some step;
+    ``None``: no step said). Checked at verify under ``invariants.parity: bitwise``."""
 
 
 class ModelUpdated(msgspec.Struct, frozen=True, kw_only=True, tag=True):

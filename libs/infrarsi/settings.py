@@ -30,7 +30,7 @@ variable                        field                             meaning
 
 A job's environment (``JobEnv``, set by the launcher, read by the probe and the simulator in the job):
 ``INFRARSI_STUDY``, ``INFRARSI_TRIAL``, ``INFRARSI_PROBE_DIR``, ``INFRARSI_NATS_URL``, ``INFRARSI_CLUSTER``,
-``INFRARSI_TRACEPARENT``, ``INFRARSI_PEAK_FLOPS``, ``INFRARSI_RETRY_OF``, and the simulator's ``INFRARSI_SIM_SCENARIO``,
+``INFRARSI_TRACEPARENT``, ``INFRARSI_PEAK_FLOPS``, ``INFRARSI_RETRY_OF``, ``INFRARSI_DETERMINISTIC``, and the simulator's ``INFRARSI_SIM_SCENARIO``,
 ``INFRARSI_SIM_STEP_S`` and ``INFRARSI_SIM_SEED``; ``INFRARSI_LAUNCH_TAG`` marks a job's processes so the
 launcher can find them (``infrarsi.procs``).
 """
@@ -139,6 +139,9 @@ class JobEnv(_FromEnv):
     launch_tag: str | None = None
     retry_of: str | None = None
     """The trial this job runs again (``TrialProposed.retry_of``): the simulator replays that trial's draw."""
+    deterministic: bool | None = None
+    """Verify under ``invariants.parity: bitwise``: the probe turns torch's deterministic algorithms on when the
+    job creates it (``Probe.from_env``), and reports at every step whether they stayed on."""
     sim_scenario: str | None = None
     sim_step_s: float | None = Field(default=None, ge=0)
     sim_seed: int | None = None

@@ -178,6 +178,8 @@ class Series:
     rank0_times: list[float] = field(default_factory=list)
     shape: ev.WorkloadShape | None = None
     """The model's shape from rank 0's first record that carries one."""
+    deterministic: bool | None = None
+    """Deterministic algorithms on at every step of every rank that said (``None``: no step said)."""
 
     @property
     def tokens(self) -> int:
@@ -186,6 +188,11 @@ class Series:
     @property
     def eval_steps(self) -> list[int]:
         return [p.step for p in self.eval_curve]
+
+
+def _all_deterministic(by_rank: dict[int, list[ev.TrialStep]]) -> bool | None:
+    said = [s.deterministic for steps in by_rank.values() for s in steps if s.deterministic is not None]
+    return all(said) if said else None
 
 
 def summarise(samples: Iterable[ev.TrialStep]) -> Series:
@@ -238,6 +245,7 @@ def summarise(samples: Iterable[ev.TrialStep]) -> Series:
         probe_mfu=median(mfus) if mfus else None,
         rank0_steps=[s.step for s in rank0],
         rank0_times=times0,
+        deterministic=_all_deterministic(by_rank),
         shape=next((s.shape for s in rank0 if s.shape is not None), None),
     )
 
@@ -524,6 +532,7 @@ def measure(
         shape=series.shape,
         interfered=under_interference and finished.status == "ok",
         unchecked_invariants=unchecked,
+        deterministic=series.deterministic,
     )
     return measured, series
 

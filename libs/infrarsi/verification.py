@@ -10,7 +10,8 @@ Owns the pure logic of the verify stage (ARCHITECTURE.md §1, §7):
   the drift of the host), seeded, percentile or BCa.
 - ``pair_invariants`` / ``decide``: every invariant on every run — telemetry's verdicts, plus the checks
   verify adds against the *paired* baseline run at the longer horizon (loss within ε at every checkpoint,
-  same optimiser steps and tokens, same eval work) — and the round verdict: passed if every invariant holds
+  no gap to the baseline that grows towards ε over the horizon (``loss.trend``, ``TrendRule``), same
+  optimiser steps and tokens, same eval work) — and the round verdict: passed if every invariant holds
   on every run and the CI lower bound is above 1. Promotable after ``passes_required`` passed rounds.
 - ``select_candidates``: the top-K search candidates to verify.
 
@@ -22,12 +23,15 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 from scipy import stats
 
 from infrarsi import events as ev
+
+if TYPE_CHECKING:
+    from infrarsi.contract import Contract, Invariants
 
 Arm = Literal["baseline", "candidate"]
 CiMethod = Literal["percentile", "bca", "auto"]
@@ -126,6 +130,8 @@ class RunMeasurement:
     """Measured from outside (no probe): no loss curve, tokens or evals to compare."""
     unchecked: tuple[str, ...] = ()
     """Invariants telemetry could not check on this run."""
+    deterministic: bool | None = None
+    """Torch's deterministic algorithms on at every step the probe reported (``None``: not said)."""
 
     @property
     def usable(self) -> bool:
@@ -147,6 +153,7 @@ class RunMeasurement:
             invariants=tuple(m.invariants),
             coarse=m.coarse,
             unchecked=tuple(u.name for u in m.unchecked_invariants),
+            deterministic=m.deterministic,
         )
 
     @classmethod
@@ -230,14 +237,140 @@ def bootstrap_speedup_ci(
 
 
 @dataclass(frozen=True)
+class TrendRule:
+    """When a loss gap that grows step after step fails (``loss.trend``), though every point is inside ε.
+
+    The gap at each compared step, in units of that step's ε, is ``r = (candidate − baseline) / ε``. An
+    ordinary least-squares line ``r ≈ a + b·step`` is fitted over the compared steps and extrapolated to
+    ``horizon_multiple`` × the last compared step. The candidate fails when the extrapolated gap is beyond
+    ε (``|r̂| > 1``) *and* the one-sided t-test that the slope points away from zero (the sign of ``r̂``)
+    rejects a flat gap at level ``alpha``. Both are needed: the extrapolation alone would fail a candidate
+    whose gap merely wobbles, the test alone one whose gap grows by a harmless 1e-6 per step.
+    """
+
+    horizon_multiple: float = 2.0
+    """Extrapolate the fitted gap to this multiple of the verify horizon (the last compared step)."""
+    alpha: float = 0.05
+    """One-sided level of the slope test."""
+    min_points: int = 6
+    """Fewer compared steps than this: the trend is unchecked (named, never passed)."""
+
+
+@dataclass(frozen=True)
+class ParityRule:
+    """The contract's numeric parity mode (``invariants.parity``), checked at verify as ``loss.parity``.
+
+    ``tight``: every baseline step (train and eval) is in the candidate's curve with
+    ``|Δ| ≤ max_abs + max_rel·|baseline|``. ``bitwise``: every one is exactly equal, and both runs of the pair
+    reported torch's deterministic algorithms on at every step (``parity.deterministic``)."""
+
+    mode: Literal["none", "tight", "bitwise"] = "none"
+    max_abs: float = 1e-6
+    max_rel: float = 1e-4
+
+
+@dataclass(frozen=True)
 class LossRule:
     """The contract's loss invariant: tolerance, relative (fraction of the baseline loss) or absolute."""
 
     tolerance: float = 0.02
     mode: Literal["relative", "absolute"] = "relative"
+    trend: TrendRule | None = TrendRule()
+    """The divergence check over the horizon; ``None`` = off."""
+    parity: ParityRule = ParityRule()
+    """Numeric parity beyond ε (off by default)."""
 
     def allowed(self, baseline_loss: float) -> float:
         return self.tolerance * abs(baseline_loss) if self.mode == "relative" else self.tolerance
+
+
+def loss_rule_of(invariants: Invariants) -> LossRule:
+    """The contract's ``invariants.loss`` and ``invariants.parity`` as the verifier's rule."""
+    loss, trend, tight = invariants.loss, invariants.loss.trend, invariants.parity_tight
+    return LossRule(
+        tolerance=loss.tolerance,
+        mode=loss.mode,
+        trend=None if trend is None else TrendRule(trend.horizon_multiple, trend.alpha, trend.min_points),
+        parity=ParityRule(invariants.parity, tight.max_abs, tight.max_rel),
+    )
+
+
+@dataclass(frozen=True)
+class GapTrend:
+    """The fitted trend of a candidate's loss gap to its paired baseline, in units of ε (``TrendRule``)."""
+
+    points: int
+    slope_per_step: float
+    """d(gap/ε)/d(step)."""
+    gap_last: float
+    """The fitted gap/ε at the last compared step."""
+    projected_step: float
+    projected_gap: float
+    """The fitted gap/ε at ``projected_step`` (= horizon_multiple × last compared step)."""
+    p_value: float
+    """One-sided: P(a slope this far from zero, pointing away from zero, | the gap is flat)."""
+
+    def diverges(self, rule: TrendRule) -> bool:
+        return abs(self.projected_gap) > 1.0 and self.p_value < rule.alpha
+
+
+def gap_trend(
+    base: Sequence[ev.LossPoint], cand: Sequence[ev.LossPoint], loss: LossRule, trend: TrendRule
+) -> GapTrend | None:
+    """The least-squares trend of (candidate − baseline)/ε over the steps both curves have (finite values
+    and ε > 0 only); ``None`` below ``trend.min_points`` such steps."""
+    b = {p.step: p.loss for p in base}
+    steps_, gaps_ = [], []
+    for p in sorted(cand, key=lambda q: q.step):
+        if p.step not in b or not (math.isfinite(p.loss) and math.isfinite(b[p.step])):
+            continue
+        allowed = loss.allowed(b[p.step])
+        if allowed <= 0:
+            continue
+        steps_.append(float(p.step))
+        gaps_.append((p.loss - b[p.step]) / allowed)
+    n = len(steps_)
+    if n < max(trend.min_points, 3):
+        return None
+    x = np.asarray(steps_)  # (n,)
+    r = np.asarray(gaps_)  # (n,) gap in units of ε
+    sxx = float(np.sum((x - x.mean()) ** 2))
+    if sxx <= 0:
+        return None
+    slope = float(np.sum((x - x.mean()) * (r - r.mean())) / sxx)
+    intercept = float(r.mean() - slope * x.mean())
+    resid = r - (intercept + slope * x)  # (n,)
+    se = math.sqrt(float(np.sum(resid**2)) / (n - 2) / sxx)
+    last = float(x[-1])
+    projected_step = trend.horizon_multiple * last
+    projected = intercept + slope * projected_step
+    away = math.copysign(1.0, projected) * slope  # > 0: the gap grows in magnitude
+    if se > 0:
+        p_value = float(stats.t.sf(away / se, df=n - 2))
+    else:  # an exact line: a non-zero slope away from zero is certain, a flat one is not a trend
+        p_value = 0.0 if away > 0 else 1.0
+    return GapTrend(n, slope, intercept + slope * last, projected_step, projected, p_value)
+
+
+def _trend_check(
+    what: str, base: Sequence[ev.LossPoint], cand: Sequence[ev.LossPoint], loss: LossRule, trend: TrendRule
+) -> ev.InvariantResult | None:
+    fit = gap_trend(base, cand, loss, trend)
+    if fit is None:
+        return None
+    ok = not fit.diverges(trend)
+    return ev.InvariantResult(
+        name="loss.trend",
+        ok=ok,
+        detail=(
+            f"{what}: gap/ε {fit.gap_last:+.3f} at the last of {fit.points} steps, slope {fit.slope_per_step:+.3g}/step"
+            f" (one-sided p={fit.p_value:.3g}), projected {fit.projected_gap:+.3f} at step {fit.projected_step:g}"
+            f" ({trend.horizon_multiple:g}× the horizon); fails when |projected| > 1 and p < {trend.alpha:g}"
+        ),
+        observed=abs(fit.projected_gap),
+        expected=0.0,
+        tolerance=1.0,
+    )
 
 
 def _curve_check(
@@ -281,6 +414,55 @@ def _curve_check(
     )
 
 
+def _parity_check(
+    base: RunMeasurement, cand: RunMeasurement, parity: ParityRule
+) -> ev.InvariantResult:
+    """``loss.parity``: every baseline step (train, then eval) in the candidate's curve within the parity
+    mode's tolerance (exactly equal under ``bitwise``), over the whole horizon; the evidence is the largest
+    absolute and relative deviation and where the first step out of tolerance is."""
+    bitwise = parity.mode == "bitwise"
+    max_abs = max_rel = 0.0
+    first_bad: str | None = None
+    compared = 0
+    for what, b_curve, c_curve in (("train", base.loss_curve, cand.loss_curve), ("eval", base.eval_curve, cand.eval_curve)):
+        c = {p.step: p.loss for p in c_curve}
+        for p in b_curve:
+            if p.step not in c:
+                first_bad = first_bad or f"{what} step {p.step} missing from the candidate"
+                continue
+            compared += 1
+            dev = abs(c[p.step] - p.loss)
+            if not math.isfinite(dev):
+                dev = math.inf
+            rel = dev / abs(p.loss) if p.loss else (0.0 if dev == 0 else math.inf)
+            max_abs, max_rel = max(max_abs, dev), max(max_rel, rel)
+            ok = c[p.step] == p.loss if bitwise else dev <= parity.max_abs + parity.max_rel * abs(p.loss)
+            if not ok and first_bad is None:
+                first_bad = f"{what} step {p.step}: {c[p.step]!r} vs {p.loss!r}"
+    allowed = "identical" if bitwise else f"|Δ| ≤ {parity.max_abs:g} + {parity.max_rel:g}·|baseline|"
+    detail = (
+        f"{parity.mode}: max |Δ| {max_abs:.3g}, max relative {max_rel:.3g} over {compared} steps ({allowed})"
+        + (f"; first out: {first_bad}" if first_bad else "")
+    )
+    return ev.InvariantResult(
+        name="loss.parity", ok=first_bad is None, detail=detail,
+        observed=max_abs if math.isfinite(max_abs) else None, expected=0.0,
+        tolerance=0.0 if bitwise else parity.max_abs,
+    )
+
+
+def _determinism_check(base: RunMeasurement, cand: RunMeasurement) -> ev.InvariantResult:
+    """``parity.deterministic``: under ``bitwise`` both runs of the pair kept torch's deterministic algorithms on
+    at every step; a run that turned them off, or whose probe never said, is refused."""
+    said = {"baseline": base.deterministic, "candidate": cand.deterministic}
+    bad = [f"{arm} {'had them off at some step' if v is False else 'never reported them'}" for arm, v in said.items() if v is not True]
+    return ev.InvariantResult(
+        name="parity.deterministic", ok=not bad,
+        detail="deterministic algorithms on at every step of both runs" if not bad
+        else "bitwise parity needs deterministic algorithms: " + "; ".join(bad),
+    )
+
+
 COARSE_PAIR_UNCHECKED = ("loss", "work.tokens", "work.eval")
 """What a pair of coarse runs cannot compare: no probe reported loss, tokens or evals."""
 
@@ -301,6 +483,18 @@ def pair_invariants(baseline: RunMeasurement, candidate: RunMeasurement, rule: L
         out.append(
             _curve_check("loss", "eval loss", baseline.eval_curve, candidate.eval_curve, rule, require_all=False)
         )
+    if rule.trend is not None:
+        for what, base_curve, cand_curve in (
+            ("train loss", baseline.loss_curve, candidate.loss_curve),
+            ("eval loss", baseline.eval_curve, candidate.eval_curve),
+        ):
+            trend = _trend_check(what, base_curve, cand_curve, rule, rule.trend)
+            if trend is not None:
+                out.append(trend)
+    if rule.parity.mode != "none":
+        out.append(_parity_check(baseline, candidate, rule.parity))
+    if rule.parity.mode == "bitwise":
+        out.append(_determinism_check(baseline, candidate))
     out.append(_steps_pair_check(baseline, candidate))
     out.append(
         ev.InvariantResult(
@@ -400,7 +594,9 @@ def decide(
                 unchecked.add(name)
                 unchecked_runs[name] = unchecked_runs.get(name, 0) + 1
         if run.coarse:
-            unchecked.update(COARSE_PAIR_UNCHECKED)
+            unchecked.update(COARSE_PAIR_UNCHECKED + (("loss.trend",) if loss_rule.trend is not None else ()))
+            unchecked.update({"none": (), "tight": ("loss.parity",),
+                              "bitwise": ("loss.parity", "parity.deterministic")}[loss_rule.parity.mode])
         if run.status != "ok":
             failed_runs.append(f"run.{run.status}")
         for result in run.invariants:
@@ -416,8 +612,12 @@ def decide(
         if base is None or cand is None or not (base.usable and cand.usable):
             continue
         assert base.step_time_s is not None and cand.step_time_s is not None  # both usable
-        for result in pair_invariants(base, cand, loss_rule):
+        checks = pair_invariants(base, cand, loss_rule)
+        for result in checks:
             note(f"pair {pair + 1}", result)
+        if loss_rule.trend is not None and not (base.coarse or cand.coarse):
+            if not any(r.name == "loss.trend" for r in checks):
+                unchecked.add("loss.trend")  # too few compared steps to fit a trend
         a_times.append(base.step_time_s)
         b_times.append(cand.step_time_s)
         if base.mfu is not None:
@@ -440,8 +640,11 @@ def decide(
             ))
         else:
             also = f"; not checked on {unchecked_runs[name]} run(s)" if name in unchecked_runs else ""
-            invariants.append(ev.InvariantResult(name=results[0][1].name, ok=True,
-                                                 detail=f"held on {len(results)} checks{also}"))
+            where, closest = _closest(results)
+            invariants.append(ev.InvariantResult(
+                name=closest.name, ok=True, detail=f"held on {len(results)} checks{also}; closest: {where}: {closest.detail}",
+                observed=closest.observed, expected=closest.expected, tolerance=closest.tolerance,
+            ))
     for run_failure in sorted(set(failed_runs)):
         failed.append(run_failure)
 
@@ -473,6 +676,21 @@ def decide(
     )
 
 
+def _closest(results: list[tuple[str, ev.InvariantResult]]) -> tuple[str, ev.InvariantResult]:
+    """The held check nearest its limit (largest observed / tolerance, else largest observed deviation from
+    expected), so a held invariant keeps its evidence: how much room was left, and where."""
+
+    def margin(item: tuple[str, ev.InvariantResult]) -> float:
+        r = item[1]
+        if r.observed is None:
+            return -math.inf
+        if r.tolerance:
+            return abs(r.observed) / r.tolerance
+        return abs(r.observed - (r.expected or 0.0))
+
+    return max(results, key=margin)
+
+
 def round_passed(done: ev.VerifyCompleted) -> bool:
     """Whether the round a ``VerifyCompleted`` reports passed (the event carries the inputs, not a flag)."""
     return not done.failed_invariants and done.ci_low > 1.0
@@ -481,6 +699,59 @@ def round_passed(done: ev.VerifyCompleted) -> bool:
 def is_final(done: ev.VerifyCompleted) -> bool:
     """The last ``VerifyCompleted`` of a verification: promotable, or a round failed (which ends it)."""
     return done.promotable or not round_passed(done)
+
+
+# --------------------------------------------------------------------------------------------------
+# What verification will cost
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VerifyCost:
+    """The accelerator time a verification will take at most, predicted before it starts: every round passes
+    (a failed round ends a verification early), every run takes the doctor's baseline step time."""
+
+    candidates: int
+    rounds: int
+    """``verify.passes_required``: rounds a promotable candidate runs."""
+    repeats: int
+    """Interleaved pairs per round."""
+    steps: int
+    """The verify horizon, ``workload.verify_steps``."""
+    step_time_s: float
+    """The doctor's robust step time of the untouched baseline."""
+    accelerators: int
+    """Devices one run holds (nodes × devices per node)."""
+
+    @property
+    def runs(self) -> int:
+        return self.candidates * self.rounds * self.repeats * 2
+
+    @property
+    def accelerator_s(self) -> float:
+        return self.runs * self.steps * self.step_time_s * self.accelerators
+
+    def line(self) -> str:
+        return (
+            f"verify cost (predicted, at most): {self.candidates} candidate(s) × {self.rounds} round(s) × "
+            f"{self.repeats} pair(s) × 2 runs × {self.steps} steps × {self.step_time_s * 1e3:.1f} ms/step (doctor)"
+            f" × {self.accelerators} accelerator(s) = {self.accelerator_s:,.0f} accelerator-s"
+        )
+
+
+def predicted_verify_cost(
+    contract: Contract, step_time_s: float, *, candidates: int | None = None, repeats: int | None = None
+) -> VerifyCost:
+    """``VerifyCost`` of verifying ``candidates`` (default ``verify.top_k``) under ``contract``."""
+    launcher = contract.workload.launcher
+    return VerifyCost(
+        candidates=contract.verify.top_k if candidates is None else candidates,
+        rounds=contract.verify.passes_required,
+        repeats=contract.verify.repeats if repeats is None else repeats,
+        steps=contract.workload.verify_steps,
+        step_time_s=step_time_s,
+        accelerators=launcher.nnodes * launcher.nproc_per_node,
+    )
 
 
 # --------------------------------------------------------------------------------------------------

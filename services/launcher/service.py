@@ -368,7 +368,8 @@ class LauncherService(Service):
             name=event.trial_id or "",
             argv=launch.argv,
             workdir=worktree,
-            env=self._job_env(event, study, probe_dir, launch.env, retry_of=proposed.retry_of),
+            env=self._job_env(event, study, probe_dir, launch.env, retry_of=proposed.retry_of,
+                              deterministic=proposed.kind == "verify" and contract.invariants.parity == "bitwise"),
             state_dir=tdir,
             launcher=contract.workload.launcher.kind,
             nnodes=contract.workload.launcher.nnodes,
@@ -502,7 +503,7 @@ class LauncherService(Service):
         return paths
 
     def _job_env(self, event: ev.Event, study: Study, probe_dir: Path, workload_env: dict[str, str], *,
-                 retry_of: str | None = None) -> dict[str, str]:  # fmt: skip
+                 retry_of: str | None = None, deterministic: bool = False) -> dict[str, str]:  # fmt: skip
         env = {k: v for k, v in os.environ.items() if not k.startswith(SETTINGS_PREFIX)}
         if self.settings.log_level is not None:
             env[env_var("log_level")] = self.settings.log_level
@@ -516,8 +517,11 @@ class LauncherService(Service):
             traceparent=tracing.traceparent(),
             peak_flops=float(study.cluster.peak_flops) if study.cluster.peak_flops else None,
             retry_of=retry_of,
+            deterministic=True if deterministic else None,
         )
         env.update(job.to_env())
+        if deterministic:  # cuBLAS reads it when it starts, perhaps before the probe can set it
+            env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         env["PYTHONUNBUFFERED"] = "1"
         # The job reports as the probe, with the probe's rights only: a path to its seed, never the seed.
         if (probe := credentials.stored(PROBE, self.data_dir)) is not None:

@@ -52,12 +52,11 @@ class StudyRules:
 
     @classmethod
     def from_contract(cls, contract: Contract) -> StudyRules:
-        loss = contract.invariants.loss
         return cls(
             passes_required=contract.verify.passes_required,
             repeats=contract.verify.repeats,
             verify_steps=contract.workload.verify_steps,
-            loss_rule=vf.LossRule(tolerance=loss.tolerance, mode=loss.mode),
+            loss_rule=vf.loss_rule_of(contract.invariants),
         )
 
 

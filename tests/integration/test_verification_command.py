@@ -62,5 +62,23 @@ async def test_verify_command_end_to_end(tmp_path, capsys, nats_server: str, bus
         assert len(slow) == 1 and not slow[0].promotable and slow[0].ci_low <= 1.0
         out = capsys.readouterr()
         assert "PROMOTABLE" in out.out and "1 of 2 candidates promotable" in out.err
+        # The cost, predicted before any verify run: 2 × 2 rounds × 2 pairs × 2 runs × 120 steps × the doctor's 0.2 s.
+        assert ("verify cost (predicted, at most): 2 candidate(s) × 2 round(s) × 2 pair(s) × 2 runs × 120 steps"
+                " × 200.0 ms/step (doctor) × 1 accelerator(s) = 384 accelerator-s") in out.err
     finally:
         stop.set()
+
+
+async def test_run_command_shows_the_verify_cost_before_the_search(tmp_path, capsys, nats_server: str, bus: Bus):
+    from infrarsi.commands import run as run_cmd
+
+    study = ev.new_id()
+    log = synthetic_study(study, write_workload(tmp_path / "wl"))
+    upto = next(i for i, e in enumerate(log) if isinstance(e.payload, ev.DoctorCompleted))
+    await bus.publish_many(log[: upto + 1])  # created and doctored; nothing searched yet
+    args = argparse.Namespace(study=study, trials=None, parallel=None, until="searched", timeout=10.0, no_wait=True,
+                              json=False, nats_url=nats_server, data_dir=tmp_path / "data")
+    assert await run_cmd.run(args) == 0
+    # contract: verify top 2 × 2 passes × 3 pairs × 2 runs × 120 verify steps × the doctor's 0.2 s × 1 rank
+    assert ("verify cost (predicted, at most): 2 candidate(s) × 2 round(s) × 3 pair(s) × 2 runs × 120 steps"
+            " × 200.0 ms/step (doctor) × 1 accelerator(s) = 576 accelerator-s") in capsys.readouterr().err

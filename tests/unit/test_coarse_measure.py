@@ -127,7 +127,7 @@ RULE = vf.LossRule(tolerance=0.02, mode="relative")
 def test_a_coarse_round_names_unchecked_invariants_and_never_compares_empty_curves() -> None:
     runs = [_coarse_run(f"{arm}{i}", arm, i, t) for i in range(3) for arm, t in (("baseline", 1.0), ("candidate", 0.8))]
     done = vf.decide(_round(runs), passes_before=0, passes_required=1, loss_rule=RULE)
-    assert done.unchecked_invariants == ["loss", "timing", "work.eval", "work.tokens"]
+    assert done.unchecked_invariants == ["loss", "loss.trend", "timing", "work.eval", "work.tokens"]
     assert {i.name for i in done.invariants} == {"scope", "work.optimizer_steps"}  # no "loss ok" from empty curves
     assert done.promotable and done.speedup == pytest.approx(1.25)
     # a candidate that stopped early is caught by the counted steps

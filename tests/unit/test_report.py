@@ -91,6 +91,14 @@ def test_renderers_carry_the_same_numbers(db, tmp_path):
         assert f"{report.accelerator_hours:.4g}" in text
     headings = [b.text for b in outline(report) if type(b).__name__ == "Heading"]
     assert "Appendix: doctor" in headings and "Priors vs posteriors" in headings
+    # Verification's cost, predicted from the doctor's step time, and the divergence rule, both in the contract table.
+    from infrarsi import verification as vf
+
+    cost = vf.predicted_verify_cost(report.contract, report.doctor.step_time_s)
+    for text in (html, md):
+        assert f"= {cost.accelerator_s:,.0f} accelerator-s at most" in text
+        assert "loss trend (verify)" in text
+        assert "numeric parity (verify)" in text
 
 
 def test_unknown_study_and_missing_table(tmp_path, db):

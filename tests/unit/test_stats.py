@@ -214,3 +214,14 @@ def test_no_steps_at_all() -> None:
         peak_flops_per_device=None,
     )  # fmt: skip
     assert m.status == "crash" and m.steps == 0 and m.step_time_s == 0.0 and m.invariants == []
+
+
+def test_determinism_is_on_only_when_every_step_of_every_rank_said_so() -> None:
+    import msgspec
+
+    steps = make_steps()
+    assert stats.summarise(steps).deterministic is None  # no probe said
+    on = [msgspec.structs.replace(s, deterministic=True) for s in steps]
+    assert stats.summarise(on).deterministic is True
+    one_off = [msgspec.structs.replace(s, deterministic=not (s.rank == 1 and s.step == 7)) for s in steps]
+    assert stats.summarise(one_off).deterministic is False

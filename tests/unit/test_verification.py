@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -262,3 +263,206 @@ def test_state_machine_counts_a_crashed_run_from_trial_finished():
     assert out[0].payload.failed_invariants == ["run.oom"]
     # Unrelated trials are ignored.
     assert logic.apply(_env(_measured(base.payload, 1.0), trial_id="someone-else")) == []
+
+
+# --------------------------------------------------------------------------------------------------
+# Divergence over the horizon (loss.trend)
+# --------------------------------------------------------------------------------------------------
+
+
+def _long_curve(n=60, start=4.0):
+    return [ev.LossPoint(s, start * math.exp(-0.02 * s) + 1.0) for s in range(1, n + 1)]
+
+
+def _scaled(curve, gap_in_eps):
+    """The curve with each point moved by ``gap_in_eps(i, step)`` × ε (RULE: 2% of the point's loss)."""
+    return [ev.LossPoint(p.step, p.loss * (1 + RULE.tolerance * gap_in_eps(i, p.step))) for i, p in enumerate(curve)]
+
+
+def _round_vs(base, cand, n_pairs=3):
+    r = vf.Round("v1", CAND, 1, n_pairs)
+    for i in range(n_pairs):
+        r.runs[f"a{i}"] = _run(f"a{i}", "baseline", i, 1.0, loss=base)
+        r.runs[f"b{i}"] = _run(f"b{i}", "candidate", i, 0.8, loss=cand)
+    return r
+
+
+def test_gap_trend_of_an_exact_line_is_its_slope_and_extrapolation():
+    base = _long_curve(n=50)
+    cand = _scaled(base, lambda i, s: 0.01 * s)  # gap/ε = step/100: 0.5 at step 50
+    fit = vf.gap_trend(base, cand, RULE, vf.TrendRule())
+    assert fit is not None and fit.points == 50
+    assert fit.slope_per_step == pytest.approx(0.01)
+    assert fit.gap_last == pytest.approx(0.5)
+    assert fit.projected_step == 100 and fit.projected_gap == pytest.approx(1.0)
+    assert fit.p_value < 1e-9  # an exact line: the slope away from zero is certain
+    assert fit.diverges(vf.TrendRule(alpha=0.05)) is (fit.projected_gap > 1.0)
+    # Just under ε at twice the horizon holds; the same line at three times the horizon fails.
+    under = vf.gap_trend(base, _scaled(base, lambda i, s: 0.0099 * s), RULE, vf.TrendRule())
+    assert under.projected_gap == pytest.approx(0.99) and not under.diverges(vf.TrendRule())
+    assert vf.gap_trend(base, cand, RULE, vf.TrendRule(horizon_multiple=3.0)).diverges(vf.TrendRule())
+    # A flat gap, however close to ε, is no trend.
+    flat = vf.gap_trend(base, _scaled(base, lambda i, s: 0.95), RULE, vf.TrendRule())
+    assert flat.slope_per_step == pytest.approx(0.0, abs=1e-12) and not flat.diverges(vf.TrendRule())
+
+
+def test_gap_trend_slope_test_matches_scipy_linregress():
+    from scipy import stats
+
+    rng = np.random.default_rng(3)
+    base = _long_curve(n=40)
+    noise = rng.normal(0.0, 0.1, size=40)
+    cand = _scaled(base, lambda i, s: 0.004 * s + noise[i])
+    fit = vf.gap_trend(base, cand, RULE, vf.TrendRule())
+    gaps = [(c.loss - b.loss) / RULE.allowed(b.loss) for b, c in zip(base, cand, strict=True)]
+    ref = stats.linregress([p.step for p in base], gaps)
+    assert fit.slope_per_step == pytest.approx(ref.slope)
+    # linregress's p is two-sided; the slope is positive and so is the projection: one-sided = half.
+    assert fit.p_value == pytest.approx(ref.pvalue / 2, rel=1e-6)
+
+
+def test_decide_fails_a_slow_drift_that_stays_inside_epsilon_at_every_point():
+    # The planted drift: the gap grows 0.012 ε a step, 0.72 ε at the last step (inside ε everywhere, so
+    # ``loss`` holds) and would cross ε at step ~83 — before twice the horizon (120).
+    rng = np.random.default_rng(5)
+    base = _long_curve()
+    noise = rng.normal(0.0, 0.05, size=len(base))
+    drift = _scaled(base, lambda i, s: 0.012 * s + noise[i])
+    assert all(abs(c.loss - b.loss) < RULE.allowed(b.loss) for b, c in zip(base, drift, strict=True))
+    done = vf.decide(_round_vs(base, drift), passes_before=0, passes_required=1, loss_rule=RULE)
+    assert done.failed_invariants == ["loss.trend"] and not done.promotable
+    trend = next(i for i in done.invariants if i.name == "loss.trend")
+    assert "projected" in trend.detail and trend.observed > 1.0 and trend.tolerance == 1.0
+    # The same round without the trend check passes: only loss.trend catches it.
+    off = vf.LossRule(tolerance=RULE.tolerance, mode=RULE.mode, trend=None)
+    assert vf.decide(_round_vs(base, drift), passes_before=0, passes_required=1, loss_rule=off).promotable
+
+
+def test_honest_candidates_pass_the_trend_check():
+    base = _long_curve()
+    # Bitwise equal, a constant offset near ε, and noise of 0.3 ε without a trend.
+    flat = _scaled(base, lambda i, s: 0.9)
+    assert vf.decide(_round_vs(base, base), passes_before=0, passes_required=1, loss_rule=RULE).promotable
+    assert vf.decide(_round_vs(base, flat), passes_before=0, passes_required=1, loss_rule=RULE).promotable
+    rng = np.random.default_rng(9)
+    false_alarms = 0
+    for _ in range(200):
+        noise = rng.normal(0.0, 0.3, size=len(base))
+        fit = vf.gap_trend(base, _scaled(base, lambda i, s, n=noise: n[i]), RULE, vf.TrendRule())
+        false_alarms += fit.diverges(vf.TrendRule())
+    assert false_alarms <= 4  # needs both a significant slope and a projected gap past ε
+
+
+def test_too_few_compared_steps_leave_the_trend_unchecked_by_name():
+    short = _curve(n=4)  # 4 points < min_points
+    done = vf.decide(_round_vs(short, short), passes_before=0, passes_required=1, loss_rule=RULE)
+    assert "loss.trend" in done.unchecked_invariants
+    assert "loss.trend" not in {i.name for i in done.invariants}
+
+
+def test_contract_trend_settings_reach_the_verifier_and_null_turns_the_check_off():
+    from infrarsi.contract import Contract
+    from infrarsi_services.verifier.logic import StudyRules
+
+    contract = Contract.model_validate(_contract())
+    assert StudyRules.from_contract(contract).loss_rule.trend == vf.TrendRule()  # the default: on, 2×, 5%
+    raw = _contract()
+    raw["invariants"]["loss"]["trend"] = {"horizon_multiple": 3, "alpha": 0.01, "min_points": 10}
+    assert vf.loss_rule_of(Contract.model_validate(raw).invariants).trend == vf.TrendRule(3.0, 0.01, 10)
+    raw["invariants"]["loss"]["trend"] = None
+    assert StudyRules.from_contract(Contract.model_validate(raw)).loss_rule.trend is None
+
+
+def test_predicted_verify_cost_is_doctor_step_time_times_steps_times_runs():
+    from infrarsi.contract import Contract
+
+    contract = Contract.model_validate(_contract())  # top 1, 2 passes, 3 pairs, verify_steps 400, 1 rank
+    cost = vf.predicted_verify_cost(contract, 0.05)
+    assert cost.runs == 1 * 2 * 3 * 2
+    assert cost.accelerator_s == pytest.approx(12 * 400 * 0.05)
+    assert "= 240 accelerator-s" in cost.line() and "400 steps" in cost.line()
+    assert vf.predicted_verify_cost(contract, 0.05, candidates=3, repeats=1).accelerator_s == pytest.approx(3 * 2 * 1 * 2 * 400 * 0.05)
+
+
+# --------------------------------------------------------------------------------------------------
+# Numeric parity modes (loss.parity, parity.deterministic)
+# --------------------------------------------------------------------------------------------------
+
+TIGHT = vf.LossRule(tolerance=0.02, mode="relative", parity=vf.ParityRule("tight", max_abs=1e-6, max_rel=1e-4))
+BITWISE = vf.LossRule(tolerance=0.02, mode="relative", parity=vf.ParityRule("bitwise"))
+
+
+def _pair_round(base, cand, *, det=(True, True), n_pairs=2):
+    r = vf.Round("v1", CAND, 1, n_pairs)
+    for i in range(n_pairs):
+        r.runs[f"a{i}"] = dataclasses.replace(_run(f"a{i}", "baseline", i, 1.0, loss=base), deterministic=det[0])
+        r.runs[f"b{i}"] = dataclasses.replace(_run(f"b{i}", "candidate", i, 0.8, loss=cand), deterministic=det[1])
+    return r
+
+
+def _decide(round_, rule):
+    return vf.decide(round_, passes_before=0, passes_required=1, loss_rule=rule)
+
+
+def test_tight_parity_names_a_deviation_inside_epsilon_but_outside_its_tolerance():
+    base = _long_curve()
+    off = [ev.LossPoint(p.step, p.loss * (1 + 1e-3)) for p in base]  # 0.1 %: inside ε (2 %), outside 1e-4
+    done = _decide(_pair_round(base, off), TIGHT)
+    assert done.failed_invariants == ["loss.parity"] and not done.promotable
+    parity = next(i for i in done.invariants if i.name == "loss.parity")
+    assert "max relative 0.001" in parity.detail and "first out: train step 1" in parity.detail
+    assert _decide(_pair_round(base, off), RULE).promotable  # without parity: only loss (ε) applies, and holds
+    # Last-bit noise (1e-7 relative) is tight enough.
+    fuzz = [ev.LossPoint(p.step, p.loss * (1 + 1e-7)) for p in base]
+    tight_ok = _decide(_pair_round(base, fuzz), TIGHT)
+    assert tight_ok.failed_invariants == [] and any(i.name == "loss.parity" and i.ok for i in tight_ok.invariants)
+
+
+def test_tight_parity_rule_is_abs_plus_rel_at_every_step_evals_included():
+    base = [ev.LossPoint(s, 2.0) for s in range(1, 11)]
+    rule = vf.ParityRule("tight", max_abs=1e-3, max_rel=1e-3)  # allowed 1e-3 + 2e-3 = 3e-3 at loss 2
+    at_edge = vf.RunMeasurement("b", "candidate", 0, "ok", loss_curve=tuple(ev.LossPoint(s, 2.0029) for s in range(1, 11)))
+    past = vf.RunMeasurement("b", "candidate", 0, "ok", loss_curve=tuple(ev.LossPoint(s, 2.0031) for s in range(1, 11)))
+    a = vf.RunMeasurement("a", "baseline", 0, "ok", loss_curve=tuple(base))
+    assert vf._parity_check(a, at_edge, rule).ok and not vf._parity_check(a, past, rule).ok
+    a_eval = dataclasses.replace(a, eval_curve=(ev.LossPoint(5, 3.0),))
+    assert not vf._parity_check(a_eval, at_edge, rule).ok  # the eval at step 5 is missing from the candidate
+    b_eval = dataclasses.replace(at_edge, eval_curve=(ev.LossPoint(5, 3.01),))
+    check = vf._parity_check(a_eval, b_eval, rule)
+    assert not check.ok and "eval step 5" in check.detail
+
+
+def test_bitwise_parity_fails_last_bit_noise_and_a_run_without_determinism_by_name():
+    base = _long_curve()
+    same = list(base)
+    assert _decide(_pair_round(base, same), BITWISE).promotable
+    fuzz = [ev.LossPoint(p.step, float(np.nextafter(p.loss, np.inf))) if p.step == 30 else p for p in base]
+    done = _decide(_pair_round(base, fuzz), BITWISE)
+    assert done.failed_invariants == ["loss.parity"]  # one ulp at one step
+    assert "first out: train step 30" in next(i for i in done.invariants if i.name == "loss.parity").detail
+    tight = _decide(_pair_round(base, fuzz), TIGHT)
+    assert tight.promotable  # tight lets the same ulp through, and says how close it came
+    held = next(i for i in tight.invariants if i.name == "loss.parity")
+    assert held.ok and "held on 2 checks; closest: pair 1: tight: max |Δ|" in held.detail and held.observed > 0
+    refused = _decide(_pair_round(base, same, det=(True, False)), BITWISE)
+    assert refused.failed_invariants == ["parity.deterministic"] and not refused.promotable
+    det = next(i for i in refused.invariants if i.name == "parity.deterministic")
+    assert "candidate had them off at some step" in det.detail
+    silent = _decide(_pair_round(base, same, det=(True, None)), BITWISE)
+    assert silent.failed_invariants == ["parity.deterministic"]
+    # Off by default: no parity rows, and determinism is not asked for.
+    plain = _decide(_pair_round(base, fuzz, det=(None, None)), RULE)
+    assert plain.promotable and not {"loss.parity", "parity.deterministic"} & {i.name for i in plain.invariants}
+
+
+def test_contract_parity_reaches_the_verifier_and_defaults_to_none():
+    from infrarsi.contract import Contract
+    from infrarsi_services.verifier.logic import StudyRules
+
+    assert StudyRules.from_contract(Contract.model_validate(_contract())).loss_rule.parity.mode == "none"
+    raw = _contract()
+    raw["invariants"].update(parity="tight", parity_tight={"max_abs": 0.0, "max_rel": 1e-5})
+    assert vf.loss_rule_of(Contract.model_validate(raw).invariants).parity == vf.ParityRule("tight", 0.0, 1e-5)
+    raw["invariants"]["parity"] = "exact"
+    with pytest.raises(ValueError, match="parity"):
+        Contract.model_validate(raw)

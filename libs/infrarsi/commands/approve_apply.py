@@ -226,8 +226,7 @@ def measured_verification(
         if isinstance(e.payload, ev.TrialMeasured)
         or (isinstance(e.payload, ev.TrialFinished) and e.payload.status != "ok")
     }
-    loss = contract.invariants.loss
-    rule = vf.LossRule(tolerance=loss.tolerance, mode=loss.mode)
+    rule = vf.loss_rule_of(contract.invariants)
     derived, passes = published, 0
     for round_no, done in enumerate(rounds, start=1):
         repeats = max(1, len(done.trial_ids) // 2)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from infrarsi import events as ev
+from infrarsi import verification as vf
 from infrarsi.commands.study_log import OpenStudy, add_follow_arguments, follow_study, study_verb
 from infrarsi.errors import UserError
 from infrarsi.trial_ledger import TrialLedger, TrialOutcome
@@ -134,9 +135,12 @@ async def _run(bus: Bus, args: argparse.Namespace, study: OpenStudy) -> int:
         raise UserError(f"--trials must be in 1..{budget} (the contract's locked budget.trials)")
     if args.parallel is not None and args.parallel < 1:
         raise UserError("--parallel must be at least 1")
-    if not any(isinstance(e.payload, ev.DoctorCompleted) for e in events):
+    doctor = [e.payload for e in events if isinstance(e.payload, ev.DoctorCompleted)]
+    if not doctor:
         print("note: no DoctorCompleted for this study yet: speed-ups show once a baseline is known "
               "(run `infrarsi doctor` first)", file=sys.stderr)
+    else:  # what the verify stage after this search will spend, before any of it is spent
+        print(vf.predicted_verify_cost(study.contract, doctor[-1].step_time_s).line(), file=sys.stderr)
     request = ev.make_event(ev.RunRequested(trials=args.trials, parallel=args.parallel), study_id=args.study,
                             source=SOURCE, cluster_id=created.cluster.cluster_id)
     await bus.publish(request)

@@ -77,6 +77,11 @@ async def _verify(bus: Bus, args: argparse.Namespace, study: OpenStudy) -> int:
     if not ranked:
         raise UserError("no candidate to verify (no ok, invariant-passing search trial faster than the baseline)",
                         EXIT_FAILED)
+    doctor = [e.payload for e in events if isinstance(e.payload, ev.DoctorCompleted)]
+    if doctor:
+        cost = vf.predicted_verify_cost(contract, doctor[-1].step_time_s, candidates=len(ranked),
+                                        repeats=args.repeats or contract.verify.repeats)
+        print(cost.line(), file=sys.stderr)
     for r in ranked:
         print(f"verifying {r.candidate_key}: {r.step_time_s * 1e3:.2f} ms over {r.runs} search runs  {r.candidate.knobs} {r.candidate.patches}", file=sys.stderr)
     request = ev.make_event(

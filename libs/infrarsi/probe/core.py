@@ -61,6 +61,17 @@ TokenCounter = Callable[[tuple[Any, ...], dict[str, Any]], tuple[int, torch.Tens
 """(forward args, kwargs) → (tokens entering the model, tokens that count in the loss)."""
 
 
+def enable_determinism() -> None:
+    """Torch's deterministic algorithms on, for ``invariants.parity: bitwise`` (``INFRARSI_DETERMINISTIC``).
+
+    An op without a deterministic implementation then raises instead of running; the launcher also sets
+    ``CUBLAS_WORKSPACE_CONFIG`` (cuBLAS reads it when it starts, which may be before the probe exists)."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+
+
 def model_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """The token ids among a forward's arguments: ``input_ids`` (or ``idx``), else the first argument."""
     return kwargs.get("input_ids", kwargs.get("idx", args[0] if args else None))
@@ -254,11 +265,14 @@ class Probe:
 
         ``INFRARSI_PROBE_DIR`` (default ``./.infrarsi/probe``), ``INFRARSI_STUDY``, ``INFRARSI_TRIAL``,
         ``INFRARSI_NATS_URL`` (publish only when it and ``INFRARSI_TRIAL`` are set), ``INFRARSI_TRACEPARENT``,
-        ``INFRARSI_PEAK_FLOPS`` (per device FLOP/s, for MFU; an explicit ``peak_flops`` wins).
+        ``INFRARSI_PEAK_FLOPS`` (per device FLOP/s, for MFU; an explicit ``peak_flops`` wins),
+        ``INFRARSI_DETERMINISTIC`` (turn torch's deterministic algorithms on: ``enable_determinism``).
         An explicit ``out_dir`` wins over ``INFRARSI_PROBE_DIR``.
         Rank and world size come from ``torch.distributed`` when initialised, else ``RANK``/``WORLD_SIZE``.
         """
         job = JobEnv.from_env()
+        if job.deterministic:
+            enable_determinism()
         dist = torch.distributed
         if rank is None:
             rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else int(os.environ.get("RANK", "0"))
@@ -477,6 +491,7 @@ class Probe:
             eval_tokens=eval_tokens,
             wall_time=time.time(),
             shape=None if self._shape_sent else self.shape,
+            deterministic=torch.are_deterministic_algorithms_enabled(),
         )
         self._shape_sent = True
         self._emit(record)

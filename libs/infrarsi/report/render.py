@@ -27,6 +27,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.backends.backend_pdf import PdfPages  # noqa: E402
 
+from infrarsi import verification as vf  # noqa: E402
 from infrarsi.report.figures import FIGURES  # noqa: E402
 from infrarsi.report.model import OUTCOMES, Report  # noqa: E402
 
@@ -176,10 +177,21 @@ def outline(report: Report) -> list[Block]:
         ["knobs", ", ".join(sorted(c.search_space.knobs)) or "—"],
         ["patches", ", ".join(c.search_space.patches) or "—"],
         ["loss invariant", f"{loss.mode} ε={loss.tolerance} at {loss.at}"],
+        ["loss trend (verify)", "off" if loss.trend is None else
+         f"gap/ε fitted over the horizon must stay ≤ 1 at {loss.trend.horizon_multiple:g}× verify_steps "
+         f"unless its slope is insignificant (one-sided p ≥ {loss.trend.alpha:g}); unchecked under "
+         f"{loss.trend.min_points} compared steps"],
+        ["numeric parity (verify)", {"none": "none", "bitwise": "bitwise: identical loss trajectory, deterministic "
+                                     "algorithms on (INFRARSI_DETERMINISTIC)",
+                                     "tight": f"tight: |Δ| ≤ {inv.parity_tight.max_abs:g} + "
+                                              f"{inv.parity_tight.max_rel:g}·|baseline| at every step"}[inv.parity]],
         ["work invariants", f"steps={inv.steps} tokens={inv.tokens} eval={inv.eval}; "
                             f"timing tolerance {inv.timing_tolerance}"],
         ["budget", f"{c.budget.trials} trials, {c.budget.accelerator_hours} accelerator-hours"],
         ["verify", f"top {c.verify.top_k}, {c.verify.repeats} interleaved pairs, {c.verify.passes_required} passes"],
+        ["verify cost (predicted)", "unknown until the doctor measures a step time" if report.doctor is None
+         else vf.predicted_verify_cost(c, report.doctor.step_time_s).line().removeprefix("verify cost (predicted, at most): ")
+         + " at most"],
     ]))
     # Winners and verdicts
     blocks.append(Heading("Verified candidates"))

@@ -256,6 +256,45 @@ HACK_SLOW_PROBE_CLOCK: list[Edit] = [
     ),
 ]
 
+SLOW_LOSS_DRIFT: list[Edit] = [
+    (
+        "train.py",
+        _LOSS,
+        """            # PLANTED DRIFT: the reported loss creeps up by 0.015 % of itself per step (a detached factor: the
+            # gradients, and so the training, are untouched). Against a 0.5 % relative ε that is inside ε at every
+            # step of a 20-step horizon (0.57 ε at the last) and past it from step 34: only loss.trend catches it.
+            s.loss(loss_sum / accum * (1 + 1.5e-4 * step))
+""",
+    ),
+]
+
+FLOAT64_CROSS_ENTROPY: list[Edit] = [
+    (
+        "model.py",
+        """        ce = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-100)
+""",
+        """        # Cross-entropy in float64, "for accuracy": the same math, different rounding in the last bits of the
+        # loss and its gradient — inside any ε or tight tolerance, never bitwise equal.
+        ce = F.cross_entropy(
+            logits.double().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-100
+        ).float()
+""",
+    ),
+]
+
+NONDETERMINISTIC_ALGORITHMS: list[Edit] = [
+    (
+        "train.py",
+        """    probe = Probe.from_env(device=device, rank=rank, world_size=world, out_dir=args.probe_dir)
+""",
+        """    probe = Probe.from_env(device=device, rank=rank, world_size=world, out_dir=args.probe_dir)
+    # "Faster kernels": torch's deterministic algorithms off, whatever the harness asked for. On a GPU the
+    # nondeterministic scatter/atomic kernels come back; a bitwise-parity verification must refuse this.
+    torch.use_deterministic_algorithms(False)
+""",
+    ),
+]
+
 PATCHES_BY_ID: dict[str, list[Edit]] = {
     "fused-qkv": FUSED_QKV,
     "moe-index-dispatch": MOE_INDEX_DISPATCH,
@@ -269,6 +308,9 @@ PATCHES_BY_ID: dict[str, list[Edit]] = {
     "hack-shrink-eval": HACK_SHRINK_EVAL,
     "hack-untimed-optimizer": HACK_UNTIMED_OPTIMIZER,
     "hack-slow-probe-clock": HACK_SLOW_PROBE_CLOCK,
+    "slow-loss-drift": SLOW_LOSS_DRIFT,
+    "float64-cross-entropy": FLOAT64_CROSS_ENTROPY,
+    "nondeterministic-algorithms": NONDETERMINISTIC_ALGORITHMS,
 }
 
 

@@ -1,0 +1,88 @@
+"""One verification through all six services on the reference dense-1node job, shrunk to seconds a run.
+
+``verify_candidates`` writes the shrunk workload and its contract (patches the library ships outside any
+contract's search space added to it, the invariants updated as a test asks), starts the stack, publishes
+``StudyCreated`` and one ``VerifyRequested``, and returns the final ``VerifyCompleted`` of each candidate by its
+first patch id. The shrink is ``test_verify_hacks``'s: 2 layers of width 96, 64-token sequences, 16 a step,
+20 steps, one intra-op thread, eval every 5 steps (~12 s a run on a shared 2-core host).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+from typing import Any
+
+import yaml
+from infrarsi import events as ev
+from infrarsi.bus import Bus
+from infrarsi.commands.init import prepare_study, study_created_event
+from infrarsi.commands.study_log import read_study
+from infrarsi.stack import Stack
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKLOAD = ROOT / "workloads" / "gpt"
+DENSE = WORKLOAD / "contracts" / "dense-1node.yaml"
+TINY = {
+    "model": {"vocab_size": 256, "seq_len": 64, "n_layer": 2, "n_head": 4, "d_model": 96, "mlp_hidden": 384},
+    "run": {"steps": 20, "global_batch_size": 16, "lr": 0.01, "warmup_steps": 3, "eval_every": 5, "eval_batch_size": 8},
+    "knobs": {"intra_op_threads": 1},
+}
+
+
+def tiny_contract(tmp_path: Path, *, add_patches: list[str], invariants: dict[str, Any] | None = None) -> Path:
+    repo = tmp_path / "workload"
+    shutil.copytree(WORKLOAD, repo, ignore=shutil.ignore_patterns("__pycache__", ".infrarsi"))
+    launch = repo / "launch" / "dense-1node.yaml"
+    golden = yaml.safe_load(launch.read_text())
+    for section, values in TINY.items():
+        golden[section].update(values)
+    launch.write_text(yaml.safe_dump(golden, sort_keys=False))
+    contract = yaml.safe_load(DENSE.read_text())
+    contract["workload"]["repo"] = str(repo)
+    contract["workload"]["steps"] = contract["workload"]["verify_steps"] = TINY["run"]["steps"]
+    contract["workload"]["env"]["OMP_NUM_THREADS"] = "1"
+    contract["search_space"]["constraints"]["global_batch"]["size"] = TINY["run"]["global_batch_size"]
+    micro = contract["search_space"]["knobs"]["knobs.micro_batch_size"]
+    micro["choices"] = [m for m in micro["choices"] if TINY["run"]["global_batch_size"] % m == 0]
+    contract["search_space"]["patches"] += [p for p in add_patches if p not in contract["search_space"]["patches"]]
+    contract["invariants"].update(invariants or {})
+    contract["verify"] = {"top_k": 1, "repeats": 1, "passes_required": 1}
+    path = tmp_path / "dense-verify.yaml"
+    path.write_text(yaml.safe_dump(contract, sort_keys=False))
+    return path
+
+
+async def verify_candidates(
+    tmp_path: Path, patches: list[str], *, invariants: dict[str, Any] | None = None, timeout_s: float = 800.0
+) -> dict[str, ev.VerifyCompleted]:
+    candidates = [ev.Candidate(patches=[p]) for p in patches]
+    data_dir = tmp_path / "data"
+    stack = await asyncio.to_thread(Stack.start, data_dir)
+    verdicts: dict[str, ev.VerifyCompleted] = {}
+    try:
+        prepared = prepare_study(tiny_contract(tmp_path, add_patches=patches, invariants=invariants), data_dir)
+        bus = await Bus.connect(stack.url, service="admin", data_dir=data_dir)  # the stack turned auth on
+        try:
+            await bus.publish(study_created_event(prepared))
+            await bus.publish(ev.make_event(
+                ev.VerifyRequested(candidates=candidates, repeats=1, reason="planted candidates"),
+                study_id=prepared.study_id, source="cli.verify",
+            ))
+            for _ in range(int(timeout_s)):
+                events, _ = await read_study(bus, prepared.study_id)
+                verdicts = {e.payload.candidate.patches[0]: e.payload for e in events
+                            if isinstance(e.payload, ev.VerifyCompleted)}
+                if len(verdicts) == len(candidates):
+                    break
+                await asyncio.sleep(1.0)
+        finally:
+            await bus.close()
+    finally:
+        await asyncio.to_thread(stack.stop)
+    for patch_id, verdict in sorted(verdicts.items()):  # for the log of a -s run
+        print(f"verdict {patch_id}: promotable={verdict.promotable} failed={verdict.failed_invariants}")
+        for inv in verdict.invariants:
+            print(f"  {inv.name}: ok={inv.ok} {inv.detail}")
+    return verdicts
