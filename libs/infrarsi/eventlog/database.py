@@ -58,7 +58,7 @@ _STEP_JSON_STRUCTURE = _stdjson.dumps({
         "rank": "INTEGER", "world_size": "INTEGER", "step": "BIGINT", "loss": "DOUBLE", "step_time_s": "DOUBLE",
         "phases": "JSON", "tokens": "BIGINT", "optimizer_steps": "BIGINT", "loss_tokens": "BIGINT",
         "peak_memory_bytes": "BIGINT", "flops": "DOUBLE", "mfu": "DOUBLE", "eval_loss": "DOUBLE",
-        "eval_tokens": "BIGINT", "wall_time": "DOUBLE", "shape": "JSON",
+        "eval_tokens": "BIGINT", "wall_time": "DOUBLE", "shape": "JSON", "deterministic": "BOOLEAN",
     },
 }, separators=(",", ":"))
 """How DuckDB reads a telemetry ``TrialStep`` message's columns. The message was validated by msgspec with
@@ -74,7 +74,8 @@ _INSERTS: dict[str, str] = {
         INSERT INTO steps SELECT seq, m.study_id, m.trial_id, p.rank, p.world_size, p.step, p.loss, p.step_time_s,
                coalesce(p.phases, '{{}}'), p.tokens, p.optimizer_steps, p.loss_tokens, p.peak_memory_bytes, p.flops, p.mfu,
                p.eval_loss, p.eval_tokens, coalesce(p.wall_time, 0.0), make_timestamptz(ts_us), m.event_id,
-               subject, m.cluster_id, m.source, coalesce(m.schema_version, {ev.SCHEMA_VERSION}), p.shape
+               subject, m.cluster_id, m.source, coalesce(m.schema_version, {ev.SCHEMA_VERSION}), p.shape,
+               p.deterministic
         FROM (SELECT seq, subject, ts_us, json_transform(json, '{_STEP_JSON_STRUCTURE}') AS m
               FROM _stage_steps WHERE seq > $after), LATERAL (SELECT m.payload AS p)""",
     "studies": _upsert_sql("studies", ("study_id",), _STUDY_COLUMNS),

@@ -9,7 +9,7 @@ from infrarsi.bus import BANK_STREAM, LIFECYCLE_STREAM, TELEMETRY_STREAM
 REPLAYED_STREAMS: tuple[str, ...] = (LIFECYCLE_STREAM, TELEMETRY_STREAM, BANK_STREAM)
 ANALYST_DB_NAME = "analyst.duckdb"
 SNAPSHOT_NAME = "analyst.snapshot.duckdb"
-DB_SCHEMA_VERSION = "3"
+DB_SCHEMA_VERSION = "4"
 """Bumped when a table changes; a DB of another version must be rebuilt (``infrarsi replay --from-scratch``)."""
 DEFAULT_BATCH = 10_000
 """Messages per transaction: large enough that per-statement overhead vanishes, small enough to pipeline."""
@@ -163,7 +163,8 @@ CREATE TABLE IF NOT EXISTS steps (
     loss_tokens BIGINT, peak_memory_bytes BIGINT, flops DOUBLE, mfu DOUBLE, eval_loss DOUBLE,
     eval_tokens BIGINT, wall_time DOUBLE, ts TIMESTAMPTZ,
     event_id VARCHAR, subject VARCHAR, cluster_id VARCHAR, source VARCHAR, schema_version INTEGER,
-    shape JSON  -- the model's shape (WorkloadShape) on the first record of a probe, else NULL
+    shape JSON,  -- the model's shape (WorkloadShape) on the first record of a probe, else NULL
+    deterministic BOOLEAN  -- torch's deterministic algorithms on at this step (NULL: the probe did not say)
 );
 CREATE OR REPLACE VIEW events AS
     SELECT * FROM lifecycle_events
@@ -174,7 +175,8 @@ CREATE OR REPLACE VIEW events AS
                        'step_time_s', step_time_s, 'phases', phases, 'tokens', tokens,
                        'optimizer_steps', optimizer_steps, 'loss_tokens', loss_tokens,
                        'peak_memory_bytes', peak_memory_bytes, 'flops', flops, 'mfu', mfu, 'eval_loss', eval_loss,
-                       'eval_tokens', eval_tokens, 'wall_time', wall_time, 'shape', shape) AS payload
+                       'eval_tokens', eval_tokens, 'wall_time', wall_time, 'shape', shape,
+                       'deterministic', deterministic) AS payload
     FROM steps;
 CREATE TABLE IF NOT EXISTS studies (
     study_id VARCHAR PRIMARY KEY,
