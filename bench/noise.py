@@ -139,6 +139,10 @@ def run_model(index: int, hosts: Sequence[str], tuners: Sequence[str], seeds: in
             for h in hosts for t in tuners for seed in range(seeds)]
 
 
+def _run_model(work: tuple[int, Sequence[str], Sequence[str], int, int, int]) -> tuple[int, list[dict[str, Any]]]:
+    return work[0], run_model(*work)
+
+
 def summarise(records: list[dict[str, Any]], hosts: Sequence[str], tuners: Sequence[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for h in hosts:
@@ -195,37 +199,50 @@ def main(argv: Sequence[str] | None = None) -> int:
     models = range(args.first_model, args.first_model + args.models)
     work = [(i, args.hosts, args.tuners, args.seeds, args.budget, args.doctor_runs) for i in models]
     records: list[dict[str, Any]] = []
+    done: list[int] = []
+
+    def report(final: bool) -> None:
+        """The table (when ``final``) and the JSON of the models done so far: a run cut short keeps them."""
+        summary = summarise(records, args.hosts, args.tuners)
+        checks = targets(summary)
+        wall = time.perf_counter() - t0
+        write_json(args.json_out, {"simulated": True, "models": sorted(done), "seeds": args.seeds,
+                                   "budget": args.budget, "doctor_runs": args.doctor_runs, "complete": final,
+                                   "hosts": {h: dataclasses.asdict(HOSTS[h]) for h in args.hosts},
+                                   "drift": {"start": DRIFT_START, "end": DRIFT_END, "slowdown": DRIFT_SLOWDOWN},
+                                   "summary": summary, "targets": checks, "wall_seconds": wall, "studies": records})
+        if not final:
+            return
+        print(f"Robustness family (simulated), models {args.first_model}..{args.first_model + args.models - 1} x "
+              f"{args.seeds} seeds, {args.budget} runs per study, {args.doctor_runs} doctor runs of the baseline "
+              "told; scored on TRUE (noise-free) times of each tuner's final choice")
+        print(f"{'host':6s} {'tuner':6s} {'n':>4s} {'chosen/oracle':>13s} {'p10':>6s} {'vs_base':>7s} "
+              f"{'slower':>6s} {'oom':>6s} {'runs':>5s} {'race':>5s}")
+        for h, by_tuner in summary.items():
+            for t, v in by_tuner.items():
+                print(f"{h:6s} {t:6s} {v['studies']:4d} {v['chosen_over_oracle_median']:13.3f} "
+                      f"{v['chosen_over_oracle_p10']:6.3f} {v['vs_baseline_median']:7.3f} "
+                      f"{v['slower_than_baseline_share']:6.3f} {v['oom_share']:6.3f} {v['runs_median']:5.0f} "
+                      f"{v['race_runs_median']:5.0f}")
+        print(f"targets at cv10: {checks}")
+        print(f"wall {wall:.0f}s")
+
+    def finished(index: int, part: list[dict[str, Any]]) -> None:
+        records.extend(part)
+        done.append(index)
+        log.info("model %d done (%.0fs)", index, time.perf_counter() - t0)
+        report(final=False)
+
     if args.jobs > 1:
         import multiprocessing
 
         with multiprocessing.get_context("fork").Pool(args.jobs) as p:
-            for part in p.starmap(run_model, work):
-                records += part
+            for index, part in p.imap_unordered(_run_model, work):
+                finished(index, part)
     else:
         for w in work:
-            records += run_model(*w)
-            log.info("model %d done (%.0fs)", w[0], time.perf_counter() - t0)
-    wall = time.perf_counter() - t0
-    summary = summarise(records, args.hosts, args.tuners)
-    checks = targets(summary)
-    print(f"Robustness family (simulated), models {args.first_model}..{args.first_model + args.models - 1} x "
-          f"{args.seeds} seeds, {args.budget} runs per study, {args.doctor_runs} doctor runs of the baseline told; "
-          "scored on TRUE (noise-free) times of each tuner's final choice")
-    print(f"{'host':6s} {'tuner':6s} {'n':>4s} {'chosen/oracle':>13s} {'p10':>6s} {'vs_base':>7s} "
-          f"{'slower':>6s} {'oom':>6s} {'runs':>5s} {'race':>5s}")
-    for h, by_tuner in summary.items():
-        for t, v in by_tuner.items():
-            print(f"{h:6s} {t:6s} {v['studies']:4d} {v['chosen_over_oracle_median']:13.3f} "
-                  f"{v['chosen_over_oracle_p10']:6.3f} {v['vs_baseline_median']:7.3f} "
-                  f"{v['slower_than_baseline_share']:6.3f} {v['oom_share']:6.3f} {v['runs_median']:5.0f} "
-                  f"{v['race_runs_median']:5.0f}")
-    print(f"targets at cv10: {checks}")
-    print(f"wall {wall:.0f}s")
-    write_json(args.json_out, {"simulated": True, "models": list(models), "seeds": args.seeds, "budget": args.budget,
-                               "doctor_runs": args.doctor_runs, "hosts": {h: dataclasses.asdict(HOSTS[h])
-                                                                          for h in args.hosts},
-                               "drift": {"start": DRIFT_START, "end": DRIFT_END, "slowdown": DRIFT_SLOWDOWN},
-                               "summary": summary, "targets": checks, "wall_seconds": wall, "studies": records})
+            finished(w[0], run_model(*w))
+    report(final=True)
     return 0
 
 
