@@ -3,13 +3,13 @@
 Owns: the in-study state the proposer and modeler services need (time model, censored memory model,
 invariant and cost models, dedup, known-OOM regions), the initial design (prior-guided best + space-filling
 seeds), batches maximising EI(log time) × P(no OOM) × P(invariants hold) / predicted cost with kriging-believer
-diversification, pairing of memory-hungry wins with memory savers, the stopping rule and the verification
-shortlist. Must not: do I/O, read clocks for decisions, or keep state that a replay of the observations in
+diversification, pairing of memory-hungry wins with memory savers, the race of the leaders on a noisy host
+(re-runs of measured candidates, ``SearchConfig.race``), the stopping rule and the verification shortlist. Must not: do I/O, read clocks for decisions, or keep state that a replay of the observations in
 order would not rebuild: `Searcher.replay(...)` and a live Searcher fed the same events suggest the same
 candidates.
 
 Calling order: construct -> (observe | suggest)* ; `suggest` is a pure function of (seed, observations so far,
-``pending``) and does not change the state.
+``pending``, ``left``) and does not change the state.
 """
 
 from __future__ import annotations
