@@ -86,6 +86,9 @@ class BenchSpace:
     """Measured runs of the golden baseline every tuner is told before its first trial (``doctor_baseline``):
     what the doctor stage measures before a study's search, which the product's proposer observes. Not trials
     of the budget, not scored (bench/robustness.py ``--doctor-baseline N``)."""
+    noise_floor: float | None = None
+    """InfraRSI's noise floor, σ of log step time, as a study's doctor would report it (``None``: the Searcher's
+    default, 0.03); bench/noise.py sets it from the doctor's runs of the baseline."""
 
     @property
     def has_oracle(self) -> bool:
@@ -139,8 +142,9 @@ def design_done(s: Searcher, told: int = 0) -> bool:
 
 def run_infrarsi(bs: BenchSpace, seed: int, budget: int) -> list[Trial]:
     # what a study gives the proposer: the contract's knowledge base and golden baseline, where the space has them
+    floor = {} if bs.noise_floor is None else {"noise_floor": bs.noise_floor}
     s = Searcher(bs.space, bs.capacity_bytes, meta=bs.meta, kb=bs.kb, baseline=bs.baseline, seed=seed, pool=bs.pool,
-                 config=bs.search_config)
+                 config=bs.search_config, **floor)
     if bs.memory_model is not None:
         s.memory_model = bs.memory_model(s)
         s.memory_peer = None  # a reference model (bench/robustness.py --memory-oracle) is measured alone
@@ -152,7 +156,7 @@ def run_infrarsi(bs: BenchSpace, seed: int, budget: int) -> list[Trial]:
     for _ in range(budget):
         if design_done(s, told) and s.should_stop()[0]:
             break  # what the proposer does: no more expected gain ends the study (a tiny space runs out of fits)
-        sug = s.suggest(1)
+        sug = s.suggest(1, left=budget - len(out))  # the open race may take the budget's last trials
         if not sug:
             break
         c = sug[0].candidate

@@ -26,8 +26,10 @@ arrives, or its ok ``TrialFinished`` *and* its ``TrialMeasured`` (``TrialLedger`
 because of the harness (``TrialFinished.infrastructure``: its launcher was killed mid-trial) costs its
 accelerator time but not the candidate: it is re-run once, outside the trial budget, and the models never
 see the failure. Never proposes a candidate twice otherwise (the searcher excludes observed and pending candidates; ``events.Candidate.key()`` is
-checked again here) but for a ``confirm`` proposal — a leader tied within noise, re-measured once before the
-search stops (``SearchConfig.confirm_repeats``) —, never a candidate the contract rejects. Stops when the trial budget is proposed, when
+checked again here) but for a ``confirm`` proposal — a run of the searcher's race, a challenger within noise of
+the incumbent re-run interleaved with it (``SearchConfig.race``; its reason starts ``race:``; the study's trials
+left are passed as ``suggest``'s ``left``, so the open race takes the budget's last trials) —, never a candidate
+the contract rejects. Stops when the trial budget is proposed, when
 the next trial would overrun the accelerator-hours (spent = every ``TrialFinished.accelerator_s`` of the
 study, doctor and failed trials included; the next trial's cost is estimated from the search trials so far),
 when ``Searcher.should_stop()`` says no more gain is expected, or when the space is exhausted. Once nothing
@@ -343,12 +345,13 @@ class ProposerState(StudiesFold[_Study]):
                     study.stop_reason = f"no more expected gain: {why}"
                     continue
             turn, why = self._searcher_for_turn(study)
-            suggestions = turn.suggest(n if study.hedge is None else 1, pending=pending)  # the hedge alternates
+            # the hedge alternates; the budget's trials left let the open race take the last of them (Searcher)
+            suggestions = turn.suggest(n if study.hedge is None else 1, pending=pending, left=left // repeats)
             if not suggestions:
                 study.stop_reason = "search space exhausted"
                 continue
             for s in suggestions:
-                repeat = s.origin == "confirm"  # a leader re-measured before the study stops (Searcher)
+                repeat = s.origin == "confirm"  # a run of the open race (Searcher, SearchConfig.race)
                 if study.space.contract_problems(s.candidate) or (
                         not repeat and study.space.event_key(s.candidate) in study.proposed_keys):
                     study.rejected.append(s.candidate)

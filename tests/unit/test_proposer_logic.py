@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from infrarsi import events as ev
 from infrarsi.contract import contract_from_dict
+from infrarsi.modeling.search import SearchConfig
 from infrarsi.modeling.space import Candidate
 from infrarsi.study_space import StudySpace
 from infrarsi_services.modeler.logic import ModelerState
@@ -45,8 +46,10 @@ class World:
     """Runs what the services publish: trials (launcher + telemetry) and verifications (verifier)."""
 
     def __init__(self, study: StudySpace, *, seed: int = 0, accelerator_s: float = 60.0,
-                 crash: Callable[[Candidate], bool] = lambda c: False) -> None:
+                 crash: Callable[[Candidate], bool] = lambda c: False, noise: float = 0.02) -> None:
         self.study = study
+        self.noise = noise
+        """Run-to-run σ of log step time."""
         self.rng = np.random.default_rng(seed)
         self.accelerator_s = accelerator_s
         self.crash = crash
@@ -77,7 +80,7 @@ class World:
         if true_peak(c) > self.study.capacity_bytes:
             return [envelope(ev.TrialFinished(status="oom", accelerator_s=10.0, peak_memory_bytes=int(9.8 * GIB),
                                               censored_peak_bytes=int(9.8 * GIB)), trial_id=trial_id)]
-        step = math.exp(true_log_time(c) + 0.02 * self.rng.standard_normal())
+        step = math.exp(true_log_time(c) + self.noise * self.rng.standard_normal())
         finished = envelope(ev.TrialFinished(status="ok", accelerator_s=self.accelerator_s), trial_id=trial_id)
         measured = envelope(ev.TrialMeasured(
             candidate_key=p.candidate_key, kind=p.kind, status="ok", steps=10, warmup_steps=1, step_time_s=step,
@@ -136,8 +139,11 @@ def test_a_study_runs_to_verify_and_finish_without_proposing_a_candidate_twice(t
     world = World(loader(created.payload))
     log = run_events([ProposerState(load_study=loader)], world, [created, envelope(RunRequested(parallel=3))])
     proposed = [e.payload for e in of_type(log, ev.TrialProposed)]
-    keys = [p.candidate_key for p in proposed]
-    assert len(keys) == len(set(keys)) == 14
+    assert len(proposed) == 14
+    # twice only as a run of the searcher's race (origin confirm), of a candidate proposed before it
+    keys = [p.candidate_key for p in proposed if p.origin != "confirm"]
+    assert len(keys) == len(set(keys))
+    assert all(p.candidate_key in keys[:i] for i, p in enumerate(proposed) if p.origin == "confirm")
     assert all(p.candidate.key() == p.candidate_key and p.kind == "search" for p in proposed)
     assert len({e.trial_id for e in of_type(log, ev.TrialProposed)}) == 14
     verify = of_type(log, ev.VerifyRequested)
@@ -161,7 +167,8 @@ def test_origins_reasons_and_predictions_are_recorded_and_the_initial_design_is_
     proposed = [e.payload for e in of_type(log, ev.TrialProposed)]
     first = proposed[:4]
     assert all(p.origin == "seed" for p in first)  # no workload shape: no prior's guess (SearchConfig.design_first)
-    assert {p.origin for p in proposed[4:]} <= {"ei", "pairing"}
+    assert {p.origin for p in proposed[4:]} <= {"ei", "pairing", "confirm"}
+    assert all(p.reason.startswith("race: ") for p in proposed if p.origin == "confirm")
     assert all(p.reason and p.prediction is not None and p.prediction.step_time_s > 0 for p in proposed)
     assert all(0.0 <= p.prediction.p_oom <= 1.0 for p in proposed)
     # diverse: not one incumbent and its neighbours — the design's candidates differ pairwise in ≥ 2 settings
@@ -318,7 +325,7 @@ def test_an_infrastructure_failure_costs_but_does_not_use_up_the_candidate(tmp_p
 
 def test_leaders_tied_within_noise_are_re_measured_before_the_search_stops(tmp_path: Path) -> None:
     # a space of 20 candidates and a budget the search does not use up: it stops once every candidate has run,
-    # after re-measuring its leaders
+    # after racing its leaders (SearchConfig.race) on a host whose doctor measured a run-to-run CV of 8%
     data = synthetic_contract_dict(tmp_path, trials=40)
     data["search_space"]["knobs"] = {k: v for k, v in data["search_space"]["knobs"].items()
                                      if k in ("train.micro_batch_size", "model.attention", "train.compile")}
@@ -328,13 +335,18 @@ def test_leaders_tied_within_noise_are_re_measured_before_the_search_stops(tmp_p
                                        contract_sha256=contract.sha256(), workload_dir=str(tmp_path),
                                        baseline_ref="0" * 40, locked_files={}, cluster=contract.cluster.info()),
                        source="cli.init")
-    log = run_events([ProposerState(load_study=loader)], World(loader(created.payload)),
-                     [created, envelope(RunRequested(parallel=1))])
+    doctor = ev.DoctorCompleted(repeats=3, baseline_trial_ids=[], step_time_s=1.0, run_to_run_cv=0.08,
+                                step_to_step_cv=0.0, warmup_steps=0, phase_fractions={}, per_rank_step_s=[],
+                                stragglers=[], min_detectable_speedup=1.2, repeats_per_trial=1)
+    log = run_events([ProposerState(load_study=loader)], World(loader(created.payload), noise=0.08),
+                     [created, envelope(doctor), envelope(RunRequested(parallel=1))])
     proposed = [e.payload for e in of_type(log, ev.TrialProposed)]
     assert len(proposed) < 40
     confirms = [p for p in proposed if p.origin == "confirm"]
     fresh = [p.candidate_key for p in proposed if p.origin != "confirm"]
     assert confirms and len(fresh) == len(set(fresh))
     assert all(p.candidate_key in fresh[:i] for i, p in ((proposed.index(c), c) for c in confirms))
-    assert len({p.candidate_key for p in confirms}) == len(confirms)  # each leader re-measured once (2 runs)
+    assert all(p.reason.startswith("race: ") for p in confirms)
+    cap = SearchConfig().race_max_cap  # a raced candidate runs at most the race's cap in all
+    assert all(1 + sum(c.candidate_key == p.candidate_key for c in confirms) <= cap for p in confirms)
     assert len(of_type(log, ev.StudyFinished)) == 1

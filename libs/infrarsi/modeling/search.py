@@ -3,20 +3,20 @@
 Owns: the in-study state the proposer and modeler services need (time model, censored memory model,
 invariant and cost models, dedup, known-OOM regions), the initial design (prior-guided best + space-filling
 seeds), batches maximising EI(log time) × P(no OOM) × P(invariants hold) / predicted cost with kriging-believer
-diversification, pairing of memory-hungry wins with memory savers, the stopping rule and the verification
-shortlist. Must not: do I/O, read clocks for decisions, or keep state that a replay of the observations in
+diversification, pairing of memory-hungry wins with memory savers, the race of the leaders on a noisy host
+(re-runs of measured candidates, ``SearchConfig.race``), the stopping rule and the verification shortlist. Must not: do I/O, read clocks for decisions, or keep state that a replay of the observations in
 order would not rebuild: `Searcher.replay(...)` and a live Searcher fed the same events suggest the same
 candidates.
 
 Calling order: construct -> (observe | suggest)* ; `suggest` is a pure function of (seed, observations so far,
-``pending``) and does not change the state.
+``pending``, ``left``) and does not change the state.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -167,9 +167,38 @@ class SearchConfig:
     """``top_candidates``: measured step times within this many noise stds of the fastest are ranked by the mean
     of measured and posterior log time (0: by the measurement alone)."""
     confirm_repeats: int = 2
-    """Before the study stops for want of expected gain, each leader tied within noise (``top_candidates``' tie
-    set, at most ``confirm_top``) is measured this many times in all (1: never re-measured)."""
+    """With ``race`` off: before the study stops for want of expected gain, each leader tied within noise
+    (``top_candidates``' tie set, at most ``confirm_top``) is measured this many times in all (1: never
+    re-measured). With ``race`` on the race replaces it."""
     confirm_top: int = 3
+    race: bool = True
+    """Racing (SMAC-style intensification): after the initial design, a challenger whose mean log step time is
+    within noise of the incumbent's (``race_z``) is re-run, interleaved with the incumbent (the one of the pair
+    with fewer runs goes next), until the difference is resolved or both have ``race_cap`` runs (then the
+    challenger is dropped). ``top_candidates`` then ranks by the repeated runs. Off: one run per candidate and the
+    confirmation before the stop (``confirm_repeats``), the search as it was. Why and the measurements:
+    docs/modeling.md, "Racing on a noisy host"."""
+    race_z: float = 1.5
+    """A difference of mean log times is resolved when it is at least this many of its standard errors,
+    σ·sqrt(1/n_c + 1/n_i) (σ: ``race_noise``): 1.5 is a one-sided 93% call. The same test keeps a single run from
+    outranking a re-measured candidate in ``top_candidates``."""
+    race_effect: float = 1.05
+    """The speed-up a race is sized to tell apart: the cap is the doctor's ``repeats_for_effect`` of it at the
+    run-to-run noise, bounded by ``race_min_cap`` and ``race_max_cap``."""
+    race_min_cap: int = 2
+    race_max_cap: int = 5
+    """Most runs of one candidate a race asks for. At CV 2% a 5% effect needs 3 runs; at 5% and beyond the
+    doctor's count (15 and more) is more than a study of tens of trials can spend on one pair, so the bound
+    decides: past it the models' pooling of every run and the verification settle the rest."""
+    race_share: float = 0.5
+    """Races take at most this share of the trials after the initial design: a race run is proposed while the
+    race runs so far (repeats of a measured candidate, run and pending) are fewer than ``race_share`` × (trials
+    since the design + 1) — at 0.5 a race run and a new candidate alternate, as SMAC's intensification does, so
+    exploration keeps half the budget. Not applied when nothing new is worth a trial (``should_stop``'s reason)
+    or when the open race needs the trials the budget has left (``suggest``'s ``left``)."""
+    race_noise_df: float = 4.0
+    """``race_noise``: the weight, in degrees of freedom, of the doctor's run-to-run noise (the time model's noise
+    floor) against the spread of the study's own repeated runs (a doctor's CV from 3 runs is itself noisy)."""
     probe_margin: float = 1.0
     """A memory step probe must be worth this many times the best admitted candidate's acquisition."""
     shortlist_top: int = 600
@@ -301,6 +330,19 @@ class CandidatePool:
         return np.flatnonzero((d > 0) & (d <= max_changes))
 
 
+@dataclass(frozen=True)
+class _Runs:
+    """The measured candidates' runs as arrays, in ``Searcher._measured``'s order (racing and ranking)."""
+
+    keys: list[str]
+    n: np.ndarray
+    """(C,) measured runs of each candidate."""
+    mean_log: np.ndarray
+    """(C,) mean of its runs' log step times."""
+    noise: float
+    """``Searcher.race_noise``."""
+
+
 @dataclass
 class _FitCache:
     """What the current fit determines, kept until the next refit (``Searcher._pool_means``, ``_incumbent``)."""
@@ -314,6 +356,8 @@ class _FitCache:
     incumbent: float | None = None
     stop_scan: tuple[int, float, bool] | None = None
     """(pool size, ``Searcher._stop_scan``'s answer): ``should_stop`` and a confirming ``suggest`` both ask."""
+    runs: _Runs | None = None
+    """Every measured candidate's runs (``Searcher._runs``)."""
 
 
 class Searcher:
@@ -379,6 +423,9 @@ class Searcher:
         self._refused_rows: tuple[int, int, np.ndarray] = (0, 0, np.zeros(0, dtype=bool))
         """(pool size, refusals, mask of the pool rows holding a refused set), kept while both stay."""
         self._queue: list[Suggestion] = []
+        self._repeats = 0
+        """Observations of a candidate observed before (race and confirmation runs), the doctor's leading runs of
+        the golden baseline not counted."""
         self._dirty = True
 
     # ------------------------------------------------------------------------------------------- events
@@ -394,10 +441,12 @@ class Searcher:
     def observe(self, obs: Observation) -> None:
         c = obs.candidate
         self.observations.append(obs)
-        self._seen.add(c.key)
         leading = self._baseline_runs == len(self.observations) - 1
         if leading and self.baseline is not None and c.key == self.baseline.key:
             self._baseline_runs += 1
+        elif c.key in self._seen:
+            self._repeats += 1
+        self._seen.add(c.key)
         if c.key not in self.pool.index:
             self.pool.extend([c])
         row = self.pool.index[c.key]
@@ -686,8 +735,11 @@ class Searcher:
         return shortlist
 
     # ---------------------------------------------------------------------------------------- suggest
-    def suggest(self, n: int = 1, pending: Sequence[Candidate] = ()) -> list[Suggestion]:
-        """Up to n new candidates (never observed, never pending, never in a known-OOM region)."""
+    def suggest(self, n: int = 1, pending: Sequence[Candidate] = (), left: int | None = None) -> list[Suggestion]:
+        """Up to n candidates: new ones (never observed, never pending, never in a known-OOM region), but for a
+        run of the open race (``SearchConfig.race``; with it off, a confirmation before the stop), origin
+        ``confirm``, which repeats a measured candidate. ``left``: the trials the study's budget has left (``None``:
+        not known); when the open race needs at least that many, its runs come before any new candidate."""
         self.refit()
         rng = np.random.default_rng([self.seed, len(self.observations), len(pending)])
         taken: set[str] = {c.key for c in pending}  # beside the observed ones (``self._seen``)
@@ -700,9 +752,16 @@ class Searcher:
                 taken.add(s.candidate.key)
         if len(out) >= n:
             return out
-        confirm = self._confirmation(pending)
-        if confirm is not None and self._stop_reason() is not None:
-            return [*out, confirm]  # nothing new is worth a trial: the leaders are re-measured (``should_stop``)
+        if self.config.race:
+            race = self._race_turn(pending, left)
+            if race is not None:
+                out.append(race)
+                if len(out) >= n:
+                    return out
+        else:
+            confirm = self._confirmation(pending)
+            if confirm is not None and self._stop_reason() is not None:
+                return [*out, confirm]  # nothing new is worth a trial: the leaders are re-measured (``should_stop``)
         n_done = self._design_count(pending)
         idx = self._shortlist(rng, taken)
         if idx.size == 0:
@@ -1033,12 +1092,15 @@ class Searcher:
     def should_stop(self, pending: Sequence[Candidate] = ()) -> tuple[bool, str]:
         """Stop when the largest expected improvement is a small fraction of the run-to-run noise, or when every
         candidate that fits the cut-off has run and the OOM budget holds none of the rest (a tiny space) — once
-        the leaders tied within noise are measured ``SearchConfig.confirm_repeats`` times each, the ``pending``
-        runs counted."""
+        no race is open (``SearchConfig.race``; with it off, once the leaders tied within noise are measured
+        ``SearchConfig.confirm_repeats`` times each), the ``pending`` runs counted."""
         why = self._stop_reason()
         if why is None:
             thr = self.config.stop_ei_fraction * self.time_model.noise_std
             return False, f"max EI {self._stop_scan()[0]:.4g} >= threshold {thr:.4g}"
+        if self.config.race:
+            race = self._race(pending)
+            return (False, f"{why}; {race[0].reason}") if race is not None else (True, why)
         confirm = self._confirmation(pending)
         if confirm is not None:
             return False, f"{why}; {confirm.reason}"
@@ -1078,7 +1140,14 @@ class Searcher:
         optimum where the model's misfit exceeded the noise (simulator: 0.962 on dense7b_h100x64); the measurement
         alone kept the luckiest draw — with 2-8% noise and ~30 measured candidates, one 5-10% slower than the
         best measured won often (robustness family: the oracle measured in most runs, a slower one chosen).
-        The figures: docs/modeling.md, "Search moves"."""
+        The figures: docs/modeling.md, "Search moves".
+
+        With ``SearchConfig.race`` on, a candidate's measurement is the mean of its runs' log times, and in the tie
+        the posterior counts as one run more: the key is (n × mean + posterior) / (n + 1), so a candidate measured
+        five times is ranked by its runs and one measured once as before. A candidate measured once never ranks
+        above a re-measured one whose mean is less than ``race_z`` standard errors of their difference above its
+        run (the race's test, ``race_noise``): one lucky draw does not beat a mean it has not been raced against.
+        The step seconds reported are then exp(mean log time)."""
         return [(c, t, sd) for c, t, sd, _ in self._ranked(k)]
 
     def _ranked(self, k: int) -> list[tuple[Candidate, float, float, bool]]:
@@ -1086,6 +1155,8 @@ class Searcher:
         self.refit()
         if not self._measured:
             return []
+        if self.config.race:
+            return self._ranked_by_runs(k)
         keys = list(self._measured)
         measured = np.fromiter((np.log(np.median(t)) if len(t) > 1 else math.log(t[0])
                                 for t in self._measured.values()), dtype=float, count=len(keys))
@@ -1100,6 +1171,119 @@ class Searcher:
         order = sorted(range(sub.size), key=lambda i: (not tied[i], key[i]))[:k]
         return [(self.pool.candidates[idx[i]], float(math.exp(measured[sub[i]])), float(sd[i]), bool(tied[i]))
                 for i in order]
+
+    def _ranked_by_runs(self, k: int) -> list[tuple[Candidate, float, float, bool]]:
+        """``_ranked`` with ``SearchConfig.race`` on (``top_candidates``' docstring has the rule)."""
+        runs = self._runs()
+        n, m = runs.n, runs.mean_log
+        z, sigma = self.config.race_z, runs.noise
+        tie = self.config.select_tie_sigmas * self.time_model.noise_std
+        # the tied ones, the re-measured ones that may hold a tied single run back, and the next k by measurement
+        near = m <= m.min() + tie + z * sigma * math.sqrt(2.0)
+        sub = np.sort(_smallest(m, min(m.size, int(near.sum()) + k)))
+        idx = np.array([self.pool.index[runs.keys[i]] for i in sub])
+        mu, sd = self.time_model.predict_encoded(self.pool.x_time[idx])
+        assert sd is not None
+        n_sub, m_sub = n[sub], m[sub]
+        tied = m_sub <= m.min() + tie
+        key = np.where(tied, (n_sub * m_sub + mu) / (n_sub + 1.0), m_sub)
+        remaining = sorted(range(sub.size), key=lambda i: (not tied[i], key[i]))
+        # a single run is held back by any re-measured candidate left whose mean is within the race's test of it
+        hold = m_sub - z * sigma * np.sqrt(1.0 + 1.0 / n_sub)  # (S,) a single run above this is held back
+        order: list[int] = []
+        while remaining and len(order) < k:
+            again = [i for i in remaining if n_sub[i] > 1]
+            lowest = float(hold[again].min()) if again else math.inf
+            pos = next(p for p, i in enumerate(remaining) if n_sub[i] > 1 or m_sub[i] <= lowest)
+            order.append(remaining.pop(pos))
+        return [(self.pool.candidates[idx[i]], float(math.exp(m_sub[i])), float(sd[i]), bool(tied[i]))
+                for i in order]
+
+    # ------------------------------------------------------------------------------------------ racing
+    def _runs(self) -> _Runs:
+        """Every measured candidate's run count and mean log time, and the race noise (cached until a refit)."""
+        self.refit()
+        if self._cache.runs is None:
+            keys = list(self._measured)
+            n = np.fromiter((len(t) for t in self._measured.values()), dtype=float, count=len(keys))
+            logs = [np.log(t) for t in self._measured.values()]
+            m = np.fromiter((y.mean() for y in logs), dtype=float, count=len(keys))
+            # pooled within-candidate spread, the doctor's noise floor weighing race_noise_df degrees of freedom
+            df = self.config.race_noise_df
+            ss = df * self.time_model.noise_floor**2 + sum(float(((y - y.mean()) ** 2).sum()) for y in logs
+                                                          if y.size > 1)
+            noise = math.sqrt(ss / (df + float((n - 1.0).sum())))
+            self._cache.runs = _Runs(keys, n, m, noise)
+        return self._cache.runs
+
+    def race_noise(self) -> float:
+        """σ of one run's log step time that a race tests differences against: the doctor's run-to-run noise (the
+        time model's noise floor) pooled with the spread of the study's repeated runs of the same candidate
+        (``SearchConfig.race_noise_df``). Not the time model's fitted noise, which holds its misfit too."""
+        return self._runs().noise if self._measured else self.time_model.noise_floor
+
+    def race_cap(self) -> int:
+        """Most runs of one candidate in a race: the doctor's ``repeats_for_effect`` of ``race_effect`` at the
+        doctor's noise (the noise floor), within [``race_min_cap``, ``race_max_cap``]."""
+        from infrarsi.doctor import repeats_for_effect
+
+        need = repeats_for_effect(self.time_model.noise_floor, self.config.race_effect,
+                                  max_repeats=self.config.race_max_cap)
+        return max(self.config.race_min_cap, need)
+
+    def _race(self, pending: Sequence[Candidate] = ()) -> tuple[Suggestion, int] | None:
+        """The open race's next run and the runs the race may still take; ``None`` when none is open.
+
+        The incumbent is ``top_candidates``' first; a challenger is a measured candidate whose mean log time
+        differs from the incumbent's by less than ``race_z`` × σ·sqrt(1/n_c + 1/n_i) (unresolved) while one of
+        the pair has fewer than ``race_cap`` runs, run and pending. Of the challengers the one measured fastest
+        races; of the pair the one with fewer runs is re-run (ties: the one measured faster, the likelier lucky
+        draw)."""
+        ranked = self._ranked(1)
+        if not ranked:
+            return None
+        runs = self._runs()
+        cap, z = self.race_cap(), self.config.race_z
+        extra: dict[str, int] = {}
+        for c in pending:
+            extra[c.key] = extra.get(c.key, 0) + 1
+        total = runs.n + np.array([extra.get(key, 0) for key in runs.keys], dtype=float)  # (C,) run and pending
+        inc = runs.keys.index(ranked[0][0].key)
+        gap = runs.mean_log - runs.mean_log[inc]
+        bound = z * runs.noise * np.sqrt(1.0 / runs.n + 1.0 / runs.n[inc])
+        open_ = (np.abs(gap) < bound) & ((total < cap) | (total[inc] < cap))
+        open_[inc] = False
+        if not open_.any():
+            return None
+        ch = int(np.argmin(np.where(open_, runs.mean_log, np.inf)))
+        pair = [ch, inc] if runs.mean_log[ch] <= runs.mean_log[inc] else [inc, ch]
+        run = min((i for i in pair if total[i] < cap), key=lambda i: total[i])
+        need = int(max(cap - total[ch], 0) + max(cap - total[inc], 0))
+        who = "challenger" if run == ch else "incumbent"
+        reason = (f"race: re-run of the {who}; challenger {math.exp(runs.mean_log[ch]):.4g}s over "
+                  f"{int(runs.n[ch])} run(s) vs incumbent {math.exp(runs.mean_log[inc]):.4g}s over "
+                  f"{int(runs.n[inc])}: |Δ log| {abs(gap[ch]):.3f} < {z:g}σ·sqrt(1/n_c+1/n_i) = {bound[ch]:.3f} "
+                  f"(σ {runs.noise:.3f}, cap {cap} runs each)")
+        return Suggestion(self.pool.candidates[self.pool.index[runs.keys[run]]], "confirm", reason), need
+
+    def _race_turn(self, pending: Sequence[Candidate], left: int | None) -> Suggestion | None:
+        """The open race's next run when it is the race's turn (``SearchConfig.race_share``), when the race needs
+        the trials the budget has ``left``, or when nothing new is worth a trial; else ``None``. Never during the
+        initial design."""
+        if self._design_count(pending) < 1 + self.config.n_seeds or not self._ok_rows:
+            return None
+        race = self._race(pending)
+        if race is None:
+            return None
+        suggestion, need = race
+        if left is not None and need >= left:
+            return replace(suggestion, reason=f"{suggestion.reason}; the race needs up to {need} runs "
+                                                          f"and the budget has {left} left")
+        since = self._design_count(pending) - (1 + self.config.n_seeds)
+        repeats = self._repeats + sum(c.key in self._seen for c in pending)
+        if repeats < self.config.race_share * (since + 1) or self._stop_reason() is not None:
+            return suggestion
+        return None
 
 
 def _smallest(values: np.ndarray, k: int) -> np.ndarray:
