@@ -74,7 +74,7 @@ TUNERS: dict[str, Callable[[BenchSpace, int, int], list[Trial]]] = {
     "today": run_infrarsi,
     "tpe": lambda bs, seed, budget: run_optuna(bs, seed, budget, "tpe"),
 }
-CONFIGS = {"race": SearchConfig(), "today": SearchConfig(race=False)}
+CONFIGS = {"race": SearchConfig(race=True), "today": SearchConfig(race=False)}
 
 
 class Measured:

@@ -168,7 +168,7 @@ def test_origins_reasons_and_predictions_are_recorded_and_the_initial_design_is_
     first = proposed[:4]
     assert all(p.origin == "seed" for p in first)  # no workload shape: no prior's guess (SearchConfig.design_first)
     assert {p.origin for p in proposed[4:]} <= {"ei", "pairing", "confirm"}
-    assert all(p.reason.startswith("race: ") for p in proposed if p.origin == "confirm")
+    assert all(p.reason.startswith(("race: ", "re-measured")) for p in proposed if p.origin == "confirm")
     assert all(p.reason and p.prediction is not None and p.prediction.step_time_s > 0 for p in proposed)
     assert all(0.0 <= p.prediction.p_oom <= 1.0 for p in proposed)
     # diverse: not one incumbent and its neighbours — the design's candidates differ pairwise in ≥ 2 settings
@@ -338,7 +338,8 @@ def test_leaders_tied_within_noise_are_re_measured_before_the_search_stops(tmp_p
     doctor = ev.DoctorCompleted(repeats=3, baseline_trial_ids=[], step_time_s=1.0, run_to_run_cv=0.08,
                                 step_to_step_cv=0.0, warmup_steps=0, phase_fractions={}, per_rank_step_s=[],
                                 stragglers=[], min_detectable_speedup=1.2, repeats_per_trial=1)
-    log = run_events([ProposerState(load_study=loader)], World(loader(created.payload), noise=0.08),
+    log = run_events([ProposerState(load_study=loader, config=SearchConfig(race=True))],
+                     World(loader(created.payload), noise=0.08),
                      [created, envelope(doctor), envelope(RunRequested(parallel=1))])
     proposed = [e.payload for e in of_type(log, ev.TrialProposed)]
     assert len(proposed) < 40

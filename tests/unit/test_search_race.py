@@ -60,7 +60,7 @@ def test_a_lucky_single_run_loses_the_race_to_a_truly_faster_candidate() -> None
 
 
 def test_a_single_run_never_outranks_a_re_measured_candidate_within_its_noise() -> None:
-    s = Searcher(SMALL, CAP, seed=0, kb=default_knowledge_base(), noise_floor=CV10)
+    s = Searcher(SMALL, CAP, seed=0, kb=default_knowledge_base(), noise_floor=CV10, config=SearchConfig(race=True))
     for mb, t in ((1, 2.0), (2, 1.4), (8, 0.93), (8, 0.90), (8, 0.93), (4, 0.85)):
         s.observe(_ok(_mb(mb), t))
     assert s.top_candidates(1)[0][0] == _mb(8)
@@ -68,7 +68,7 @@ def test_a_single_run_never_outranks_a_re_measured_candidate_within_its_noise() 
     assert sug.origin == "confirm" and sug.candidate == _mb(4)  # the single run is raced, not trusted
     # one resolved well ahead (0.60 s: 35% under, more than 1.5 standard errors) is chosen on one run
     s.observe(_ok(Candidate.of({"micro_batch": 4}), 0.60))
-    s2 = Searcher(SMALL, CAP, seed=0, kb=default_knowledge_base(), noise_floor=CV10)
+    s2 = Searcher(SMALL, CAP, seed=0, kb=default_knowledge_base(), noise_floor=CV10, config=SearchConfig(race=True))
     for mb, t in ((1, 2.0), (2, 1.4), (8, 0.93), (8, 0.90), (8, 0.93), (4, 0.60)):
         s2.observe(_ok(_mb(mb), t))
     assert s2.top_candidates(1)[0][0] == _mb(4)

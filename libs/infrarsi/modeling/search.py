@@ -171,13 +171,16 @@ class SearchConfig:
     (``top_candidates``' tie set, at most ``confirm_top``) is measured this many times in all (1: never
     re-measured). With ``race`` on the race replaces it."""
     confirm_top: int = 3
-    race: bool = True
+    race: bool = False
     """Racing (SMAC-style intensification): after the initial design, a challenger whose mean log step time is
     within noise of the incumbent's (``race_z``) is re-run, interleaved with the incumbent (the one of the pair
     with fewer runs goes next), until the difference is resolved or both have ``race_cap`` runs (then the
-    challenger is dropped). ``top_candidates`` then ranks by the repeated runs. Off: one run per candidate and the
-    confirmation before the stop (``confirm_repeats``), the search as it was. Why and the measurements:
-    docs/modeling.md, "Racing on a noisy host"."""
+    challenger is dropped). ``top_candidates`` then ranks by the repeated runs. Off (the default): one run per
+    candidate and the confirmation before the stop (``confirm_repeats``). Off because, measured at equal runs on the
+    noise benchmark (``bench/noise.py``, 30 models x 3 seeds, 40 runs), racing chose worse than the search without
+    it at every CV from 5% (CV 10%: median chosen/oracle 0.946 against 0.959): its 14-20 re-runs cost the search
+    half its new candidates, and the tie-aware ranking (``select_tie_sigmas``) already keeps most lucky single runs
+    from winning. docs/modeling.md, "Racing on a noisy host"."""
     race_z: float = 1.5
     """A difference of mean log times is resolved when it is at least this many of its standard errors,
     σ·sqrt(1/n_c + 1/n_i) (σ: ``race_noise``): 1.5 is a one-sided 93% call. The same test keeps a single run from
