@@ -4,6 +4,7 @@ the searcher averages it with the learned memory models by their prequential lik
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from infrarsi.modeling.memory_model import TransformerMeta, structural_components
 from infrarsi.modeling.search import Observation, SearchConfig, Searcher
 from infrarsi.modeling.space import Candidate, Categorical, IntChoice, SearchSpace
@@ -43,24 +44,25 @@ def run(truth, capacity: float, measured: list[Candidate], config: SearchConfig 
     return s
 
 
-MEASURED = [c_(1, 1, "drop"), c_(2, 1), c_(1, 2), c_(2, 2, "drop")]
+MEASURED = [c_(1, 1, "drop"), c_(2, 2, "drop"), c_(2, 1), c_(1, 1), c_(4, 1), c_(4, 3), c_(8, 1)]
+"""Two peaks where the formula is right (not scored: ``SearchConfig.memory_formula_burn_in``), then peaks of
+``cache_mode=keep``."""
+CAPACITY = off_by(1 / 1.5)(c_(4, 1)) / 0.8
 
 
-def test_a_formula_off_by_half_again_is_overruled_within_a_few_trials() -> None:
-    truth = off_by(1.5)
-    target = c_(4, 2)
-    capacity = formula(target) / 0.8  # the formula: fits with 20% to spare; in truth 20% over
-    s = run(truth, capacity, MEASURED)
-    weights = s.memory_weights()
-    assert weights[0] < 0.1, weights  # four peaks, two of them 50% over the formula: its weight is gone
-    assert weights[1:].sum() > 0.9
-    assert np.allclose(run(truth, capacity, MEASURED, SearchConfig(memory_formula_weight=None)).memory_weights(),
-                       [1.0])  # the formula alone: nothing to overrule it
+@pytest.mark.parametrize("factor", [1.5, 1 / 1.5])
+def test_a_formula_off_by_half_again_is_overruled_within_a_few_trials(factor: float) -> None:
+    weights = [run(off_by(factor), CAPACITY, MEASURED[:k]).memory_weights() for k in range(2, 6)]
+    assert weights[0][0] == 1.0  # before the first scored peak: the formula alone
+    assert weights[1][0] < 0.05 and weights[-1][0] < 0.05, weights  # one peak off by x1.5 is enough
+    assert weights[-1][1:].sum() > 0.95
+    alone = run(off_by(factor), CAPACITY, MEASURED[:5], SearchConfig(memory_formula_weight=None))
+    assert np.allclose(alone.memory_weights(), [1.0])  # the formula alone: nothing to overrule it
 
 
 def test_a_formula_the_peaks_bear_out_keeps_its_weight() -> None:
-    s = run(off_by(1.0), formula(c_(4, 2)) / 0.8, MEASURED)
-    assert s.memory_weights()[0] > 0.5, s.memory_weights()
+    weights = [run(off_by(1.0), CAPACITY, MEASURED[:k]).memory_weights()[0] for k in range(3, 8)]
+    assert min(weights) > 0.85, weights
 
 
 def test_the_paired_saver_move_is_proposed_next_to_an_incumbent_the_formula_wrongly_calls_full() -> None:
@@ -68,15 +70,13 @@ def test_the_paired_saver_move_is_proposed_next_to_an_incumbent_the_formula_wron
     # 80% of capacity, where the formula puts it 20% over; micro-batch 8 does not fit at ZeRO-1, nor at ZeRO-2,
     # but with ZeRO-3's saving it does and is the fastest that fits. The formula calls that pair 43% over.
     truth = off_by(1 / 1.5)
-    capacity = truth(c_(4, 1)) / 0.8
     pair = c_(8, 3)
-    fitting = [c for c in SPACE.enumerate() if truth(c) <= capacity]
-    assert min(fitting, key=step_time) == pair and truth(c_(8, 2)) > capacity
-    assert formula(pair) > 1.4 * capacity and formula(c_(4, 1)) > 1.2 * capacity
-    measured = [c_(1, 1, "drop"), c_(2, 2, "drop"), c_(2, 1), c_(4, 1), c_(4, 3), c_(8, 1)]
+    fitting = [c for c in SPACE.enumerate() if truth(c) <= CAPACITY]
+    assert min(fitting, key=step_time) == pair and truth(c_(8, 2)) > CAPACITY
+    assert formula(pair) > 1.4 * CAPACITY and formula(c_(4, 1)) > 1.2 * CAPACITY
 
     def proposals(config: SearchConfig | None) -> list[tuple[Candidate, str]]:
-        return [(sug.candidate, sug.origin) for sug in run(truth, capacity, measured, config).suggest(3)]
+        return [(sug.candidate, sug.origin) for sug in run(truth, CAPACITY, MEASURED, config).suggest(3)]
 
     assert (pair, "pairing") in proposals(None)
     assert pair not in [c for c, _ in proposals(SearchConfig(memory_formula_weight=None))]
@@ -84,14 +84,14 @@ def test_the_paired_saver_move_is_proposed_next_to_an_incumbent_the_formula_wron
 
 def test_the_scores_are_prequential_so_a_replay_weighs_the_models_as_the_live_searcher_did() -> None:
     truth = off_by(1.5)
-    capacity = formula(c_(4, 2)) / 0.8
-    measured = [*MEASURED, c_(16, 0), c_(4, 2)]
-    live = Searcher(SPACE, capacity, meta=META, seed=0, baseline=measured[0])
-    for c in measured:  # a refit after every observation, as when each trial is followed by a suggestion
+    live = Searcher(SPACE, CAPACITY, meta=META, seed=0, baseline=MEASURED[0])
+    for c in [*MEASURED, c_(16, 0)]:  # a refit after every observation, as when a suggestion follows each trial
         p = truth(c)
-        live.observe(Observation(c, "ok" if p <= capacity else "oom", step_time(c), min(p, 0.97 * capacity), 1.0))
+        live.observe(Observation(c, "ok" if p <= CAPACITY else "oom", step_time(c), min(p, 0.97 * CAPACITY), 1.0))
         live.predict([c])
-    replayed = Searcher.replay(SPACE, capacity, live.observations, meta=META, seed=0, baseline=measured[0])
-    replayed.predict([measured[0]])
+    replayed = Searcher.replay(SPACE, CAPACITY, live.observations, meta=META, seed=0, baseline=MEASURED[0])
     assert np.allclose(live.memory_weights(), replayed.memory_weights(), atol=1e-3)
-    assert live.suggest(2) == replayed.suggest(2)
+    # the same candidates (the fits are warm-started along different paths: floats agree to the optimiser's
+    # tolerance, not bit for bit)
+    assert [(s.candidate, s.origin) for s in live.suggest(2)] == [(s.candidate, s.origin)
+                                                                 for s in replayed.suggest(2)]
