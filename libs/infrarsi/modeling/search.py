@@ -208,12 +208,13 @@ class SearchConfig:
     memory_formula_burn_in: int = 2
     """The first peaks that average does not score (the formula alone until then): the learned models predict
     them from their priors alone, wide, and an uncalibrated formula (a simulator scenario's) a few per cent off
-    with a tight std; scored, either can outvote the other on one peak. On the simulator scenarios, scoring from
-    the first peak cost dense7b_h100x64 2.8 points of best/oracle."""
+    with a tight std; scored, either can outvote the other on one peak (on the simulator's dense7b_h100x64 the
+    formula's weight fell to 0.35 at the first peak). Scoring from the first peak with a floor of 0.02 on every
+    weight cost that scenario 2.8 points of best/oracle (0.961 against 0.989)."""
     memory_formula_floor: float = 0.0
-    """The smallest weight any member of that average keeps. 0.02 widened P(OOM) on the simulator scenarios,
-    where the formula is right and the outvoted learned models' predictions far from it (the mixture's variance
-    holds the spread of its means)."""
+    """The smallest weight any member of that average keeps (0: none). A floor keeps the outvoted models'
+    means in the mixture's variance (it holds the spread of its means): where the formula is right and the
+    learned models far from it, P(OOM) widens for nothing (``memory_formula_burn_in`` has the measurement)."""
     memory_misfit_floor: float | None = None
     """Without a workload shape: the smallest std (log units) of the memory model's misfit term (``None``: the
     model's own bound, 0.01). A flexible fit's σ is its in-sample residual, smaller than what it mispredicts
