@@ -54,7 +54,7 @@ CAPACITY = off_by(1 / 1.5)(c_(4, 1)) / 0.8
 def test_a_formula_off_by_half_again_is_overruled_within_a_few_trials(factor: float) -> None:
     weights = [run(off_by(factor), CAPACITY, MEASURED[:k]).memory_weights() for k in range(2, 6)]
     assert weights[0][0] == 1.0  # before the first scored peak: the formula alone
-    assert weights[1][0] < 0.05 and weights[-1][0] < 0.05, weights  # one peak off by x1.5 is enough
+    assert weights[1][0] < 0.1 and weights[2][0] < 0.01 and weights[-1][0] < 0.01, weights  # one or two peaks
     assert weights[-1][1:].sum() > 0.95
     alone = run(off_by(factor), CAPACITY, MEASURED[:5], SearchConfig(memory_formula_weight=None))
     assert np.allclose(alone.memory_weights(), [1.0])  # the formula alone: nothing to overrule it

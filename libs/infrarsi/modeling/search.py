@@ -197,7 +197,7 @@ class SearchConfig:
     model underpredicts (the optimiser's curse) — their spread widens P(OOM). On the robustness family's
     development models the standardised errors of the proposals' predicted log peaks fell from std 2.00, mean
     +0.47 to 1.43, +0.37, and the OOM share by 0.6–2.9 points on every model set (docs/modeling.md)."""
-    memory_formula_weight: float | None = 0.5
+    memory_formula_weight: float | None = 0.9
     """With a workload shape: the prior weight of the structural formula in a Bayesian model average with the
     learned memory models a study without a shape uses (``memory_peer_weight`` splits the rest between them);
     ``None``: the formula alone. From there each model's weight follows its prequential likelihood — the
