@@ -205,12 +205,13 @@ class SearchConfig:
     measurements contradict the formula (an OOM where it predicted room, a fit where it predicted an OOM, peaks
     off by more than its misfit) its weight falls within a few trials and the learned models take over, and
     where the formula predicts well it keeps it (docs/modeling.md, "The formula as a prior, not a wall")."""
-    memory_formula_burn_in: int = 2
+    memory_formula_burn_in: int = 3
     """The first peaks that average does not score (the formula alone until then): the learned models predict
     them from their priors alone, wide, and an uncalibrated formula (a simulator scenario's) a few per cent off
     with a tight std; scored, either can outvote the other on one peak (on the simulator's dense7b_h100x64 the
     formula's weight fell to 0.35 at the first peak). Scoring from the first peak with a floor of 0.02 on every
-    weight cost that scenario 2.8 points of best/oracle (0.961 against 0.989)."""
+    weight cost that scenario 2.8 points of best/oracle (0.961 against 0.989); a burn-in of two left
+    dense7b_a100x64 at 0.992 (main 0.999), three gives it 0.999 (docs/modeling.md, "The formula as a prior")."""
     memory_formula_floor: float = 0.0
     """The smallest weight any member of that average keeps (0: none). A floor keeps the outvoted models'
     means in the mixture's variance (it holds the spread of its means): where the formula is right and the
