@@ -14,6 +14,12 @@ what the doctor stage measures before the product's search, which its proposer o
 the Optuna samplers get them as completed trials, random ignores them. They are not trials of the budget and are
 not scored. Off by default (the protocol the earlier figures were measured with).
 
+``--family shaped`` runs the family of transformer jobs with known shapes and an independent memory truth
+(bench/shaped_family.py) instead; there every InfraRSI arm runs twice, side by side: without the shape (named
+``infrarsi[ARM]``, as on the robust family) and with the shape the probe reports (``infrarsi[ARM+shape]``: the
+study built by ``StudySpace.with_shape`` on the golden run's measured peak, so the memory model is the
+structural formula). ``--shape none`` or ``--shape known`` runs one of the two. The peers never see the shape.
+
 ``--memory-oracle ERROR ...`` adds reference arms that are not tuners: InfraRSI with the built-in priors and its
 memory model replaced by the true log peak plus a fixed N(0, ERROR²) error per candidate (``OracleMemory``) —
 what the search policy gives with a memory model that precise (docs/modeling.md, "What the targets need from the
@@ -26,7 +32,8 @@ proposal's origin, or the rule that let it past the OOM cut-off: ``step_probe``,
 bin of predicted P(OOM), the OOM share observed against the one predicted. The JSON keeps every model's numbers,
 and the table prints the per-model spread (min, 10th percentile, median, max), not only the median.
 
-    nice -n 10 python bench/robustness.py [--models 30] [--seeds 2] [--budget 40] [--tuners ...] [--arms ...]
+    nice -n 10 python bench/robustness.py [--family robust|shaped] [--shape none known] [--models 30] [--seeds 2]
+                                          [--budget 40] [--tuners ...] [--arms ...]
                                           [--memory-oracle 0 0.05 ...] [--doctor-baseline 3] [--json OUT.json]
 """
 
@@ -55,7 +62,12 @@ from infrarsi.modeling.search import CandidatePool, SearchConfig, Searcher
 from infrarsi.modeling.space import Candidate
 from robust_family import FamilyModel, draw_model  # bench/ is the script's directory
 from search_vs_peers import TUNERS, BenchSpace, Trial, _cell, score
+from shaped_family import ShapedModel, shape_known_study
+from shaped_family import draw_model as draw_shaped_model
 
+FAMILIES: dict[str, Callable[[int], FamilyModel]] = {"robust": draw_model, "shaped": draw_shaped_model}
+SHAPE_ARMS = ("none", "known")
+"""Without the workload's shape (the generic memory model) and with it (the structural formula)."""
 ARMS = ("default", "inverted", "flat")
 CHECKPOINTS = (10, 20)
 """Trial counts reported besides the budget (those above a smaller budget are left out)."""
@@ -76,11 +88,23 @@ def arm_kb(kb: KnowledgeBase, arm: str) -> KnowledgeBase:
 
 
 def bench_space(model: FamilyModel, pool: CandidatePool, arm: str = "default", config: SearchConfig | None = None,
-                doctor_runs: int = 0) -> BenchSpace:
+                doctor_runs: int = 0, shape: bool = False) -> BenchSpace:
+    """The model as a tuner sees it; ``shape``: InfraRSI's study once the probe reported the workload's shape
+    (a ``ShapedModel`` only; ``pool`` must then be built with that study's meta, ``shaped_pool``)."""
     study = model.study
-    return BenchSpace(f"robust-{model.seed}", study.space, study.capacity_bytes, model.evaluate, model.true_time,
-                      model.oracle_time, None, pool, kind="family", kb=arm_kb(study.kb, arm),
+    if shape:
+        assert isinstance(model, ShapedModel), "only the shaped family has a workload shape"
+        study = shape_known_study(model)
+        assert pool.meta is study.meta or pool.meta == study.meta, "the pool's formula is the study's"
+    return BenchSpace(f"family-{model.seed}", study.space, study.capacity_bytes, model.evaluate, model.true_time,
+                      model.oracle_time, study.meta, pool, kind="family", kb=arm_kb(study.kb, arm),
                       baseline=study.baseline, search_config=config, doctor_runs=doctor_runs)
+
+
+def shaped_pool(model: ShapedModel) -> CandidatePool:
+    """The candidate pool of the shape-known study (its rows carry the structural formula's terms)."""
+    study = shape_known_study(model)
+    return CandidatePool.build(study.space, study.meta)
 
 
 class OracleMemory(MemoryModel):
@@ -123,15 +147,19 @@ def search_config(pairs: Sequence[str]) -> SearchConfig:
 
 
 def run_model(model: FamilyModel, tuners: Sequence[str], arms: Sequence[str], seeds: int, budget: int,
-              config: SearchConfig | None = None, memory_oracle: Sequence[float] = (), doctor_runs: int = 0
-              ) -> dict[str, Any]:
+              config: SearchConfig | None = None, memory_oracle: Sequence[float] = (), doctor_runs: int = 0,
+              shape_arms: Sequence[str] = ("none",)) -> dict[str, Any]:
     pool = CandidatePool.build(model.study.space)
     runs: dict[str, list[list[Trial]]] = {}
     for tuner in tuners:
         if tuner == "infrarsi":
             for arm in arms:
-                bs = bench_space(model, pool, arm, config, doctor_runs)
-                runs[f"infrarsi[{arm}]"] = [TUNERS[tuner](bs, seed, budget) for seed in range(seeds)]
+                for shape in shape_arms:
+                    known = shape == "known"
+                    bs = bench_space(model, shaped_pool(model) if known else pool,  # type: ignore[arg-type]
+                                     arm, config, doctor_runs, shape=known)
+                    runs[f"infrarsi[{arm}+shape]" if known else f"infrarsi[{arm}]"] = [
+                        TUNERS[tuner](bs, seed, budget) for seed in range(seeds)]
             for error in memory_oracle:
                 bs = bench_space(model, pool, "default", config, doctor_runs)
                 bs.memory_model = functools.partial(OracleMemory, model=model, error=error)
@@ -276,12 +304,44 @@ def targets(summary: dict[str, Any], budget: int) -> dict[str, Any]:
                                                d["trials_to_95_median"] <= 0.5 * tpe["trials_to_95_median"])
             out["oom_fraction_le_third_tpe"] = ((d["oom_fraction"], tpe["oom_fraction"]),
                                                 d["oom_fraction"] <= tpe["oom_fraction"] / 3)
+    shaped = summary.get("infrarsi[default+shape]")
+    if shaped is not None:
+        out |= shape_targets(shaped, d, tpe, budget)
     if "infrarsi[inverted]" in summary:
         v = summary["infrarsi[inverted]"][key]
         out["inverted_median_ge_0.93"] = (v, v >= 0.93)
     if "infrarsi[flat]" in summary:
         v = summary["infrarsi[flat]"][key]
         out["flat_median_ge_0.95"] = (v, v >= 0.95)
+    return out
+
+
+CALIBRATION_MIN_TRIALS = 30
+"""A P(OOM) bin is held to the calibration target once it holds this many trials (issue 33)."""
+
+
+def shape_targets(shaped: dict[str, Any], no_shape: dict[str, Any] | None, tpe: dict[str, Any] | None, budget: int
+                  ) -> dict[str, Any]:
+    """Issue 33's targets for the shape-known arm (``infrarsi[default+shape]``), each with what it compares."""
+    key = f"best_over_oracle_at_{budget}_median"
+    out: dict[str, Any] = {
+        "shape_median_best_over_oracle_ge_0.97": (shaped[key], shaped[key] >= 0.97),
+        "shape_models_ge_0.93_at_least_90pct": (shaped["models_at_or_above_0.93"],
+                                                shaped["models_at_or_above_0.93"] >= 0.9),
+        "shape_oom_fraction_le_0.08": (shaped["oom_fraction"], shaped["oom_fraction"] <= 0.08),
+    }
+    if tpe is not None:
+        out["shape_trials_to_95_le_half_tpe"] = ((shaped["trials_to_95_median"], tpe["trials_to_95_median"]),
+                                                 shaped["trials_to_95_median"] <= 0.5 * tpe["trials_to_95_median"])
+        out["shape_oom_fraction_le_third_tpe"] = ((shaped["oom_fraction"], tpe["oom_fraction"]),
+                                                  shaped["oom_fraction"] <= tpe["oom_fraction"] / 3)
+    if no_shape is not None:
+        out["shape_median_within_0.01_of_no_shape"] = ((shaped[key], no_shape[key]),
+                                                       shaped[key] >= no_shape[key] - 0.01)
+    gaps = [(i, o / n - p / n) for i, (n, o, p) in enumerate(shaped.get("p_oom_bins", []))
+            if n >= CALIBRATION_MIN_TRIALS]
+    worst = max((abs(g) for _, g in gaps), default=0.0)
+    out["shape_p_oom_calibrated_within_5_points"] = ([(P_OOM_BINS[i], round(g, 3)) for i, g in gaps], worst <= 0.05)
     return out
 
 
@@ -293,6 +353,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--budget", type=int, default=40)
     ap.add_argument("--tuners", nargs="*", default=list(TUNERS))
     ap.add_argument("--arms", nargs="*", default=list(ARMS), help="InfraRSI prior arms")
+    ap.add_argument("--family", choices=list(FAMILIES), default="robust",
+                    help="robust: bench/robust_family.py (no shapes); shaped: bench/shaped_family.py (transformer "
+                         "jobs with known shapes and an independent memory truth)")
+    ap.add_argument("--shape", nargs="*", choices=list(SHAPE_ARMS), default=None,
+                    help="InfraRSI without the workload's shape (none) and/or with it (known); default: both on "
+                         "the shaped family, none on the robust one (it has no shapes)")
     ap.add_argument("--search-config", nargs="*", default=[], metavar="FIELD=VALUE",
                     help="InfraRSI SearchConfig overrides, e.g. oom_exclude=0.35 memory_interaction_std=None")
     ap.add_argument("--memory-oracle", nargs="*", type=float, default=[], metavar="ERROR",
@@ -307,6 +373,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "or the tuners run apart on the same models) instead of running")
     args = ap.parse_args(argv)
     config = search_config(args.search_config)
+    shape_arms = args.shape if args.shape is not None else (list(SHAPE_ARMS) if args.family == "shaped" else ["none"])
+    if "known" in shape_arms and args.family != "shaped":
+        raise SystemExit("--shape known needs --family shaped (the robust family has no shapes)")
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     log = logging.getLogger("bench")
     models: list[dict[str, Any]] = []
@@ -315,6 +384,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         with open(part) as f:
             data = json.load(f)
         told = data.get("doctor_runs", 0)
+        if data.get("family", "bench/robust_family.py") != f"bench/{args.family}_family.py":
+            raise SystemExit(f"{part}: family {data.get('family')} is not --family {args.family}")
         if data["budget"] != args.budget or data["seeds"] != args.seeds or told != args.doctor_baseline:
             raise SystemExit(f"{part}: budget {data['budget']}, seeds {data['seeds']}, doctor runs {told} differ "
                              f"from --budget {args.budget} --seeds {args.seeds} --doctor-baseline "
@@ -330,9 +401,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.models = len(models)
     for i in range(args.first_model, args.first_model + args.models) if args.merge is None else ():
         t0 = time.perf_counter()
-        model = draw_model(i)
+        model = FAMILIES[args.family](i)
         m = run_model(model, args.tuners, args.arms, args.seeds, args.budget, config, args.memory_oracle,
-                      args.doctor_baseline)
+                      args.doctor_baseline, shape_arms)
         m["model"] = i
         models.append(m)
         cells = "  ".join(f"{n} {np.median(v['best_over_oracle']):.3f}/{np.mean(v['oom_fraction']):.2f}"
@@ -343,15 +414,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     checks = targets(summary, args.budget)
     key = f"best_over_oracle_at_{args.budget}_median"
     told = f", {args.doctor_baseline} doctor runs of the baseline told" if args.doctor_baseline else ""
-    print(f"Robustness family: {args.models} models x {args.seeds} seeds, budget {args.budget}{told} "
+    print(f"Robustness family ({args.family}): {args.models} models x {args.seeds} seeds, budget {args.budget}{told} "
           f"({time.perf_counter() - t_start:.0f} s)")
-    print(f"{'tuner':20s} {'@10':>6s} {'@20':>6s} {'@B':>6s}  {'per-model min/p10/med/max':>27s} {'>=.93':>6s} "
+    print(f"{'tuner':24s} {'@10':>6s} {'@20':>6s} {'@B':>6s}  {'per-model min/p10/med/max':>27s} {'>=.93':>6s} "
           f"{'to95':>5s} {'reach':>6s} {'oom':>6s} {'pred':>6s}")
     for name, s in summary.items():
         sp = s["per_model_median_spread"]
         pred = s.get("mean_predicted_p_oom")
         early = " ".join(_cell(s.get(f"best_over_oracle_at_{k}_median")) for k in CHECKPOINTS)
-        print(f"{name:20s} {early} {s[key]:6.3f}  {sp['min']:6.3f} {sp['p10']:6.3f} {sp['median']:6.3f} {sp['max']:6.3f} "
+        print(f"{name:24s} {early} {s[key]:6.3f}  {sp['min']:6.3f} {sp['p10']:6.3f} {sp['median']:6.3f} {sp['max']:6.3f} "
               f"{s['models_at_or_above_0.93']:6.2f} {s['trials_to_95_median']:5.1f} {s['runs_reaching_95']:6.2f} "
               f"{s['oom_fraction']:6.3f} {pred if pred is not None else float('nan'):6.3f}")
     for name, s in summary.items():
@@ -371,7 +442,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"target {target}: {'met' if ok else 'NOT met'} ({value})")
     if args.json_out:
         with open(args.json_out, "w") as f:
-            json.dump({"simulated": True, "family": "bench/robust_family.py", "models": args.models,
+            json.dump({"simulated": True, "family": f"bench/{args.family}_family.py", "models": args.models,
+                       "shape_arms": shape_arms,
                        "search_config": dataclasses.asdict(config),
                        "seeds": args.seeds, "budget": args.budget, "doctor_runs": args.doctor_baseline, "summary": summary, "targets": checks,
                        "per_model": models}, f, indent=2, default=str)

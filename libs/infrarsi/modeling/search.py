@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
+from scipy.special import log_ndtr
 
 from infrarsi.modeling.acquisition import (
     CostModel,
@@ -228,6 +229,25 @@ class SearchConfig:
     model underpredicts (the optimiser's curse) — their spread widens P(OOM). On the robustness family's
     development models the standardised errors of the proposals' predicted log peaks fell from std 2.00, mean
     +0.47 to 1.43, +0.37, and the OOM share by 0.6–2.9 points on every model set (docs/modeling.md)."""
+    memory_formula_weight: float | None = 0.9
+    """With a workload shape: the prior weight of the structural formula in a Bayesian model average with the
+    learned memory models a study without a shape uses (``memory_peer_weight`` splits the rest between them);
+    ``None``: the formula alone. From there each model's weight follows its prequential likelihood — the
+    predictive density, under its fit on the peaks before, of every measured peak and OOM in turn — so when the
+    measurements contradict the formula (an OOM where it predicted room, a fit where it predicted an OOM, peaks
+    off by more than its misfit) its weight falls within a few trials and the learned models take over, and
+    where the formula predicts well it keeps it (docs/modeling.md, "The formula as a prior, not a wall")."""
+    memory_formula_burn_in: int = 3
+    """The first peaks that average does not score (the formula alone until then): the learned models predict
+    them from their priors alone, wide, and an uncalibrated formula (a simulator scenario's) a few per cent off
+    with a tight std; scored, either can outvote the other on one peak (on the simulator's dense7b_h100x64 the
+    formula's weight fell to 0.35 at the first peak). Scoring from the first peak with a floor of 0.02 on every
+    weight cost that scenario 2.8 points of best/oracle (0.961 against 0.989); a burn-in of two left
+    dense7b_a100x64 at 0.992 (main 0.999), three gives it 0.999 (docs/modeling.md, "The formula as a prior")."""
+    memory_formula_floor: float = 0.0
+    """The smallest weight any member of that average keeps (0: none). A floor keeps the outvoted models'
+    means in the mixture's variance (it holds the spread of its means): where the formula is right and the
+    learned models far from it, P(OOM) widens for nothing (``memory_formula_burn_in`` has the measurement)."""
     memory_misfit_floor: float | None = None
     """Without a workload shape: the smallest std (log units) of the memory model's misfit term (``None``: the
     model's own bound, 0.01). A flexible fit's σ is its in-sample residual, smaller than what it mispredicts
@@ -392,6 +412,25 @@ class Searcher:
                                            two_terms=not self.config.memory_two_terms,
                                            misfit_floor=self.config.memory_misfit_floor,
                                            spread_scale=self.config.memory_spread_scale)
+        self.memory_learned: list[MemoryModel] = []
+        """With a workload shape and ``SearchConfig.memory_formula_weight``: the memory models a study without a
+        shape uses, averaged with the formula by their prequential likelihood (``_memory_members``)."""
+        if meta is not None and self.config.memory_formula_weight is not None:
+            self.memory_learned = [
+                MemoryModel(space, capacity_bytes, kb=self.kb, interaction_std=self.config.memory_interaction_std,
+                            two_terms=self.config.memory_two_terms, misfit_floor=self.config.memory_misfit_floor,
+                            spread_scale=self.config.memory_spread_scale)]
+            if self.config.memory_peer_weight is not None:
+                self.memory_learned.append(
+                    MemoryModel(space, capacity_bytes, kb=self.kb,
+                                interaction_std=self.config.memory_interaction_std or 0.1,
+                                two_terms=not self.config.memory_two_terms,
+                                misfit_floor=self.config.memory_misfit_floor,
+                                spread_scale=self.config.memory_spread_scale))
+        self._memory_scores = np.zeros(1 + len(self.memory_learned))
+        """Per member of ``_memory_models()``: the summed log predictive density of the peaks scored so far."""
+        self._memory_scored = 0
+        """Memory observations scored into ``_memory_scores`` (each under the fits on the ones before it)."""
         self.invariants = InvariantModel({**self.kb.invariant, **{p.id: p.invariant_prior for p in space.patches}})
         self.cost_model = CostModel()
         self.capacity_bytes = capacity_bytes
@@ -501,15 +540,67 @@ class Searcher:
                 del self._peak_rows[next(iter(self._peak_rows))]
 
     def _memory_models(self) -> list[MemoryModel]:
+        if self.memory_learned:
+            return [self.memory_model, *self.memory_learned]
         return [self.memory_model] if self.memory_peer is None else [self.memory_model, self.memory_peer]
 
     def _memory_members(self) -> list[tuple[MemoryModel, float]]:
         """The memory models and their weights in the mixture (``SearchConfig.memory_peer_weight``): the peer
-        only once a peak is measured — before, both are priors, and the design's rules are the first model's."""
+        only once a peak is measured — before, both are priors, and the design's rules are the first model's.
+        With a workload shape and learned models beside the formula: ``memory_weights``."""
+        if self.memory_learned:
+            return list(zip(self._memory_models(), self.memory_weights(), strict=True))
         if self.memory_peer is None or self.memory_peer.n == 0:
             return [(self.memory_model, 1.0)]
         w = float(self.config.memory_peer_weight or 0.0)
         return [(self.memory_model, 1.0 - w), (self.memory_peer, w)]
+
+    def memory_weights(self) -> np.ndarray:
+        """Bayesian model-averaging weights of ``_memory_models()`` (the formula first): prior weights
+        (``SearchConfig.memory_formula_weight``, the rest split by ``memory_peer_weight``) times the
+        exponentiated prequential log scores, each at least ``memory_formula_floor``. Before any peak is
+        scored, the formula alone: the learned models are priors with nothing to say yet. Refits first if
+        observations arrived."""
+        self.refit()
+        if not self.memory_learned or self._memory_scored <= self.config.memory_formula_burn_in:
+            return np.array([1.0] + [0.0] * len(self.memory_learned))
+        w_f = float(self.config.memory_formula_weight or 0.0)
+        peer = float(self.config.memory_peer_weight or 0.0) if len(self.memory_learned) > 1 else 0.0
+        prior = np.array([w_f, (1 - w_f) * (1 - peer), (1 - w_f) * peer][: 1 + len(self.memory_learned)])
+        log_w = np.log(np.maximum(prior, 1e-12)) + self._memory_scores
+        w = np.exp(log_w - log_w.max())
+        w = np.maximum(w / w.sum(), self.config.memory_formula_floor)
+        weights: np.ndarray = w / w.sum()
+        return weights
+
+    _MEMORY_SCORE_FLOOR = -8.0
+    """The least log density one peak adds to a model's score: one outlier (a straggling allocator, a peak
+    misread) must not outvote every other peak (a robust, heavy-tailed predictive)."""
+
+    def _score_memory(self, rows: int) -> None:
+        """Scores memory observations ``_memory_scored`` .. ``rows - 1`` into ``_memory_scores``, each under
+        every model fitted on the observations before it (a prequential score: a function of the ordered
+        observations alone, so a replayed searcher scores them as the live one did)."""
+        if not self.memory_learned:
+            return
+        models = self._memory_models()
+        while self._memory_scored < rows:
+            j = self._memory_scored
+            self._memory_scored += 1
+            if j < self.config.memory_formula_burn_in:
+                continue
+            for i, mm in enumerate(models):
+                if mm.fit_result is None or mm.fit_result.n_ok + mm.fit_result.n_censored != j:
+                    mm.fit(upto=j)
+                xj, saj, yj, cj = mm._arrays()
+                mu, g = mm.log_mean_grad(mm.theta, xj[j:j + 1], saj[j:j + 1])
+                sd = math.sqrt(float(np.sum((g @ mm.covariance) * g)) + math.exp(2 * mm.log_sigma)) * mm.spread_scale
+                z = (float(yj[j]) - float(mu[0])) / sd
+                if cj[j]:
+                    score = float(log_ndtr(-z))  # an OOM: log P(log peak > log bound)
+                else:
+                    score = -0.5 * z * z - math.log(sd) - 0.5 * math.log(2 * math.pi)
+                self._memory_scores[i] += max(score, self._MEMORY_SCORE_FLOOR)
 
     def enqueue(self, candidates: Iterable[Candidate], origin: Origin, reason: str) -> None:
         """External suggestions (experience bank, LLM) proposed before model-driven ones, deduplicated."""
@@ -547,11 +638,13 @@ class Searcher:
         tm = self.time_model
         if k == n:
             tm.fit()
+            self._score_memory(self.memory_model.n)
             for mm in self._memory_models():
                 mm.fit()
         else:  # between checkpoints: the models of the last one, the time model updated with the rows since
             time_rows, memory_rows = self._rows_at[k - 1]
             if self._fitted_at.get("memory") != k:
+                self._score_memory(memory_rows)
                 for mm in self._memory_models():
                     mm.fit(upto=memory_rows)
             if tm.n_censored or tm.n_stopped:
