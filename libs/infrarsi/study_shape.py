@@ -102,6 +102,7 @@ def study_meta(
         dense_params=int(shape["parameters"]) - expert_params, expert_params=expert_params,
         experts=int(shape.get("experts") or 1), top_k=int(shape.get("experts_per_token") or 1),
         global_batch=gb.size if gb is not None else int(micro), capacity_bytes=capacity_bytes, roles=roles,
+        devices=job_devices(contract, roles),
     )  # fmt: skip
     if stated is not None:
         return _with_workspace(meta, stated)
@@ -110,6 +111,26 @@ def study_meta(
         # the rest of the golden run's peak; a floor keeps a formula that overshoots from a negative workspace
         return _with_workspace(meta, max(baseline_peak_bytes - static - activations, 0.1 * baseline_peak_bytes))
     return _with_workspace(meta, CPU_WORKSPACE_BYTES) if on_cpu else meta
+
+
+def job_devices(contract: Contract, roles: Mapping[str, str]) -> int | None:
+    """The accelerators the job spans, for the formula's data-parallel degree where no knob sets it (data-parallel
+    = devices / (tp·pp)): the global-batch constraint's ``devices`` when it derives data-parallel from them; its
+    fixed ``data_parallel`` when no tensor or pipeline knob divides it; else the launcher's world size
+    (``nnodes × nproc_per_node``). ``None`` for one device: the formula's data-parallel is then 1."""
+    gb = contract.search_space.constraints.global_batch
+    if gb is not None and gb.devices is not None:
+        return gb.devices
+    if gb is not None and gb.data_parallel > 1 and not {"tp", "pp"} & roles.keys():
+        return gb.data_parallel
+    launcher = contract.workload.launcher
+    world = launcher.nnodes * launcher.nproc_per_node
+    return world if world > 1 else None
+
+
+def unroled_knobs(space: SearchSpace, roles: Mapping[str, str]) -> list[str]:
+    """The study's knobs the formula has no role for: their memory effects are the learned models' alone."""
+    return [k.name for k in space.knobs if k.name not in roles.values()]
 
 
 def _with_workspace(meta: TransformerMeta, workspace_bytes: float) -> TransformerMeta:

@@ -63,7 +63,7 @@ from infrarsi.modeling.space import (
     SearchSpace,
 )
 from infrarsi.settings import env_var
-from infrarsi.study_shape import study_meta
+from infrarsi.study_shape import study_meta, unroled_knobs
 from infrarsi.workspace import WorkspaceError, conflicting_pairs
 
 if TYPE_CHECKING:
@@ -218,7 +218,12 @@ class StudySpace:
             return self
         meta = study_meta(self.contract, self.space, self.baseline.knobs, self.capacity_bytes, probed,
                           baseline_peak_bytes=baseline_peak_bytes)
-        return dataclasses.replace(self, meta=meta, probed_shape=probed)
+        notes = self.notes
+        if meta is not None and (unroled := unroled_knobs(self.space, meta.roles)):
+            # named, never guessed: the formula holds these at the golden's memory; the learned models price them
+            notes += (f"memory formula: no role for {', '.join(unroled)} (their memory effect is learned from "
+                      "the measured peaks)",)
+        return dataclasses.replace(self, meta=meta, probed_shape=probed, notes=notes)
 
     def with_bank(self, resolution: ev.BankResolution | None) -> StudySpace:
         """This study with the priors ``init`` resolved from the experience bank laid over the built-in ones

@@ -112,3 +112,25 @@ def test_a_cpu_study_uses_the_formula_only_when_its_contract_states_a_shape(tmp_
     stated = study(tmp_path, {"seq_len": 128, "parameters": 2_000_000, "layers": 4, "hidden": 192, "heads": 6,
                               "vocab": 512}, accelerator="cpu")
     assert stated.meta is not None and stated.meta.workspace_bytes == CPU_WORKSPACE_BYTES
+
+
+def test_the_layout_reaches_the_formula_and_unroled_knobs_are_named(tmp_path: Path) -> None:
+    """Issue 33: the data-parallel degree the formula divides ZeRO states by comes from the contract's layout —
+    the global batch's ``devices`` (data-parallel = devices / (tp·pp)), else its fixed ``data_parallel``, else the
+    launcher's world size — and a knob the formula has no role for is named in the study's notes."""
+    data = contract_dict(tmp_path)
+    data["search_space"]["constraints"]["global_batch"] = {"size": 64, "micro_batch_key": "knobs.micro_batch_size",
+                                                           "data_parallel": 4}
+    contract = contract_from_dict(data, check=False)
+    shaped = StudySpace.from_contract(contract, baseline_launch=LAUNCH).with_shape(PROBED, baseline_peak_bytes=GIB // 2)
+    assert shaped.meta is not None and shaped.meta.devices == 4
+    assert any("no role for compile" in note for note in shaped.notes), shaped.notes
+
+    data["search_space"]["constraints"]["global_batch"] = {"size": 64, "micro_batch_key": "knobs.micro_batch_size"}
+    data["workload"]["launcher"] = {"kind": "torchrun", "nnodes": 2, "nproc_per_node": 4}
+    contract = contract_from_dict(data, check=False)
+    meta = StudySpace.from_contract(contract, baseline_launch=LAUNCH).with_shape(PROBED, baseline_peak_bytes=GIB).meta
+    assert meta is not None and meta.devices == 8
+
+    one = study(tmp_path).with_shape(PROBED, baseline_peak_bytes=GIB // 2).meta
+    assert one is not None and one.devices is None  # one device: data-parallel 1
