@@ -4,7 +4,7 @@ invariant held for the genuine patches.
 
 Each candidate gets one verification round of one interleaved baseline/candidate pair (the loss curve must stay
 within the contract's ε at every eval). What is checked does not depend on the model's size, so the job is the
-dense-1node workload shrunk (``TINY``: 2 layers of width 96, 64-token sequences, 16 per step, 20 steps, one
+dense-1node workload shrunk (``support.tiny_verify.TINY``: 2 layers of width 96, 64-token sequences, 16 per step, 20 steps, one
 intra-op thread, eval every 5 steps — ~12 s a run instead of ~80 s): the eight candidates' 16 runs finish in
 minutes on a shared 2-core host (``make test-slow``). At this size the unmasked attention still leaves the loss
 curve by 2–11 % (ε is 0.5 %) and the genuine patches reproduce the baseline's loss exactly.
@@ -13,55 +13,20 @@ curve by 2–11 % (ε is 0.5 %) and the genuine patches reproduce the baseline's
 from __future__ import annotations
 
 import asyncio
-import shutil
 from pathlib import Path
 
 import pytest
-import yaml
 from infrarsi import events as ev
 from infrarsi.bus import Bus
 from infrarsi.commands.init import prepare_study, study_created_event
 from infrarsi.commands.study_log import read_study
 from infrarsi.contract import load_patch_library
 from infrarsi.stack import Stack
+from support.tiny_verify import tiny_contract
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKLOAD = ROOT / "workloads" / "gpt"
-DENSE = WORKLOAD / "contracts" / "dense-1node.yaml"
 GENUINE = ["fused-qkv", "chunked-cross-entropy"]
-TINY = {
-    "model": {"vocab_size": 256, "seq_len": 64, "n_layer": 2, "n_head": 4, "d_model": 96, "mlp_hidden": 384},
-    "run": {"steps": 20, "global_batch_size": 16, "lr": 0.01, "warmup_steps": 3, "eval_every": 5, "eval_batch_size": 8},
-    "knobs": {"intra_op_threads": 1},
-}
-"""The golden launch file's overrides for this test (``model``/``run`` are locked: baseline and candidate share them)."""
-
-
-def _tiny_workload(tmp_path: Path) -> Path:
-    """A copy of the workload whose golden launch file is the dense-1node job shrunk by ``TINY``."""
-    repo = tmp_path / "workload"
-    shutil.copytree(WORKLOAD, repo, ignore=shutil.ignore_patterns("__pycache__", ".infrarsi"))
-    launch = repo / "launch" / "dense-1node.yaml"
-    golden = yaml.safe_load(launch.read_text())
-    for section, values in TINY.items():
-        golden[section].update(values)
-    launch.write_text(yaml.safe_dump(golden, sort_keys=False))
-    return repo
-
-
-def _contract(tmp_path: Path) -> Path:
-    contract = yaml.safe_load(DENSE.read_text())
-    contract["workload"]["repo"] = str(_tiny_workload(tmp_path))
-    contract["workload"]["steps"] = TINY["run"]["steps"]
-    contract["workload"]["verify_steps"] = TINY["run"]["steps"]
-    contract["workload"]["env"]["OMP_NUM_THREADS"] = "1"
-    contract["search_space"]["constraints"]["global_batch"]["size"] = TINY["run"]["global_batch_size"]
-    micro = contract["search_space"]["knobs"]["knobs.micro_batch_size"]
-    micro["choices"] = [m for m in micro["choices"] if TINY["run"]["global_batch_size"] % m == 0]
-    contract["verify"] = {"top_k": 1, "repeats": 1, "passes_required": 1}
-    path = tmp_path / "dense-verify.yaml"
-    path.write_text(yaml.safe_dump(contract, sort_keys=False))
-    return path
 
 
 @pytest.mark.slow
@@ -75,7 +40,7 @@ async def test_verify_rejects_hacks_and_math_change_by_name(tmp_path: Path) -> N
     data_dir = tmp_path / "data"
     stack = await asyncio.to_thread(Stack.start, data_dir)
     try:
-        prepared = prepare_study(_contract(tmp_path), data_dir)
+        prepared = prepare_study(tiny_contract(tmp_path, add_patches=[]), data_dir)
         bus = await Bus.connect(stack.url, service="admin", data_dir=data_dir)  # the stack turned auth on
         try:
             await bus.publish(study_created_event(prepared))
