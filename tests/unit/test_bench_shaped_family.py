@@ -57,16 +57,18 @@ def test_the_shape_known_study_is_the_products_with_the_formula_calibrated_on_th
     meta = study.meta
     assert meta is not None and model.study.meta is None
     assert meta.roles["micro_batch"] == "mbs" and meta.roles["zero_stage"] == "zero"
+    # the layout reaches the formula: data-parallel = the job's devices / (tp·pp), as the contract states
+    devices = model.study.contract.search_space.constraints.global_batch.devices
+    assert devices is not None and meta.devices == devices
     static, act = structural_components(meta, study.baseline.knobs)
-    # the workspace is what the golden peak leaves beside the formula's terms, floored at a tenth of it: here the
-    # formula alone overshoots the golden run (it is not told the data-parallel degree, so ZeRO shards nothing)
-    assert static + act > model.golden_peak_bytes
-    assert meta.workspace_bytes == pytest.approx(0.1 * model.golden_peak_bytes)
+    # the workspace is what the golden peak leaves beside the formula's terms, floored at a tenth of it
+    golden = model.golden_peak_bytes
+    assert meta.workspace_bytes == pytest.approx(max(golden - static - act, 0.1 * golden))
     # the truth is not the formula: over the space the two disagree by more than any calibration absorbs
     cands = model.study.space.enumerate()
     ratio = np.log([(sum(structural_components(meta, c.knobs)) + meta.workspace_bytes) / model.memory_of(c.knobs)
                     for c in cands])
-    assert np.quantile(np.abs(ratio), 0.5) > 0.1
+    assert np.quantile(np.abs(ratio), 0.75) > 0.1  # a quarter of the space off by more than 10%
 
 
 def test_robustness_runs_both_shape_arms_side_by_side_and_scores_the_shape_targets(tmp_path, capsys) -> None:
