@@ -72,9 +72,13 @@ HOSTS = {h.name: h for h in (Host("cv2", 0.02), Host("cv5", 0.05), Host("cv10", 
 TUNERS: dict[str, Callable[[BenchSpace, int, int], list[Trial]]] = {
     "race": run_infrarsi,
     "today": run_infrarsi,
+    "race_end": run_infrarsi,
+    "race_quarter": run_infrarsi,
     "tpe": lambda bs, seed, budget: run_optuna(bs, seed, budget, "tpe"),
 }
-CONFIGS = {"race": SearchConfig(race=True), "today": SearchConfig(race=False)}
+CONFIGS = {"race": SearchConfig(race=True), "today": SearchConfig(race=False),
+           "race_end": SearchConfig(race=True, race_share=0.0),
+           "race_quarter": SearchConfig(race=True, race_share=0.25)}
 
 
 class Measured:

@@ -3,6 +3,8 @@ the searcher averages it with the learned memory models by their prequential lik
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import pytest
 from infrarsi.modeling.memory_model import TransformerMeta, structural_components
@@ -95,3 +97,37 @@ def test_the_scores_are_prequential_so_a_replay_weighs_the_models_as_the_live_se
     # tolerance, not bit for bit)
     assert [(s.candidate, s.origin) for s in live.suggest(2)] == [(s.candidate, s.origin)
                                                                  for s in replayed.suggest(2)]
+
+
+def scattered(spread: float, bias: float):
+    """The truth: the formula's peak times a per-candidate factor no model can learn (its draw depends on the whole
+    setting), lognormal with this spread around ``exp(bias)``."""
+    def truth(c: Candidate) -> float:
+        rng = np.random.default_rng(zlib.crc32(repr(sorted(c.knobs.items())).encode()))
+        return formula(c) * float(np.exp(bias + spread * rng.standard_normal()))
+    return truth
+
+
+SCATTER_MEASURED = [c_(1, 1, "drop"), c_(2, 2, "drop"), c_(1, 2, "drop"), c_(1, 0), c_(2, 0), c_(1, 3), c_(2, 3),
+                    c_(4, 2), c_(4, 0, "drop"), c_(2, 1), c_(1, 1), c_(4, 3)]
+
+
+def test_the_mixture_is_recalibrated_on_peaks_it_mispredicts_and_a_rerun_adds_nothing() -> None:
+    capacity = 2.0 * formula(c_(16, 3))
+    wrong = run(scattered(0.25, 0.2), capacity, SCATTER_MEASURED)
+    b, s = wrong.memory_calibration()
+    assert s > 1.2, (b, s)  # the peaks lie further off the predictions than their std says (a constant bias the
+    # models learn; the scatter they cannot)
+    right = run(off_by(1.0), capacity, SCATTER_MEASURED)
+    b_r, s_r = right.memory_calibration()
+    assert abs(b_r) < 0.3 and s_r < 1.1, (b_r, s_r)
+    off = run(scattered(0.25, 0.2), capacity, SCATTER_MEASURED, SearchConfig(memory_recalibrate=False))
+    assert off.memory_calibration() == (0.0, 1.0)
+    # an unmeasured candidate: its predicted std widens with the calibration, and so its P(OOM) near capacity
+    (p_on,), (p_off,) = wrong.predict([c_(16, 1)]), off.predict([c_(16, 1)])
+    assert p_on.log_peak_std > 1.2 * p_off.log_peak_std
+    # a re-run of a measured candidate is no evidence of how the proposals are mispredicted
+    before = len(wrong._memory_residuals)
+    again = run(scattered(0.25, 0.2), capacity, [*SCATTER_MEASURED, SCATTER_MEASURED[-1], SCATTER_MEASURED[-2]])
+    again.memory_calibration()
+    assert len(again._memory_residuals) == before

@@ -244,6 +244,14 @@ class SearchConfig:
     formula's weight fell to 0.35 at the first peak). Scoring from the first peak with a floor of 0.02 on every
     weight cost that scenario 2.8 points of best/oracle (0.961 against 0.989); a burn-in of two left
     dense7b_a100x64 at 0.992 (main 0.999), three gives it 0.999 (docs/modeling.md, "The formula as a prior")."""
+    memory_recalibrate: bool = True
+    """With a workload shape and that average: the memory mixture's predictive recalibrated per study from its
+    own proposals — every scored peak's standardised residual under the mixture fitted on the peaks before it
+    (an OOM: censored at its bound) fits a shift b and a scale s of the standard normal by maximum a posteriori
+    (priors N(0, 0.5²) on b and on log s), and the mixture's mean and std become ``mu + b·sd`` and ``s·sd``. The
+    search proposes what it predicts lightest for its speed, so its proposals' peaks run above their predictions
+    (the optimiser's curse); without this P(OOM) ran 3–14 points under the observed OOM share in every bin below
+    0.35 on the shaped family (docs/modeling.md, "The mixture recalibrated on its own proposals")."""
     memory_formula_floor: float = 0.0
     """The smallest weight any member of that average keeps (0: none). A floor keeps the outvoted models'
     means in the mixture's variance (it holds the spread of its means): where the formula is right and the
@@ -431,6 +439,12 @@ class Searcher:
         """Per member of ``_memory_models()``: the summed log predictive density of the peaks scored so far."""
         self._memory_scored = 0
         """Memory observations scored into ``_memory_scores`` (each under the fits on the ones before it)."""
+        self._memory_residuals: list[tuple[float, bool]] = []
+        """Per scored peak of a candidate not measured before (a re-run's peak is known, its residual says
+        nothing of the proposals'): its standardised residual under the mixture fitted before it, and whether it
+        was an OOM (the residual then is the bound's: the peak lay above it) — ``SearchConfig.memory_recalibrate``."""
+        self._memory_calibration = (0, 0.0, 1.0)
+        """(residuals it was fitted on, shift b, scale s) of ``memory_calibration``."""
         self.invariants = InvariantModel({**self.kb.invariant, **{p.id: p.invariant_prior for p in space.patches}})
         self.cost_model = CostModel()
         self.capacity_bytes = capacity_bytes
@@ -562,7 +576,11 @@ class Searcher:
         scored, the formula alone: the learned models are priors with nothing to say yet. Refits first if
         observations arrived."""
         self.refit()
-        if not self.memory_learned or self._memory_scored <= self.config.memory_formula_burn_in:
+        return self._weights_from_scores(self._memory_scored)
+
+    def _weights_from_scores(self, scored: int) -> np.ndarray:
+        """``memory_weights`` from the scores as they stand (no refit), ``scored`` peaks scored."""
+        if not self.memory_learned or scored <= self.config.memory_formula_burn_in:
             return np.array([1.0] + [0.0] * len(self.memory_learned))
         w_f = float(self.config.memory_formula_weight or 0.0)
         peer = float(self.config.memory_peer_weight or 0.0) if len(self.memory_learned) > 1 else 0.0
@@ -589,6 +607,8 @@ class Searcher:
             self._memory_scored += 1
             if j < self.config.memory_formula_burn_in:
                 continue
+            weights = self._weights_from_scores(j)  # the mixture as it predicted this peak
+            mus, sds = [], []
             for i, mm in enumerate(models):
                 if mm.fit_result is None or mm.fit_result.n_ok + mm.fit_result.n_censored != j:
                     mm.fit(upto=j)
@@ -601,6 +621,37 @@ class Searcher:
                 else:
                     score = -0.5 * z * z - math.log(sd) - 0.5 * math.log(2 * math.pi)
                 self._memory_scores[i] += max(score, self._MEMORY_SCORE_FLOOR)
+                mus.append(np.array([float(mu[0])]))
+                sds.append(np.array([sd]))
+            if self.config.memory_recalibrate and not (j and np.all(xj[:j] == xj[j], axis=1).any()):
+                m, sd_m = mix_normals(list(weights), mus, sds)
+                self._memory_residuals.append(((float(yj[j]) - float(m[0])) / float(sd_m[0]), bool(cj[j])))
+
+    _CALIBRATION_GRID = (np.linspace(-1.5, 2.5, 41), np.exp(np.linspace(math.log(0.7), math.log(4.0), 36)))
+
+    def memory_calibration(self) -> tuple[float, float]:
+        """(b, s) of ``SearchConfig.memory_recalibrate``: the shift and scale of the standard normal that best
+        explain the mixture's standardised residuals on the peaks scored so far, MAP on a grid (priors N(0, 0.5²)
+        on b and on log s); (0, 1) when off, without a shape, or before any residual."""
+        self.refit()
+        res = self._memory_residuals
+        if not self.config.memory_recalibrate or not res:
+            return 0.0, 1.0
+        if self._memory_calibration[0] != len(res):
+            bs, ss = self._CALIBRATION_GRID
+            b, s = bs[:, None, None], ss[None, :, None]
+            z = np.array([r for r, _ in res])[None, None, :]
+            oom = np.array([c for _, c in res])[None, None, :]
+            u = (z - b) / s
+            ll = np.where(oom, log_ndtr(-u), -0.5 * u * u - np.log(s))
+            post = np.maximum(ll, self._MEMORY_SCORE_FLOOR).sum(axis=2) - 0.5 * (b[..., 0] / 0.5) ** 2 \
+                - 0.5 * (np.log(s[..., 0]) / 0.5) ** 2
+            w = np.exp(post - post.max())
+            w /= w.sum()
+            mean_b = float((w * b[..., 0]).sum())
+            var = float((w * (s[..., 0] ** 2 + (b[..., 0] - mean_b) ** 2)).sum())
+            self._memory_calibration = (len(res), mean_b, math.sqrt(var))
+        return self._memory_calibration[1], self._memory_calibration[2]
 
     def enqueue(self, candidates: Iterable[Candidate], origin: Origin, reason: str) -> None:
         """External suggestions (experience bank, LLM) proposed before model-driven ones, deduplicated."""
@@ -694,6 +745,9 @@ class Searcher:
         """Mean and std of log peak bytes at pool rows ``idx``: the memory models' mixture, moment-matched, its
         std set from the nearest measured peak (``SearchConfig.memory_anchor_spread``) without a shape."""
         mu, sd = self._memory_mixture(idx)
+        if self.memory_learned and self.config.memory_recalibrate:
+            b, s = self.memory_calibration()
+            mu, sd = mu + b * sd, s * sd
         if (self.config.memory_anchor_spread is not None and self._peak_rows and self.pool.codes is not None
                 and not self.memory_model.structured):
             sd = self._anchored_std(idx, mu, sd)
