@@ -190,6 +190,8 @@ class Bus:
         """Whether the connection runs over TLS."""
         self._follower: asyncio.Task[None] | None = None
         self.ack_journal: AckJournal | None = None
+        self.reconnects = 0
+        """Times the connection was re-established after a loss (``infrarsi_bus_reconnects_total``)."""
 
     # ---------------------------------------------------------------- connection
 
@@ -225,6 +227,7 @@ class Bus:
             # A server restarted from an empty store (or a fresh cluster member) has no streams:
             # put them back before anyone publishes into the void.
             if (bus := holder.get("bus")) is not None:
+                bus.reconnects += 1
                 try:
                     await bus.ensure_streams()
                 except Exception as exc:  # noqa: BLE001 — logged; the next publish surfaces the error

@@ -42,13 +42,15 @@ import re
 import shutil
 import sys
 import time
+from collections import Counter, defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import yaml
-from infrarsi import credentials, fswatch, procs, stats, tracing, workspace
+from infrarsi import credentials, fswatch, metrics, procs, stats, tracing, workspace
 from infrarsi import events as ev
 from infrarsi.backends import Backend, JobHandle, JobResult, JobSpec, SubmitError, backend_class, make_backend
 from infrarsi.backends.base import read_json_record
@@ -66,6 +68,7 @@ from infrarsi.service import Outbox, Service
 from infrarsi.settings import PREFIX as SETTINGS_PREFIX
 from infrarsi.settings import JobEnv, Settings, env_var
 from infrarsi.subjects import PROBE, TELEMETRY_STREAM, step_msg_id, telemetry_subject
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from .output import GrowingFile, OutputSteps, OutputTail
 
@@ -154,6 +157,10 @@ class LauncherService(Service):
         self.trial_study: dict[str, str] = {}
         """Trial id → its study, for the trials handled in this life (a cancel stops a study's running ones)."""
         self.cancelled: dict[str, str] = {}
+        self.trials_by_outcome: Counter[str] = Counter()
+        """Trials this life finished, by status (``infrarsi_trials_total``)."""
+        self.accelerator_s_by_outcome: dict[str, float] = defaultdict(float)
+        """Their accelerator-seconds, by status (``infrarsi_accelerator_seconds_total``)."""
         """Study id → the reason of its ``StudyCancelled``, while it is not resumed."""
         self.reaped = 0
 
@@ -173,6 +180,16 @@ class LauncherService(Service):
     async def stop(self) -> None:
         for backend in self.backends.values():
             await asyncio.to_thread(backend.close)
+
+    def metric_families(self) -> Iterable[Metric]:
+        yield metrics.counter_by("infrarsi_trials", "Trials finished by this launcher, by how they ended", self.name,
+                                 "outcome", {k: float(v) for k, v in self.trials_by_outcome.items()})
+        yield metrics.counter_by("infrarsi_accelerator_seconds", "Accelerator-seconds of the trials finished, by "
+                                 "how they ended (failed and cancelled trials included)", self.name, "outcome",
+                                 dict(self.accelerator_s_by_outcome))
+        running = GaugeMetricFamily("infrarsi_running_trials", "Trials running now", labels=["service"])
+        running.add_metric([self.name], float(len(self.running)))
+        yield running
 
     def status(self) -> dict[str, object]:
         return {"running_trials": sorted(self.running), "slots": self.concurrency, "reaped_at_start": self.reaped}
@@ -357,6 +374,8 @@ class LauncherService(Service):
         await self._republish(republish_from, trial_id, study_id)
         (tdir / "finished.json").write_bytes(msgspec.json.encode(finished))
         await out.emit(finished)
+        self.trials_by_outcome[finished.status] += 1
+        self.accelerator_s_by_outcome[finished.status] += finished.accelerator_s
         log.info("trial finished", status=finished.status, reason=finished.reason[:200], wall_s=round(finished.wall_s, 2))
 
     # ---------------------------------------------------------------- one trial
