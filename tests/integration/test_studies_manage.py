@@ -144,3 +144,20 @@ async def test_two_verifies_at_once_start_one_verification(tmp_path, capsys, nat
     codes = await asyncio.gather(*(invoke(verify_cmd.run, a) for a in args))
     assert sorted(codes) == [0, EXIT_USAGE, EXIT_USAGE], capsys.readouterr().err
     assert len(await events_of(bus, study, ev.VerifyRequested)) == 1
+
+
+async def test_run_on_a_cancelled_study_is_refused_until_it_is_resumed(tmp_path, capsys, nats_server: str,
+                                                                       bus: Bus) -> None:
+    from infrarsi.commands import run as run_cmd
+
+    study = ev.new_id()
+    log = synthetic_study(study, write_workload(tmp_path / "wl"))
+    upto = next(i for i, e in enumerate(log) if isinstance(e.payload, ev.DoctorCompleted))
+    await bus.publish_many(log[: upto + 1])
+    await bus.publish(owned_event(ev.StudyCancelled(reason="paused for the quarter", by="t@h"), study_id=study))
+    args = cli_args(nats_server, tmp_path / "data", study=study, trials=None, parallel=None, until="searched",
+                    timeout=5.0, no_wait=True, json=False)
+    assert await invoke(run_cmd.run, args) == EXIT_USAGE
+    assert "is cancelled (paused for the quarter): `infrarsi resume" in capsys.readouterr().err
+    assert await invoke(studies_cmd.run_resume, cli_args(nats_server, tmp_path / "data", study=study, reason="")) == 0
+    assert await invoke(run_cmd.run, args) == 0
