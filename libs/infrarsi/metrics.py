@@ -63,6 +63,7 @@ class ServiceMetrics:
     registry: CollectorRegistry = field(default_factory=lambda: CollectorRegistry(auto_describe=True))
     decision_seconds: Histogram = field(init=False)
     refit_seconds: Histogram = field(init=False)
+    _collector: Collector | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.decision_seconds = Histogram(
@@ -73,8 +74,12 @@ class ServiceMetrics:
             ["service"], registry=self.registry, buckets=DECISION_BUCKETS)
 
     def follow(self, counts: RunnerCounts, own: Callable[[], Iterable[Metric]]) -> None:
-        """Read ``counts`` (the runner's) and ``own`` (the service's ``metric_families``) at every scrape."""
-        self.registry.register(_RunnerCollector(self.service, counts, own))
+        """Read ``counts`` (the runner's) and ``own`` (the service's ``metric_families``) at every scrape; a second
+        runner of the same service object replaces the first's."""
+        if self._collector is not None:
+            self.registry.unregister(self._collector)
+        self._collector = _RunnerCollector(self.service, counts, own)
+        self.registry.register(self._collector)
 
 
 class _RunnerCollector(Collector):

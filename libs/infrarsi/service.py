@@ -154,8 +154,15 @@ class Service(ABC):
     """Delay before the first retry of a failed handler; it doubles with each try (1, 2, 4, 8 s)."""
 
     bus: Bus
-    metrics: ServiceMetrics
-    """Set by the runner: the process's Prometheus metrics (``infrarsi.metrics``)."""
+    _metrics: ServiceMetrics | None = None
+
+    @property
+    def metrics(self) -> ServiceMetrics:
+        """The service's Prometheus metrics (``infrarsi.metrics``); made on first use, so a service driven without a
+        runner (a benchmark's in-memory bus) observes into its own registry too."""
+        if self._metrics is None:
+            self._metrics = ServiceMetrics(self.name)
+        return self._metrics
 
     def metric_families(self) -> Iterable[Metric]:
         """The service's own metrics, read at every scrape (the launcher's trials by outcome). Default: none."""
@@ -290,7 +297,7 @@ class Runner:
         self.consumers: dict[str, _ConsumerHealth] = {}
         self._slots = asyncio.Semaphore(service.concurrency)
         self._tasks: set[asyncio.Task[None]] = set()
-        self.metrics = service.metrics = ServiceMetrics(service.name)
+        self.metrics = service.metrics
         self.metrics.follow(RunnerCounts(
             handled=lambda: self.stats.handled, dead_lettered=lambda: self.stats.dead_lettered,
             failed=lambda: self.stats.failed, given_up=lambda: self.stats.given_up,
