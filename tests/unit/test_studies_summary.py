@@ -77,3 +77,15 @@ def test_studies_are_listed_newest_first_and_a_study_without_its_creation_is_lef
     orphan = ev.make_event(ev.RunRequested(), study_id="s3", source="cli.run")
     listed = summarize([*log, *other, orphan])
     assert [s.study_id for s in listed] == ["s2", "s1"]
+
+
+def test_the_human_listing_says_stage_best_verified_and_why_cancelled(log) -> None:
+    from infrarsi.commands.studies import table
+
+    cancel = ev.make_event(ev.StudyCancelled(reason="cost review", by="ana@h"), study_id="s1", source="cli.cancel")
+    [s] = summarize([*log, cancel])
+    header, rule, line = table([s])
+    assert header.split()[:6] == ["study", "name", "stage", "trials", "running", "failed"]
+    assert line.startswith("s1") and " cancelled " in line and f"×{s.best_speedup:.3f}" in line
+    assert line.endswith("cancelled by ana@h: cost review")
+    assert table([]) == ["no studies on the bus"]
