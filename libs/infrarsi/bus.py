@@ -71,6 +71,14 @@ class BusError(RuntimeError):
 ACK_JOURNAL_SUFFIX = ".acks"
 
 
+WRONG_LAST_SEQUENCE = 10071
+"""JetStream's error code for a publish whose ``Nats-Expected-Last-Subject-Sequence`` did not hold."""
+
+
+class PublishRaced(BusError):
+    """A conditional publish lost: the subject had a newer message than the publisher had read."""
+
+
 class AckJournal:
     """Every JetStream ack one process received, one line each: ``<stream> <seq> <msg id>``.
 
@@ -182,6 +190,8 @@ class Bus:
         """Whether the connection runs over TLS."""
         self._follower: asyncio.Task[None] | None = None
         self.ack_journal: AckJournal | None = None
+        self.reconnects = 0
+        """Times the connection was re-established after a loss (``infrarsi_bus_reconnects_total``)."""
 
     # ---------------------------------------------------------------- connection
 
@@ -217,6 +227,7 @@ class Bus:
             # A server restarted from an empty store (or a fresh cluster member) has no streams:
             # put them back before anyone publishes into the void.
             if (bus := holder.get("bus")) is not None:
+                bus.reconnects += 1
                 try:
                     await bus.ensure_streams()
                 except Exception as exc:  # noqa: BLE001 — logged; the next publish surfaces the error
@@ -331,18 +342,36 @@ class Bus:
         tracing.inject(headers)
         return headers
 
-    async def publish(self, event: ev.Event) -> api.PubAck:
-        """Publish one event and wait for JetStream's ack. A duplicate id is acked with ``duplicate=True``."""
+    async def publish(self, event: ev.Event, *, expected_last_subject_seq: int | None = None) -> api.PubAck:
+        """Publish one event and wait for JetStream's ack. A duplicate id is acked with ``duplicate=True``.
+
+        ``expected_last_subject_seq``: JetStream stores the event only if the last message on its subject is at
+        that stream sequence (0: none yet); else ``PublishRaced`` — another publisher got there first."""
+        headers = self._headers(event)
+        if expected_last_subject_seq is not None:
+            headers["Nats-Expected-Last-Subject-Sequence"] = str(expected_last_subject_seq)
         try:
             ack = await self.js.publish(
                 subjects.subject_for(event),
                 ev.encode(event),
-                headers=self._headers(event),
+                headers=headers,
                 stream=stream_for_type(event.type),
             )
         except (nats.errors.TimeoutError, nats.js.errors.NoStreamResponseError) as exc:
             raise BusError(f"publish of {event.type} {event.event_id} not acknowledged: {exc!r}") from exc
+        except nats.js.errors.APIError as exc:
+            if expected_last_subject_seq is not None and exc.err_code == WRONG_LAST_SEQUENCE:
+                raise PublishRaced(f"{event.type} of study {event.study_id}: another one was published first") from exc
+            raise
         return self._acked(ack, event.event_id)
+
+    async def last_seq_on(self, stream: str, subject: str) -> int:
+        """The stream sequence of the last message on ``subject`` of ``stream``; 0 when it has none."""
+        try:
+            msg = await self.js.get_last_msg(stream, subject)
+        except nats.js.errors.NotFoundError:
+            return 0
+        return int(msg.seq or 0)
 
     def _acked(self, ack: api.PubAck, msg_id: str | None) -> api.PubAck:
         if self.ack_journal is not None and msg_id is not None:

@@ -604,6 +604,72 @@ class StudyFinished(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     best_speedup: float | None = None
 
 
+class StudyCancelled(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """``infrarsi cancel STUDY``: the study stops here. The launcher stops the study's running trials (each ends
+    ``cancelled``, its accelerator time kept) and finishes its queued ones unrun; the proposer proposes nothing
+    more and the verifier plans no further round until a ``StudyResumed``."""
+
+    reason: str
+    """Why, as the user gave it (``--reason``); recorded for the audit trail."""
+    by: str = ""
+    """Who asked: the CLI user and host (``user@host``)."""
+
+
+class StudyResumed(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """``infrarsi resume STUDY``: a cancelled or stalled study goes on from its log. The proposer runs the
+    search trials the cancel cut short once more (outside the trial budget: their candidates were never
+    measured) and fills its slots again, or asks again for the verifications that had no final verdict."""
+
+    reason: str = ""
+    by: str = ""
+
+
+class PromotionFollowed(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """``infrarsi follow STUDY``: where a promoted branch stands against the workload repository's main line,
+    recorded when it changed since the last look (``infrarsi.promotions``)."""
+
+    candidate_key: str
+    branch: str
+    commit: str
+    """The promoted commit (``PatchPromoted.commit``)."""
+    mainline: str
+    """The branch it was followed against (``main`` unless told)."""
+    mainline_head: str
+    """The main line's commit when it was looked at."""
+    state: Literal["open", "merged", "reverted", "gone"]
+    """``open``: not on the main line; ``merged``: its change is on the main line (merged, fast-forwarded,
+    cherry-picked or squashed); ``reverted``: merged, then undone on the main line; ``gone``: neither the
+    branch nor the commit exists any more and the change is not on the main line."""
+    merge_commit: str | None = None
+    """The main line's commit that brought the change in (a merge commit, the commit itself after a
+    fast-forward, or the squashed/cherry-picked copy)."""
+    revert_commit: str | None = None
+    """The main line's commit that undid it."""
+    detail: str = ""
+
+
+class SmokeCompleted(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """``infrarsi smoke STUDY``: a short run of the merged commit, judged against the last verified numbers."""
+
+    candidate_key: str
+    commit: str
+    """The main-line commit that ran (the merge commit)."""
+    passed: bool
+    verdict: str
+    """One line: what passed or what did not, with the numbers."""
+    steps: int
+    step_time_s: float | None
+    """Median steady step time of the smoke run; ``None`` when it did not run to a measurement."""
+    verified_step_s: float
+    """The candidate's step time in its last promotable verification round."""
+    tolerance: float
+    """The slowest it may be, as a fraction over ``verified_step_s``."""
+    status: TrialStatus = "ok"
+    exit_code: int | None = None
+    loss_final: float | None = None
+    accelerator_s: float = 0.0
+
+
 # --------------------------------------------------------------------------------------------------
 # The agent: what a language model was asked and what it answered (libs/infrarsi/agent)
 # --------------------------------------------------------------------------------------------------
@@ -744,6 +810,10 @@ Payload = (
     | PatchPromoted
     | BankEntry
     | StudyFinished
+    | StudyCancelled
+    | StudyResumed
+    | PromotionFollowed
+    | SmokeCompleted
     | AgentAsked
     | AgentAnswered
 )

@@ -34,7 +34,7 @@ import signal
 import sys
 import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Protocol
@@ -42,12 +42,14 @@ from typing import ClassVar, Protocol
 import structlog
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
+from prometheus_client.core import Metric
 
 from infrarsi import events as ev
 from infrarsi import tracing
 from infrarsi.bus import Bus, BusError, Delivery
 from infrarsi.embedded import resolve_nats_url
 from infrarsi.logs import get_logger, setup_logging
+from infrarsi.metrics import RunnerCounts, ServiceMetrics, serve_metrics
 from infrarsi.settings import Settings, SettingsError, env_var
 from infrarsi.subjects import LIFECYCLE_STREAM, PING_SUBJECT, heartbeat_subject, stream_for_type
 
@@ -152,6 +154,19 @@ class Service(ABC):
     """Delay before the first retry of a failed handler; it doubles with each try (1, 2, 4, 8 s)."""
 
     bus: Bus
+    _metrics: ServiceMetrics | None = None
+
+    @property
+    def metrics(self) -> ServiceMetrics:
+        """The service's Prometheus metrics (``infrarsi.metrics``); made on first use, so a service driven without a
+        runner (a benchmark's in-memory bus) observes into its own registry too."""
+        if self._metrics is None:
+            self._metrics = ServiceMetrics(self.name)
+        return self._metrics
+
+    def metric_families(self) -> Iterable[Metric]:
+        """The service's own metrics, read at every scrape (the launcher's trials by outcome). Default: none."""
+        return ()
 
     async def start(self) -> None:
         """Rebuild the read model (e.g. ``async for e in self.replay(...)``). Default: nothing."""
@@ -215,7 +230,10 @@ class ReactiveService(Service):
         log.info("state rebuilt by replay", events=replayed, skipped=skipped)
 
     async def handle(self, event: ev.Event, out: Outbox) -> None:
-        for emission in self.state.apply(event):
+        started = time.perf_counter()
+        emissions = self.state.apply(event)
+        self.metrics.decision_seconds.labels(self.name, event.type).observe(time.perf_counter() - started)
+        for emission in emissions:
             await out.emit(
                 emission.payload, study_id=emission.study_id, trial_id=emission.trial_id, key=emission.key
             )
@@ -248,6 +266,9 @@ class _ConsumerHealth:
     task: asyncio.Task[None] | None = None
     sub: JetStreamContext.PullSubscription | None = None
     """The pull subscription the loop holds now (unsubscribed on stop: a drain waits on a bound one)."""
+    pending: int = 0
+    """Messages of the consumer's subjects not yet delivered (its lag), as the last heartbeat read it."""
+    ack_pending: int = 0
 
     def stalled(self, now: float) -> bool:
         if self.task is not None and self.task.done():
@@ -276,6 +297,13 @@ class Runner:
         self.consumers: dict[str, _ConsumerHealth] = {}
         self._slots = asyncio.Semaphore(service.concurrency)
         self._tasks: set[asyncio.Task[None]] = set()
+        self.metrics = service.metrics
+        self.metrics.follow(RunnerCounts(
+            handled=lambda: self.stats.handled, dead_lettered=lambda: self.stats.dead_lettered,
+            failed=lambda: self.stats.failed, given_up=lambda: self.stats.given_up,
+            in_flight=lambda: self.stats.in_flight, reconnects=lambda: self.bus.reconnects,
+            consumer_lag=lambda: {d: (h.pending, h.ack_pending) for d, h in self.consumers.items()},
+        ), service.metric_families)
 
     async def run(self) -> None:
         service = self.service
@@ -488,7 +516,17 @@ class Runner:
         while True:
             with contextlib.suppress(Exception):
                 await self.bus.nc.publish(heartbeat_subject(self.service.name), json.dumps(self.status()).encode())
+            await self._read_lag()
             await asyncio.sleep(HEARTBEAT_S)
+
+    async def _read_lag(self) -> None:
+        """Each consumer's lag, from JetStream, for the ``infrarsi_consumer_*`` gauges."""
+        for health in list(self.consumers.values()):
+            if health.sub is None:
+                continue
+            with contextlib.suppress(Exception):  # a consumer between bindings: the next heartbeat reads it
+                info = await health.sub.consumer_info()
+                health.pending, health.ack_pending = int(info.num_pending or 0), int(info.num_ack_pending or 0)
 
 
 PARENT_PID_ENV = env_var("parent_pid")
@@ -530,6 +568,11 @@ async def serve(
     bus = await Bus.connect(nats_url, service=service.name, data_dir=data_dir, replicas=settings.replicas,
                             ack_journal=settings.ack_journal)
     runner = Runner(service, bus)
+    exporter = None
+    if settings.metrics_port is not None:
+        exporter, port = serve_metrics(runner.metrics, port=settings.metrics_port, addr=settings.metrics_addr,
+                                       data_dir=data_dir, cluster=settings.cluster)
+        log.info("serving Prometheus metrics", addr=settings.metrics_addr, port=port)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, runner.stopping.set)
@@ -542,6 +585,8 @@ async def serve(
         lost.cancel()
         if watch is not None:
             watch.cancel()
+        if exporter is not None:
+            exporter.shutdown()
         await bus.close()
         tracing.shutdown_tracing()
         log.info("service stopped")

@@ -102,6 +102,12 @@ class Settings(_FromEnv):
     slurm_sacct_completion: bool | None = None
     """The Slurm backend's job records: ``1`` reads the job-completion log (``sacct --completion``), ``0`` the
     accounting database; unset asks ``scontrol show config`` whether there is an accounting database."""
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    """Serve Prometheus metrics (``infrarsi.metrics``) on this port; ``infrarsi up`` gives its six services this
+    port and the next five (proposer, launcher, telemetry, modeler, verifier, reporter); 0: each picks a free
+    port (the scrape targets are written under ``<data_dir>/metrics/``). Unset: no metrics server."""
+    metrics_addr: str = "127.0.0.1"
+    """The address the metrics server binds (loopback unless told: the metrics name studies and trials)."""
     llm_base_url: str | None = None
     """The agent's OpenAI-compatible endpoint when the contract's ``agent.base_url`` is empty."""
     llm_model: str | None = None

@@ -45,6 +45,7 @@ from infrarsi.embedded import (
 )
 from infrarsi.logs import get_logger
 from infrarsi.service import PARENT_PID_ENV
+from infrarsi.settings import Settings, env_var
 from infrarsi.subjects import PING_SUBJECT
 
 log = get_logger(__name__)
@@ -286,6 +287,26 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
         os.killpg(pid, sig)
 
 
+METRICS_PORT_VAR = env_var("metrics_port")
+
+
+def env_metrics_port(extra: Mapping[str, str]) -> int | None:
+    """The stack's metrics base port: ``INFRARSI_METRICS_PORT`` of ``extra`` (the stack's own env), else of
+    this process (validated by ``Settings``); ``None`` when unset."""
+    merged = {**os.environ, **extra}
+    return Settings.from_env({METRICS_PORT_VAR: merged.get(METRICS_PORT_VAR, "")}).metrics_port
+
+
+def _metrics_port_of(name: str, base: int | None) -> dict[str, str]:
+    """Each service its own port from the base, in ``SERVICES`` order (0 stays 0: each picks a free one)."""
+    if base is None:
+        return {}
+    port = base + SERVICES.index(name) if base else 0
+    if port > 65535:
+        raise StackError(f"{METRICS_PORT_VAR}={base}: the six services need ports {base}..{base + 5}")
+    return {METRICS_PORT_VAR: str(port)}
+
+
 class Stack:
     """A NATS server (embedded, or the one at ``nats_url``) and service processes, started and stopped together.
 
@@ -366,6 +387,7 @@ class Stack:
             **os.environ,
             **self.env,
             "INFRARSI_DATA_DIR": str(self.data_dir),
+            **_metrics_port_of(name, env_metrics_port(self.env)),
             "PYTHONUNBUFFERED": "1",
             PARENT_PID_ENV: str(os.getpid()),  # the service stops if this process dies, even by SIGKILL
         }

@@ -104,6 +104,12 @@ ROUTES: tuple[Route, ...] = (
     _route("PatchPromoted", ("cli.apply",), ("reporter",)),
     _route("BankEntry", ("reporter", "cli.bank"), ("reporter",)),
     _route("StudyFinished", ("proposer",), ("reporter",)),
+    # Studies as things a user manages (issue 36): cancel stops the trials and the search, resume goes on.
+    _route("StudyCancelled", ("cli.cancel",), ("proposer", "launcher", "verifier", "reporter")),
+    _route("StudyResumed", ("cli.resume",), ("proposer", "launcher", "reporter")),
+    # Promoted branches followed to the main line, and the smoke run of a merged commit.
+    _route("PromotionFollowed", ("cli.follow",), ("reporter",)),
+    _route("SmokeCompleted", ("cli.smoke",), ("reporter",)),
     # The agent (libs/infrarsi/agent): the proposer asks the study's language model and records its answer;
     # ``init --ask`` records the contract draft's exchange. The proposer answers its own questions (the HTTP
     # exchange is the handler of its AgentAsked); the launcher reads the accepted diffs from the answers.
@@ -127,6 +133,11 @@ CLI_READS: dict[str, tuple[str, ...]] = {
     "cli.events": (LIFECYCLE_STREAM, TELEMETRY_STREAM, BANK_STREAM),
     "cli.replay": (LIFECYCLE_STREAM, TELEMETRY_STREAM, BANK_STREAM),
     "cli.status": (),
+    "cli.studies": (LIFECYCLE_STREAM,),
+    "cli.cancel": (LIFECYCLE_STREAM,),
+    "cli.resume": (LIFECYCLE_STREAM,),
+    "cli.follow": (LIFECYCLE_STREAM,),
+    "cli.smoke": (LIFECYCLE_STREAM,),
 }
 """The streams each CLI verb-group reads whole (a CLI reads a study's history, not one event type).
 

@@ -20,7 +20,9 @@ Per trial, in this order, nothing running before the checks pass:
 A ``TrialStopRequested`` (telemetry's: the trial's steady steps are already far slower than the incumbent)
 is read beside the trial slots (``Service.control``) and cancels the running job; the trial ends
 ``stopped_slow`` with the cost it ran up and the steps it reported. A request for a trial not running here
-(finished already, or a previous life's) changes nothing.
+(finished already, or a previous life's) changes nothing. A ``StudyCancelled`` (read the same way) cancels
+every running trial of the study — each ends ``cancelled`` with the cost it ran up, marked ``infrastructure``:
+not the candidate's doing — and its queued trials end ``cancelled`` unrun, until a ``StudyResumed``.
 
 State lives under ``<data_dir>/launcher/trials/<trial>/`` (job.json, pids.json, node logs, probe files,
 finished.json). On start the launcher reaps what a previous life left: every tagged process is killed,
@@ -40,13 +42,15 @@ import re
 import shutil
 import sys
 import time
+from collections import Counter, defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import yaml
-from infrarsi import credentials, fswatch, procs, stats, tracing, workspace
+from infrarsi import credentials, fswatch, metrics, procs, stats, tracing, workspace
 from infrarsi import events as ev
 from infrarsi.backends import Backend, JobHandle, JobResult, JobSpec, SubmitError, backend_class, make_backend
 from infrarsi.backends.base import read_json_record
@@ -64,6 +68,7 @@ from infrarsi.service import Outbox, Service
 from infrarsi.settings import PREFIX as SETTINGS_PREFIX
 from infrarsi.settings import JobEnv, Settings, env_var
 from infrarsi.subjects import PROBE, TELEMETRY_STREAM, step_msg_id, telemetry_subject
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from .output import GrowingFile, OutputSteps, OutputTail
 
@@ -77,6 +82,8 @@ WATCH_TIMEOUT_S = 0.25
 OUTPUT_TAIL_CHARS = 4000
 SLOW_PREFIX = "stopped_slow: "
 """The cancel reason of a job stopped at telemetry's ``TrialStopRequested`` (and the start of its ``reason``)."""
+CANCEL_PREFIX = "study cancelled: "
+"""The start of the reason of a trial a ``StudyCancelled`` stopped (or finished unrun)."""
 
 
 @dataclass(frozen=True)
@@ -124,8 +131,9 @@ class ProbeTail:
 
 class LauncherService(Service):
     name = "launcher"
-    consumes = (ev.StudyCreated, ev.TrialProposed, ev.AgentAnswered, ev.TrialStopRequested)
-    control = (ev.TrialStopRequested,)
+    consumes = (ev.StudyCreated, ev.TrialProposed, ev.AgentAnswered, ev.TrialStopRequested, ev.StudyCancelled,
+                ev.StudyResumed)
+    control = (ev.TrialStopRequested, ev.StudyCancelled, ev.StudyResumed)
     ack_wait_s = Settings().launcher_ack_wait_s
     """A TrialProposed left unacked by a dead launcher is redelivered after this long (``INFRARSI_LAUNCHER_ACK_WAIT_S``)."""
 
@@ -146,6 +154,14 @@ class LauncherService(Service):
         self.studies: dict[str, Study] = {}
         self.backends: dict[str, Backend] = {}
         self.running: dict[str, tuple[Backend, JobHandle]] = {}
+        self.trial_study: dict[str, str] = {}
+        """Trial id → its study, for the trials handled in this life (a cancel stops a study's running ones)."""
+        self.cancelled: dict[str, str] = {}
+        self.trials_by_outcome: Counter[str] = Counter()
+        """Trials this life finished, by status (``infrarsi_trials_total``)."""
+        self.accelerator_s_by_outcome: dict[str, float] = defaultdict(float)
+        """Their accelerator-seconds, by status (``infrarsi_accelerator_seconds_total``)."""
+        """Study id → the reason of its ``StudyCancelled``, while it is not resumed."""
         self.reaped = 0
 
     @classmethod
@@ -157,13 +173,23 @@ class LauncherService(Service):
     async def start(self) -> None:
         self.state_root.mkdir(parents=True, exist_ok=True)
         self.reaped = await asyncio.to_thread(self._reap_previous_life)
-        async for event in self.replay((ev.StudyCreated, ev.AgentAnswered)):
+        async for event in self.replay((ev.StudyCreated, ev.AgentAnswered, ev.StudyCancelled, ev.StudyResumed)):
             self._remember(event)
         log.info("launcher ready", studies=len(self.studies), reaped=self.reaped, slots=self.concurrency)
 
     async def stop(self) -> None:
         for backend in self.backends.values():
             await asyncio.to_thread(backend.close)
+
+    def metric_families(self) -> Iterable[Metric]:
+        yield metrics.counter_by("infrarsi_trials", "Trials finished by this launcher, by how they ended", self.name,
+                                 "outcome", {k: float(v) for k, v in self.trials_by_outcome.items()})
+        yield metrics.counter_by("infrarsi_accelerator_seconds", "Accelerator-seconds of the trials finished, by "
+                                 "how they ended (failed and cancelled trials included)", self.name, "outcome",
+                                 dict(self.accelerator_s_by_outcome))
+        running = GaugeMetricFamily("infrarsi_running_trials", "Trials running now", labels=["service"])
+        running.add_metric([self.name], float(len(self.running)))
+        yield running
 
     def status(self) -> dict[str, object]:
         return {"running_trials": sorted(self.running), "slots": self.concurrency, "reaped_at_start": self.reaped}
@@ -208,6 +234,11 @@ class LauncherService(Service):
                 await self._trial(event, proposed, out)
             case ev.TrialStopRequested(reason=reason):
                 await self._stop_slow(event.trial_id or "", reason)
+            case ev.StudyCancelled(reason=reason, by=by):
+                self.cancelled[event.study_id] = f"{reason} (by {by})" if by else reason
+                await self._stop_study(event.study_id)
+            case ev.StudyResumed():
+                self.cancelled.pop(event.study_id, None)
             case _:
                 self._remember(event)
 
@@ -233,8 +264,20 @@ class LauncherService(Service):
         await asyncio.to_thread(backend.cancel, handle, f"{SLOW_PREFIX}{reason}")
         log.info("stopping a slow trial", trial_id=trial_id, reason=reason)
 
+    async def _stop_study(self, study_id: str) -> None:
+        """Cancel every running trial of a cancelled study; each ends ``cancelled`` with the cost it ran up."""
+        reason = f"{CANCEL_PREFIX}{self.cancelled[study_id]}"
+        for trial_id, (backend, handle) in list(self.running.items()):
+            if self.trial_study.get(trial_id) == study_id:
+                await asyncio.to_thread(backend.cancel, handle, reason)
+                log.info("stopping a trial of a cancelled study", trial_id=trial_id, study_id=study_id)
+
     def _remember(self, event: ev.Event) -> None:
         match event.payload:
+            case ev.StudyCancelled(reason=reason, by=by):
+                self.cancelled[event.study_id] = f"{reason} (by {by})" if by else reason
+            case ev.StudyResumed():
+                self.cancelled.pop(event.study_id, None)
             case ev.StudyCreated():
                 self._remember_study(event)
             case ev.AgentAnswered(patches=patches) if event.study_id in self.studies:
@@ -269,6 +312,14 @@ class LauncherService(Service):
         finished_file = tdir / "finished.json"
         if finished_file.exists():  # redelivered after we published but before the ack
             await out.emit(msgspec.json.decode(finished_file.read_bytes(), type=ev.TrialFinished))
+            return
+        self.trial_study[trial_id] = event.study_id
+        if event.study_id in self.cancelled and not (tdir / "submitted.json").exists():
+            tdir.mkdir(parents=True, exist_ok=True)  # queued when the study was cancelled: it never runs
+            unrun = ev.TrialFinished(status="cancelled", reason=f"{CANCEL_PREFIX}{self.cancelled[event.study_id]}",
+                                     infrastructure=True, memory_capacity_bytes=study.cluster.memory_capacity_bytes)
+            await self._finish(out, tdir, unrun, republish_from=tdir / "probe", trial_id=trial_id,
+                               study_id=event.study_id)
             return
         launcher = study.contract.workload.launcher
         ranks = launcher.nnodes * launcher.nproc_per_node
@@ -323,6 +374,8 @@ class LauncherService(Service):
         await self._republish(republish_from, trial_id, study_id)
         (tdir / "finished.json").write_bytes(msgspec.json.encode(finished))
         await out.emit(finished)
+        self.trials_by_outcome[finished.status] += 1
+        self.accelerator_s_by_outcome[finished.status] += finished.accelerator_s
         log.info("trial finished", status=finished.status, reason=finished.reason[:200], wall_s=round(finished.wall_s, 2))
 
     # ---------------------------------------------------------------- one trial
@@ -428,6 +481,9 @@ class LauncherService(Service):
         spec = handle.spec
         timeout_s = study.contract.backend.timeout_s
         self.running[spec.name] = (backend, handle)
+        cancelled = self.cancelled.get(self.trial_study.get(spec.name, ""))
+        if cancelled is not None:  # the study was cancelled while this trial was being prepared
+            await asyncio.to_thread(backend.cancel, handle, f"{CANCEL_PREFIX}{cancelled}")
         try:
             tail = ProbeTail(spec.state_dir / "probe" / "probe-rank0.jsonl", t0)
             tailing = asyncio.create_task(_follow(tail))
@@ -541,6 +597,7 @@ class LauncherService(Service):
         records = _rank0_records(spec.state_dir / "probe")
         capacity = study.cluster.memory_capacity_bytes
         censored = None
+        cut_short = False  # stopped by the study's cancel: not the candidate's doing either
         if job.infrastructure_failure is not None:
             # marked ``infrastructure`` below: it costs, it says nothing of the candidate, it is run again
             status: ev.TrialStatus = "cancelled"
@@ -557,6 +614,8 @@ class LauncherService(Service):
             status, reason = "timeout", job.cancelled
         elif job.cancelled is not None and job.cancelled.startswith(SLOW_PREFIX):
             status, reason = "stopped_slow", job.cancelled
+        elif job.cancelled is not None and job.cancelled.startswith(CANCEL_PREFIX):
+            status, reason, cut_short = "cancelled", job.cancelled, True
         elif job.cancelled is not None:
             status, reason = "cancelled", job.cancelled
         elif job.exit_code == 0:
@@ -596,7 +655,7 @@ class LauncherService(Service):
             steps_completed=len(records),
             step_seen_s=seen,
             output_tail=job.output_tail[-OUTPUT_TAIL_CHARS:],
-            infrastructure=job.infrastructure_failure is not None,
+            infrastructure=job.infrastructure_failure is not None or cut_short,
         )
 
     async def _republish(self, probe_dir: Path, trial_id: str, study_id: str) -> None:

@@ -8,8 +8,16 @@ for its own decisions; ModelUpdated is for people, the report and the experience
 
 from __future__ import annotations
 
-from infrarsi.events import DoctorCompleted, StudyCreated, TrialFinished, TrialMeasured, TrialProposed
-from infrarsi.service import ReactiveService
+from infrarsi.events import (
+    DoctorCompleted,
+    Event,
+    ModelUpdated,
+    StudyCreated,
+    TrialFinished,
+    TrialMeasured,
+    TrialProposed,
+)
+from infrarsi.service import Outbox, ReactiveService
 
 from .logic import ModelerState
 
@@ -20,3 +28,12 @@ class ModelerService(ReactiveService):
 
     def make_state(self) -> ModelerState:
         return ModelerState()
+
+    async def handle(self, event: Event, out: Outbox) -> None:
+        await super().handle(event, out)
+        for published in out.published:
+            match published.payload:
+                case ModelUpdated(fit_seconds=fit_s):
+                    self.metrics.refit_seconds.labels(self.name).observe(fit_s)
+                case _:
+                    pass

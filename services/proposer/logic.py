@@ -63,7 +63,7 @@ from infrarsi.trial_ledger import TrialLedger, TrialOutcome
 
 from .agent import AgentRole
 
-Phase = Literal["idle", "searching", "verifying", "finished"]
+Phase = Literal["idle", "searching", "verifying", "finished", "cancelled"]
 
 
 @dataclass(frozen=True)
@@ -111,6 +111,15 @@ class _Study:
     proposal, and the first of the rebuilt search if the model's priors are dropped before it ran."""
     hedge_turn: bool = False
     """Whether the next searcher proposal is the hedge's."""
+    phase_before_cancel: Phase = "idle"
+    """Where a ``StudyResumed`` takes a cancelled study back to."""
+    cut_short: set[str] = field(default_factory=set)
+    """Search trials in flight when the study was cancelled: re-run on resume if the cancel ended them."""
+    retried: set[str] = field(default_factory=set)
+    last_verify_request: ev.VerifyRequested | None = None
+    """The proposer's last ``VerifyRequested`` (asked again, for the candidates without a verdict, on resume)."""
+    resumes: int = 0
+    """Trials already run once more (after an infrastructure failure, or a cancel cut them short)."""
     model_led: set[str] = field(default_factory=set)
     """Trials the model chose while its priors were on probation: its own knob vectors (origin ``llm``) and the
     proposals of the searcher that holds its priors. The hedge does not learn from them, nor does the search
@@ -162,6 +171,10 @@ class ProposerState(StudiesFold[_Study]):
                 return self._on_verified(study, done)
             case ev.AgentAnswered() as answered:
                 return self._on_agent_answer(study, answered)
+            case ev.StudyCancelled():
+                return self._on_cancelled(study)
+            case ev.StudyResumed():
+                return self._on_resumed(study)
             case _:
                 return []
 
@@ -240,21 +253,64 @@ class ProposerState(StudiesFold[_Study]):
         summary = f"{len(promotable)} of {len(study.verify_keys)} verified candidates promotable"
         return [self._finished(study, f"{study.stop_reason}; {summary}", best)]
 
+    def _on_cancelled(self, study: _Study) -> list[Emission]:
+        """Propose nothing more; the launcher stops the trials in flight (they end ``cancelled``, as
+        infrastructure failures: not the candidates' doing). A study already finished stays finished."""
+        if study.phase in ("finished", "cancelled"):
+            return []
+        study.phase_before_cancel, study.phase = study.phase, "cancelled"
+        study.cut_short = {p.trial_id for p in study.proposals if study.ledger.outcome(p.trial_id) is None}
+        return []
+
+    def _on_resumed(self, study: _Study) -> list[Emission]:
+        """Back to where the cancel stopped the study: the search re-runs the trials the cancel ended and fills
+        its slots; a verification that had no final verdict is asked for again. A study that was not cancelled
+        (a stack that crashed under it) only fills its slots again."""
+        if study.phase != "cancelled":
+            return self._fill(study)
+        study.phase = study.phase_before_cancel
+        out: list[Emission] = []
+        if study.phase == "searching":
+            for outcome in list(study.outcomes):
+                if outcome.trial_id in study.cut_short and outcome.infrastructure:
+                    retry = self._rerun(study, outcome, "resume")
+                    if retry is not None:
+                        out.append(retry)
+            out += self._fill(study)
+        elif study.phase == "verifying" and study.space is not None:
+            pending = [key for key in study.verify_keys if key not in study.verdicts]
+            request = study.last_verify_request
+            if request is not None and pending:
+                candidates = [c for c in request.candidates if c.key() in pending]
+                payload = msgspec.structs.replace(request, candidates=candidates,
+                                                  reason=f"resumed after a cancel: {request.reason}")
+                study.resumes += 1
+                out.append(Emission(payload, study.study_id, None, f"verify:{study.requests}:resume:{study.resumes}"))
+        return out
+
     def _retry(self, study: _Study, outcome: TrialOutcome) -> Emission | None:
         """The same candidate once more after an infrastructure failure of a search trial (not of a retry)."""
         proposal = next((p for p in study.proposals if p.trial_id == outcome.trial_id), None)
-        failed = study.ledger.trials[outcome.trial_id].proposed
-        if (not outcome.infrastructure or proposal is None or proposal.retry_of is not None or failed is None
+        if (not outcome.infrastructure or proposal is None or proposal.retry_of is not None
                 or study.phase != "searching"):  # fmt: skip
             return None
-        trial_id = ev.derived_id(outcome.trial_id, "retry")
+        return self._rerun(study, outcome, "retry")
+
+    def _rerun(self, study: _Study, outcome: TrialOutcome, why: Literal["retry", "resume"]) -> Emission | None:
+        """The trial's candidate once more, outside the trial budget (its own run said nothing about it)."""
+        proposal = next((p for p in study.proposals if p.trial_id == outcome.trial_id), None)
+        failed = study.ledger.trials[outcome.trial_id].proposed
+        if proposal is None or failed is None or outcome.trial_id in study.retried:
+            return None
+        study.retried.add(outcome.trial_id)
+        trial_id = ev.derived_id(outcome.trial_id, why)
         if outcome.trial_id in study.model_led:
             study.model_led.add(trial_id)
         payload = msgspec.structs.replace(failed, reason=f"re-run of trial {outcome.trial_id} ({outcome.detail[:200]})",
                                           retry_of=outcome.trial_id)  # fmt: skip
         study.proposals.append(Proposal(trial_id, proposal.candidate, proposal.key, retry_of=outcome.trial_id))
         study.ledger.proposed(trial_id, payload)
-        return Emission(payload, study.study_id, trial_id, f"retry:{outcome.trial_id}")
+        return Emission(payload, study.study_id, trial_id, f"{why}:{outcome.trial_id}")
 
     # ------------------------------------------------------------------------------------------- search
 
@@ -426,6 +482,7 @@ class ProposerState(StudiesFold[_Study]):
             steps=contract.workload.verify_steps,
             reason=f"search ended ({study.stop_reason}); predicted speed-ups {speedups} over the baseline",
         )
+        study.last_verify_request = payload
         return [Emission(payload, study.study_id, None, f"verify:{study.requests}")]
 
     def _finished(self, study: _Study, reason: str, best: ev.VerifyCompleted | None = None) -> Emission:

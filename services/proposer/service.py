@@ -26,7 +26,9 @@ from infrarsi.events import (
     DoctorCompleted,
     Event,
     RunRequested,
+    StudyCancelled,
     StudyCreated,
+    StudyResumed,
     TrialFinished,
     TrialMeasured,
     TrialProposed,
@@ -60,6 +62,8 @@ class ProposerService(ReactiveService):
         VerifyCompleted,
         AgentAsked,
         AgentAnswered,
+        StudyCancelled,
+        StudyResumed,
     )
 
     def make_state(self) -> ProposerState:

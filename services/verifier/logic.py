@@ -3,7 +3,7 @@
 ``VerifierLogic.apply(event)`` takes every event the verifier consumes and returns the ``Emission`` s
 the service publishes for it, so ``services/verifier/service.py`` is a thin wrapper:
 
-    consumes = (StudyCreated, VerifyRequested, TrialMeasured, TrialFinished)
+    consumes = (StudyCreated, VerifyRequested, TrialMeasured, TrialFinished, StudyCancelled)
 
     async def start(self):                       # rebuild the read model
         async for event in self.replay():
@@ -76,6 +76,8 @@ class Verification:
     passes: int = 0
     done: bool = False
     history: list[ev.VerifyCompleted] = field(default_factory=list)
+    cancelled: bool = False
+    """Ended by ``StudyCancelled`` before its final verdict."""
 
 
 class VerifierLogic(Fold):
@@ -101,6 +103,8 @@ class VerifierLogic(Fold):
                 out = self._on_request(event, request)
             case ev.TrialMeasured() as measured:
                 out = self._on_result(event, lambda t, a, p: vf.RunMeasurement.from_measured(t, a, p, measured))
+            case ev.StudyCancelled():
+                out = self._on_cancelled(event.study_id)
             case ev.TrialFinished(status=status) as finished if status != "ok":
                 # A run that died has no TrialMeasured (or a late one); its failure is the result.
                 out = self._on_result(event, lambda t, a, p: vf.RunMeasurement.from_finished(t, a, p, finished))
@@ -172,6 +176,14 @@ class VerifierLogic(Fold):
         else:
             out += self._plan(verification, verification.round.round_no + 1)
         return out
+
+    def _on_cancelled(self, study_id: str) -> list[Emission]:
+        """A cancelled study's verifications end where they are, without a verdict: no further round is planned
+        and the runs the cancel stopped decide nothing (a resume asks for a fresh verification)."""
+        for verification in self.verifications.values():
+            if verification.study_id == study_id and not verification.done:
+                verification.done = verification.cancelled = True
+        return []
 
     # ---------------------------------------------------------------- status
 

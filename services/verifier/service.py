@@ -8,7 +8,7 @@ every invariant on every run; promotable after the required number of passed rou
 
 from __future__ import annotations
 
-from infrarsi.events import StudyCreated, TrialFinished, TrialMeasured, VerifyRequested
+from infrarsi.events import StudyCancelled, StudyCreated, TrialFinished, TrialMeasured, VerifyRequested
 from infrarsi.service import ReactiveService
 
 from .logic import VerifierLogic
@@ -16,7 +16,7 @@ from .logic import VerifierLogic
 
 class VerifierService(ReactiveService):
     name = "verifier"
-    consumes = (StudyCreated, VerifyRequested, TrialMeasured, TrialFinished)
+    consumes = (StudyCreated, VerifyRequested, TrialMeasured, TrialFinished, StudyCancelled)
 
     def make_state(self) -> VerifierLogic:
         return VerifierLogic()

@@ -78,7 +78,7 @@ async def test_every_event_reaches_every_subscriber_and_read_models_replay(
         try:
             await bus.publish_many(events)
             expected = {name: sum(e.type in {t.__name__ for t in svc.consumes} for e in events) for name, svc in services.items()}
-            assert expected == {"proposer": 9, "modeler": 5, "verifier": 4}
+            assert expected == {"proposer": 11, "modeler": 5, "verifier": 5}
 
             async def handled_counts():
                 doc = await collect(bus, 0.2)

@@ -90,8 +90,8 @@ def test_permissions_of_the_launcher_and_a_read_only_verb() -> None:
         "irsi-svc.heartbeat.launcher", "irsi.*.TrialFinished", "irsi.*.TrialLaunched", "irsi.deadletter.launcher",
         "irsi.telemetry.*.*",
     )
-    assert launcher.subscribe == ("irsi-svc.ping", "irsi.*.AgentAnswered", "irsi.*.StudyCreated", "irsi.*.TrialProposed",
-                                  "irsi.*.TrialStopRequested")
+    assert launcher.subscribe == ("irsi-svc.ping", "irsi.*.AgentAnswered", "irsi.*.StudyCancelled", "irsi.*.StudyCreated",
+                                  "irsi.*.StudyResumed", "irsi.*.TrialProposed", "irsi.*.TrialStopRequested")
     replay = permissions("cli.replay")
     assert replay.publish == ()
     assert replay.subscribe == ("bank.>", "irsi.*.*", "irsi.telemetry.*.*")

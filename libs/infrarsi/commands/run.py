@@ -23,6 +23,7 @@ from infrarsi import events as ev
 from infrarsi import verification as vf
 from infrarsi.commands.study_log import OpenStudy, add_follow_arguments, follow_study, study_verb
 from infrarsi.errors import UserError
+from infrarsi.studies import summary_of
 from infrarsi.trial_ledger import TrialLedger, TrialOutcome
 
 if TYPE_CHECKING:
@@ -130,6 +131,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 async def _run(bus: Bus, args: argparse.Namespace, study: OpenStudy) -> int:
     events, next_seq, created = study.events, study.next_seq, study.created
+    summary = summary_of(events, args.study)
+    if summary is not None and summary.stage == "cancelled":  # the proposer would wait for a resume
+        raise UserError(f"study {args.study} is cancelled ({summary.cancelled_reason}): `infrarsi resume "
+                        f"{args.study}` first")
     budget = study.contract.budget.trials
     if args.trials is not None and not 1 <= args.trials <= budget:
         raise UserError(f"--trials must be in 1..{budget} (the contract's locked budget.trials)")

@@ -18,8 +18,11 @@ import msgspec
 
 from infrarsi import events as ev
 from infrarsi import verification as vf
+from infrarsi.bus import PublishRaced
 from infrarsi.commands.study_log import OpenStudy, add_follow_arguments, follow_study, study_verb
-from infrarsi.errors import EXIT_FAILED, UserError
+from infrarsi.errors import EXIT_FAILED, EXIT_USAGE, UserError
+from infrarsi.studies import summary_of
+from infrarsi.subjects import LIFECYCLE_STREAM, lifecycle_subject
 
 if TYPE_CHECKING:
     from infrarsi.bus import Bus
@@ -42,6 +45,26 @@ def candidates_from_log(events: list[ev.Event], k: int) -> list[vf.RankedCandida
                 baseline_s = t
     runs = [(t, proposed[t], m) for t, m in measured if t in proposed]
     return vf.select_candidates(runs, k, baseline_step_s=baseline_s)
+
+
+def refuse_while_busy(study_id: str, events: list[ev.Event], *, fresh_request: bool) -> None:
+    """A ``UserError`` when the study is cancelled or a verification of it is still running (``fresh_request``:
+    a ``VerifyRequested`` landed after ``events`` were read)."""
+    summary = summary_of(events, study_id)
+    if summary is None:
+        return
+    if summary.stage == "cancelled":
+        raise UserError(f"study {study_id} is cancelled ({summary.cancelled_reason}): `infrarsi resume {study_id}` "
+                        "first", EXIT_USAGE)
+    running = summary.verification
+    if running is not None:
+        raise UserError(
+            f"a verification of study {study_id} is running: requested by {running.requested_by} at "
+            f"{running.requested_at:%Y-%m-%d %H:%M:%S} UTC, {len(running.pending)} of {running.candidates} "
+            f"candidate(s) without a final verdict; wait for it, or `infrarsi cancel {study_id}`", EXIT_USAGE)
+    if fresh_request:
+        raise UserError(f"a verification of study {study_id} was requested just now: refused; see `infrarsi studies`",
+                        EXIT_USAGE)
 
 
 def verdict_line(done: ev.VerifyCompleted) -> str:
@@ -72,6 +95,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 async def _verify(bus: Bus, args: argparse.Namespace, study: OpenStudy) -> int:
     study_id, events, created, contract = args.study, study.events, study.created, study.contract
+    request_subject = lifecycle_subject(study_id, "VerifyRequested")
+    last_request_seq = await bus.last_seq_on(LIFECYCLE_STREAM, request_subject)
+    refuse_while_busy(study_id, events, fresh_request=last_request_seq >= study.next_seq)
     top = args.top or contract.verify.top_k
     ranked = candidates_from_log(events, top)
     if not ranked:
@@ -93,7 +119,11 @@ async def _verify(bus: Bus, args: argparse.Namespace, study: OpenStudy) -> int:
         ),
         study_id=study_id, source=SOURCE, cluster_id=created.cluster.cluster_id,
     )
-    await bus.publish(request)
+    try:  # stored only if no other VerifyRequested landed since the check: two `verify`s cannot both start
+        await bus.publish(request, expected_last_subject_seq=last_request_seq)
+    except PublishRaced:
+        raise UserError(f"a verification of study {study_id} was requested while this one was being prepared: "
+                        "refused; see `infrarsi studies`", EXIT_USAGE) from None
     if args.no_wait:
         print(request.event_id)
         return 0

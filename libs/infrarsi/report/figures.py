@@ -75,8 +75,22 @@ def time_vs_memory(report: Report) -> Figure:
             ax.scatter(xs, [top * 1.05] * len(xs), marker="x", s=40, color=OUTCOME_COLOURS["oom"], label="OOM (peak > ×)")
         if report.memory_capacity_bytes:
             ax.axvline(report.memory_capacity_bytes / GIB, color="#c92a2a", ls="--", lw=1, label="capacity")
-    axes = ("peak memory (GiB, max over ranks)", "step time (ms)") if ok or ooms else None
+    log_axis = step_axis_is_log([ms for _, _, ms in ok])
+    if log_axis:
+        ax.set_yscale("log")  # one trial that dwarfs the rest would flatten every other point at the bottom
+    label = "step time (ms, log scale)" if log_axis else "step time (ms)"
+    axes = ("peak memory (GiB, max over ranks)", label) if ok or ooms else None
     return _finish(fig, ax, "Step time vs peak memory", axes, "no trials with memory measurements")
+
+
+LOG_AXIS_RATIO = 10.0
+"""The slowest plotted step over the fastest above which the step-time axis is logarithmic."""
+
+
+def step_axis_is_log(step_times: list[float]) -> bool:
+    """Whether a step-time axis over these values should be logarithmic (one trial dwarfs the rest)."""
+    positive = [t for t in step_times if t > 0]
+    return len(positive) >= 2 and max(positive) / min(positive) > LOG_AXIS_RATIO
 
 
 def noise(report: Report) -> Figure:

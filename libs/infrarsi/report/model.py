@@ -224,6 +224,23 @@ class Verdict(ev.VerifyCompleted, frozen=True, kw_only=True):
 
 
 @dataclass(frozen=True)
+class PromotionRow:
+    """A promoted branch as the log last saw it: written by ``apply``, followed by ``infrarsi follow``, smoked by
+    ``infrarsi smoke``."""
+
+    candidate_key: str
+    branch: str
+    commit: str
+    state: str
+    """``PromotionFollowed.state`` (open, merged, reverted, gone), or ``not followed``."""
+    mainline: str = ""
+    merge_commit: str | None = None
+    revert_commit: str | None = None
+    smoke: ev.SmokeCompleted | None = None
+    """The last smoke run of its merge commit."""
+
+
+@dataclass(frozen=True)
 class Report:
     study_id: str
     name: str
@@ -253,6 +270,8 @@ class Report:
     """``None`` when the study never asked a model for proposals."""
     contract_draft: ContractDraft | None = None
     """``None`` unless the contract was drafted by ``init --ask``."""
+    promotions: list[PromotionRow] = field(default_factory=list)
+    """Branches ``apply`` wrote, with where they stand on the main line (``infrarsi follow``)."""
 
     @property
     def winners(self) -> list[Verdict]:
@@ -427,6 +446,7 @@ def _build(con: duckdb.DuckDBPyConnection, study_id: str) -> Report:
     verdicts = _verdicts(con, study_id, workload_dir, str(contract.workload.patch_dir), origins)
     agent = _agent_summary(asked, answers, trials, verdicts, baseline_s, contract) if asked else None
     capacity = created.cluster.memory_capacity_bytes or None
+    promotions = _promotions(con, study_id)
     return Report(
         study_id=study_id, name=created.name, goal=created.goal, contract=contract,
         cluster=created.cluster, workload_dir=created.workload_dir,
@@ -434,7 +454,22 @@ def _build(con: duckdb.DuckDBPyConnection, study_id: str) -> Report:
         doctor_run_step_s=doctor_runs, trials=trials, cost_by_outcome=cost, trials_by_outcome=n_by_outcome,
         best_speedup_curve=curve, verdicts=verdicts, model=model, invariant_failures=invariant_failures,
         memory_capacity_bytes=capacity, generated_from=counts, agent=agent, contract_draft=contract_draft,
+        promotions=promotions,
     )
+
+
+def _promotions(con: duckdb.DuckDBPyConnection, study_id: str) -> list[PromotionRow]:
+    followed = {f.branch: f for f in _payloads(con, study_id, ev.PromotionFollowed)}
+    smokes = {s.commit: s for s in _payloads(con, study_id, ev.SmokeCompleted)}
+    rows = []
+    for p in _payloads(con, study_id, ev.PatchPromoted):
+        f = followed.get(p.branch)
+        if f is None:
+            rows.append(PromotionRow(p.candidate_key, p.branch, p.commit, "not followed"))
+            continue
+        rows.append(PromotionRow(p.candidate_key, p.branch, p.commit, f.state, f.mainline, f.merge_commit,
+                                 f.revert_commit, smokes.get(f.merge_commit or "")))
+    return rows
 
 
 def _contract_draft(drafted: dict[str, ev.AgentAsked], answers: list[ev.AgentAnswered]) -> ContractDraft | None:

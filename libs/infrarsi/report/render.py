@@ -119,6 +119,49 @@ def _agent_blocks(report: Report) -> list[Block]:
     return blocks
 
 
+def topology(report: Report) -> str:
+    """The scale the numbers were measured at: the cluster, and the ranks each trial ran."""
+    cluster, launcher = report.cluster, report.contract.workload.launcher
+    capacity = (report.memory_capacity_bytes or 0) / 1024**3
+    return (f"{cluster.nodes} node(s) × {cluster.devices_per_node} {cluster.accelerator} device(s) "
+            f"({cluster.interconnect}), {capacity:.3g} GiB per device; each trial "
+            f"{launcher.nnodes} node(s) × {launcher.nproc_per_node} rank(s) ({launcher.kind})")
+
+
+def _knob_text(knobs: dict[str, object]) -> str:
+    return ", ".join(f"{k.rsplit('.', 1)[-1]}={json.dumps(v)}" for k, v in sorted(knobs.items())) or "golden"
+
+
+def _trial_blocks(report: Report) -> list[Block]:
+    """The per-trial table: what ran, how it ended, what it measured and cost."""
+    if not report.trials:
+        return [Heading("Trials", 3), Para("No trial ran.")]
+    rows = []
+    for t in report.trials:
+        why = ", ".join(t.failed_invariants) or t.reason
+        rows.append([str(t.order + 1), t.trial_id[:12], t.kind, t.origin, _knob_text(t.knobs),
+                     ", ".join(t.patches) or "—", t.outcome or "running", _ms(t.step_time_s),
+                     f"{t.peak_memory_bytes / 1024**3:.3g} GiB" if t.peak_memory_bytes else "—",
+                     f"{t.accelerator_s:.1f}", why[:80] or "—"])
+    return [Heading("Trials", 3), Para(f"Measured at {topology(report)}."),
+            Table(["#", "trial", "kind", "origin", "knobs", "patches", "outcome", "step", "peak", "accel-s",
+                   "why"], rows)]
+
+
+def _promotion_blocks(report: Report) -> list[Block]:
+    """Promoted branches and where they stand on the main line (``infrarsi follow``, ``infrarsi smoke``)."""
+    if not report.promotions:
+        return []
+    rows = []
+    for p in report.promotions:
+        smoke = "—" if p.smoke is None else p.smoke.verdict
+        where = p.state if not p.mainline else f"{p.state} ({p.mainline})"
+        rows.append([p.branch, p.commit[:12], where, (p.merge_commit or "—")[:12], (p.revert_commit or "—")[:12],
+                     smoke])
+    return [Heading("Promoted branches"),
+            Table(["branch", "commit", "state", "merged by", "reverted by", "smoke run"], rows)]
+
+
 def outline(report: Report) -> list[Block]:
     c = report.contract
     wl, inv, loss, cluster = c.workload, c.invariants, c.invariants.loss, report.cluster
@@ -141,6 +184,9 @@ def outline(report: Report) -> list[Block]:
         f"{len(report.trials)} trials, {report.accelerator_hours:.4g} accelerator-hours in total (failed trials included). "
         f"Baseline step time {_ms(report.baseline_step_s)}."
     ))
+    blocks.append(Para(f"Topology: {topology(report)}. Every figure in this report holds at this scale only: the same "
+                       "knobs may run out of memory, or lose their speed-up, on another device count, interconnect "
+                       "or memory capacity."))
     coarse = [t for t in report.trials if t.coarse]
     if coarse:
         unchecked = sorted({u for t in coarse for u in t.unchecked_invariants})
@@ -238,6 +284,7 @@ def outline(report: Report) -> list[Block]:
             if p.found:
                 blocks.append(Code(p.diff, f"{p.patch_id}.patch"))
     blocks += _agent_blocks(report)
+    blocks += _promotion_blocks(report)
     # Cost
     blocks.append(Heading("Cost"))
     blocks.append(Table(["outcome", "trials", "accelerator-hours"],
@@ -248,6 +295,7 @@ def outline(report: Report) -> list[Block]:
     blocks.append(Heading("Search"))
     blocks.append(Figure("best_speedup", FIGURES["best_speedup"][0]))
     blocks.append(Figure("time_vs_memory", FIGURES["time_vs_memory"][0]))
+    blocks += _trial_blocks(report)
     # Model
     blocks.append(Heading("Priors vs posteriors"))
     if report.model:
