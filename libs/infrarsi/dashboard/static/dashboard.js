@@ -67,7 +67,12 @@ function renderSummary(study) {
     card("accelerator", study.accelerator || "—"));
 }
 
-const LAYOUT = { margin: { t: 36, r: 16, b: 48, l: 60 }, legend: { orientation: "h", y: -0.2 }, font: { size: 12 } };
+const LAYOUT = { margin: { t: 44, r: 16, b: 90, l: 60 }, legend: { orientation: "h", y: -0.3 }, font: { size: 12 } };
+// Titles on the left, so that plotly's tool bar (top right, on hover) never covers them.
+const title = (text) => ({ text, x: 0.01, xanchor: "left", font: { size: 14 } });
+const axisTitle = (text) => ({ text });
+const OUTCOME_COLORS = { ok: "#2563eb", oom: "#dc2626", crash: "#f59e0b", timeout: "#a16207", invariant_violation: "#db2777",
+  scope_violation: "#9333ea", patch_conflict: "#7c3aed", stopped_slow: "#6b7280", running: "#93c5fd", proposed: "#bfdbfe" };
 const CONFIG = { displaylogo: false, responsive: true };
 
 function renderSearch(study) {
@@ -84,8 +89,8 @@ function renderSearch(study) {
       marker: { color: "#db2777", symbol: "diamond-open", size: 9 } },
     { name: "best so far", mode: "lines", line: { shape: "hv", color: "#16a34a", width: 2 },
       x: points.filter((p) => p.best !== null).map((p) => p.n), y: points.filter((p) => p.best !== null).map((p) => p.best) },
-  ], { ...LAYOUT, title: { text: "Speed-up over trials (dashed: the doctor's smallest detectable)" },
-       xaxis: { title: { text: "trial #" } }, yaxis: { title: { text: "speed-up vs baseline" } }, shapes }, CONFIG);
+  ], { ...LAYOUT, title: title("Speed-up over trials (dashed: the doctor's smallest detectable)"),
+       xaxis: { title: axisTitle("trial #") }, yaxis: { title: axisTitle("speed-up vs baseline") }, shapes }, CONFIG);
 
   const measured = study.trials.filter((t) => t.step_time_s !== null && t.peak_bytes !== null);
   const ooms = study.trials.filter((t) => t.outcome === "oom");
@@ -105,10 +110,10 @@ function renderSearch(study) {
     { name: "OOM (peak > this)", mode: "markers", x: ooms.map((t) => (t.censored_peak_bytes || t.peak_bytes || 0) / GIB),
       y: ooms.map(() => top), text: ooms.map((t) => `${t.trial_id} OOM ${knobText(t.knobs)}`),
       marker: { symbol: "x", size: 12, color: "#dc2626" } },
-  ], { ...LAYOUT, title: { text: "Step time vs peak memory (red line: capacity)" }, shapes: memShapes,
+  ], { ...LAYOUT, title: title("Step time vs peak memory (red line: capacity)"), shapes: memShapes,
        annotations: study.memory_capacity_bytes ? [{ x: study.memory_capacity_bytes / GIB, yref: "paper", y: 1, text: "capacity",
          showarrow: false, xanchor: "right", font: { color: "#dc2626" } }] : [],
-       xaxis: { title: { text: "peak memory (GiB)" } }, yaxis: { title: { text: "step time (s)" }, type: logY ? "log" : "linear" } }, CONFIG);
+       xaxis: { title: axisTitle("peak memory (GiB)") }, yaxis: { title: axisTitle("step time (s)"), type: logY ? "log" : "linear" } }, CONFIG);
 }
 
 function renderTrials(study) {
@@ -128,10 +133,10 @@ function renderCost(study) {
   const outcomes = [...new Set(study.cost_by_outcome.map((c) => c.outcome))];
   const kinds = [...new Set(study.cost_by_outcome.map((c) => c.kind))];
   Plotly.react("plot-cost", outcomes.map((outcome) => ({
-    type: "bar", name: outcome, x: kinds,
+    type: "bar", name: outcome, x: kinds, marker: { color: OUTCOME_COLORS[outcome] || "#9ca3af" },
     y: kinds.map((kind) => (study.cost_by_outcome.find((c) => c.kind === kind && c.outcome === outcome) || { accelerator_hours: 0 }).accelerator_hours),
-  })), { ...LAYOUT, barmode: "stack", title: { text: `Accelerator-hours: ${fmt(study.accelerator_hours, 3)} in all, failed trials included` },
-         yaxis: { title: { text: "accelerator-hours" } } }, CONFIG);
+  })), { ...LAYOUT, barmode: "stack", title: title(`Accelerator-hours: ${fmt(study.accelerator_hours, 3)} in all, failed trials included`),
+         yaxis: { title: axisTitle("accelerator-hours") } }, CONFIG);
 }
 
 function renderDoctor(study) {
@@ -149,7 +154,7 @@ function renderDoctor(study) {
   const base = doctor.baseline_step_time_s;
   Plotly.react("plot-doctor", [
     { type: "box", name: "baseline runs", y: doctor.run_step_times_s, boxpoints: "all", jitter: 0.4, marker: { color: "#2563eb" } },
-  ], { ...LAYOUT, title: { text: "Baseline step time per doctor run (band: ± run-to-run CV)" }, yaxis: { title: { text: "step time (s)" } },
+  ], { ...LAYOUT, title: title("Baseline step time per doctor run (band: ± run-to-run CV)"), yaxis: { title: axisTitle("step time (s)") },
        shapes: base ? [{ type: "rect", xref: "paper", x0: 0, x1: 1, y0: base * (1 - doctor.run_to_run_cv), y1: base * (1 + doctor.run_to_run_cv),
                          fillcolor: "#f59e0b", opacity: 0.15, line: { width: 0 } }] : [] }, CONFIG);
 }
@@ -158,10 +163,10 @@ function renderVerify(study) {
   const rounds = study.verifications;
   const label = (v) => `${knobText(v.knobs)} ${v.patches.join(" ")}`.trim() || "baseline";
   Plotly.react("plot-verify", [{
-    mode: "markers", x: rounds.map((v) => `${label(v)} · round ${v.round}`), y: rounds.map((v) => v.speedup),
+    mode: "markers", x: rounds.map((v) => `${label(v)}<br>round ${v.round}`), y: rounds.map((v) => v.speedup),
     error_y: { type: "data", symmetric: false, array: rounds.map((v) => v.ci_high - v.speedup), arrayminus: rounds.map((v) => v.speedup - v.ci_low) },
     marker: { size: 10, color: rounds.map((v) => (v.failed_invariants.length ? "#db2777" : "#16a34a")) },
-  }], { ...LAYOUT, title: { text: "Verified speed-up per round, 95% CI (pink: an invariant failed)" }, yaxis: { title: { text: "speed-up" } },
+  }], { ...LAYOUT, title: title("Verified speed-up per round, 95% CI (pink: an invariant failed)"), yaxis: { title: axisTitle("speed-up") },
        shapes: [{ type: "line", xref: "paper", x0: 0, x1: 1, y0: 1, y1: 1, line: { color: "#9ca3af", dash: "dot" } }] }, CONFIG);
   fillBody("#verify-table", rounds.map((v) => el("tr", {},
     el("td", {}, label(v)), num(v.round), num(times(v.speedup)), el("td", {}, `${fmt(v.ci_low, 2)}–${fmt(v.ci_high, 2)}`),
