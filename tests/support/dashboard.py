@@ -27,8 +27,8 @@ def running_dashboard(*args: str, data_dir: Path, timeout_s: float = 60.0) -> It
     data_dir.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as out:
         proc = subprocess.Popen([*INFRARSI, "--data-dir", str(data_dir), *args], stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + timeout_s
     try:
-        deadline = time.monotonic() + timeout_s
         while True:
             found = re.search(r"dashboard: (\S+)", log.read_text())
             if found:
@@ -37,13 +37,21 @@ def running_dashboard(*args: str, data_dir: Path, timeout_s: float = 60.0) -> It
                 raise AssertionError(f"the dashboard did not start (exit {proc.poll()}):\n{log.read_text()}")
             time.sleep(0.1)
         yield found.group(1)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    # Stopped as a supervisor stops it (SIGTERM), with a browser's event stream possibly still open: it must
+    # end promptly and cleanly.
+    proc.terminate()
+    try:
+        code = proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise AssertionError(f"the dashboard did not stop within 20 s of SIGTERM:\n{log.read_text()}") from None
+    assert code == 0, f"the dashboard exited {code} on SIGTERM:\n{log.read_text()}"
+    assert "Traceback" not in log.read_text(), log.read_text()
 
 
 def apply_events(db: eventlog.AnalystDB, events: list[ev.Event]) -> None:

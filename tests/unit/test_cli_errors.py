@@ -19,6 +19,7 @@ NO_SERVER_VERBS = (
     ["model", "s1"],
     ["report", "s1", "--out", "{out}"],
     ["bank", "list"],
+    ["dashboard", "--port", "0"],
 )
 
 

@@ -7,23 +7,14 @@ from __future__ import annotations
 import base64
 
 import pytest
-from infrarsi import eventlog, subjects
+from infrarsi import eventlog
 from infrarsi import events as ev
 from infrarsi.dashboard import views
 from infrarsi.dashboard.access import Access, AccessError, check_listen, is_loopback
+from support.dashboard import apply_events
 from support.synthetic_study import GIB, synthetic_study, write_workload
 
 STUDY = "01DASHBOARDVIEWS"
-
-
-def _apply(db: eventlog.AnalystDB, events: list[ev.Event]) -> None:
-    by_stream: dict[str, list[eventlog.StreamMessage]] = {}
-    for e in events:
-        stream = subjects.route(e.type).stream
-        msgs = by_stream.setdefault(stream, [])
-        msgs.append((db.position(stream) + len(msgs) + 1, subjects.subject_for(e), ev.encode(e)))
-    for stream, msgs in by_stream.items():
-        db.apply_batch(stream, msgs)
 
 
 def _agent_exchange() -> list[tuple[object, str | None]]:
@@ -50,7 +41,7 @@ def db(tmp_path):
                       study_id=STUDY, source="launcher", trial_id="live0", cluster_id="local"),
     ]
     with eventlog.AnalystDB.open(tmp_path / "analyst.duckdb") as analyst:
-        _apply(analyst, events)
+        apply_events(analyst, events)
         yield analyst
 
 

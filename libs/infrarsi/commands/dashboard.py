@@ -16,13 +16,17 @@ import asyncio
 import contextlib
 import errno
 import shutil
+import signal
 import socket
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 
 from infrarsi.commands import UserError, data_dir_of
 
 DEFAULT_PORT = 8765
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -82,6 +86,33 @@ def _listen(host: str, port: int) -> socket.socket:
 async def run(args: argparse.Namespace) -> int:
     import uvicorn
 
+    class Server(uvicorn.Server):
+        """uvicorn's server, stopped as ``infrarsi up`` is: SIGINT, SIGTERM or SIGHUP end it cleanly, exit 0
+        (uvicorn's own handlers raise the signal again once it has stopped, which the CLI would report as an
+        interruption), and the app is told at once, so that open event streams end instead of holding the
+        shutdown for uvicorn's whole graceful timeout."""
+
+        def __init__(self, config: uvicorn.Config, stopping: asyncio.Event) -> None:
+            super().__init__(config)
+            self.stopping = stopping
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            loop = asyncio.get_running_loop()
+            previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+            for sig in STOP_SIGNALS:
+                loop.add_signal_handler(sig, self.handle_exit, sig, None)
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    loop.remove_signal_handler(sig)
+                    signal.signal(sig, handler)
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            self.stopping.set()
+            super().handle_exit(sig, frame)
+
     from infrarsi import eventlog
     from infrarsi.dashboard.access import Access, AccessError, check_listen
     from infrarsi.dashboard.app import create_app
@@ -113,12 +144,13 @@ async def run(args: argparse.Namespace) -> int:
     try:
         sock = _listen(args.host, args.port)
         port = sock.getsockname()[1]
-        app = create_app(db, feed, Access(token))
+        stopping = asyncio.Event()
+        app = create_app(db, feed, Access(token), stopping=stopping)
         config = uvicorn.Config(
             app, log_level="warning", lifespan="off", timeout_graceful_shutdown=2,
             ssl_certfile=str(args.tls_cert) if tls else None, ssl_keyfile=str(args.tls_key) if tls else None,
         )
-        server = uvicorn.Server(config)
+        server = Server(config, stopping)
         if feed is not None:
             feed_task = asyncio.create_task(feed.run(), name="dashboard-feed")
         host = f"[{args.host}]" if ":" in args.host else args.host

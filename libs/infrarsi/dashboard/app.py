@@ -22,12 +22,13 @@ from typing import Any
 
 import msgspec
 from starlette.applications import Starlette
+from starlette.datastructures import Headers, QueryParams
 from starlette.middleware import Middleware
-from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
-from starlette.requests import Request
+from starlette.requests import Request, cookie_parser
 from starlette.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from infrarsi.dashboard import views
 from infrarsi.dashboard.access import COOKIE, Access
@@ -55,8 +56,33 @@ def _static_dir() -> str:
     return str(resources.files("infrarsi.dashboard") / "static")
 
 
-def create_app(db: AnalystDB, feed: LiveFeed | None, access: Access, *, title: str = "InfraRSI") -> Starlette:
-    """The application over ``db`` (kept current by ``feed``; ``None``: a fixed file) behind ``access``."""
+class RequireToken:
+    """ASGI middleware: a request that does not present ``access``'s token gets 401 and nothing else (a plain
+    ASGI wrapper rather than Starlette's ``BaseHTTPMiddleware``, which buffers through a task group that a
+    long-lived event stream outlives)."""
+
+    def __init__(self, app: ASGIApp, access: Access) -> None:
+        self.app = app
+        self.access = access
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            headers = Headers(scope=scope)
+            cookies = cookie_parser(headers.get("cookie", ""))
+            token = QueryParams(scope.get("query_string", b"")).get("token")
+            if not self.access.allows(headers.get("authorization"), cookies.get(COOKIE), token):
+                refused = Response("the dashboard's token is required (docs/dashboard.md)\n", status_code=401,
+                                   headers={"WWW-Authenticate": 'Basic realm="infrarsi dashboard"'})
+                await refused(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def create_app(db: AnalystDB, feed: LiveFeed | None, access: Access, *, stopping: asyncio.Event | None = None,
+               title: str = "InfraRSI") -> Starlette:
+    """The application over ``db`` (kept current by ``feed``; ``None``: a fixed file) behind ``access``.
+    ``stopping``: set when the server shuts down, so that open event streams end at once."""
+    stopping = stopping or asyncio.Event()
 
     async def query(fn: Any, *args: Any) -> Any:
         def run() -> Any:
@@ -103,8 +129,17 @@ def create_app(db: AnalystDB, feed: LiveFeed | None, access: Access, *, title: s
         async def events() -> AsyncIterator[str]:
             version = feed.version if feed else 0
             yield f"retry: 2000\nevent: version\ndata: {version}\n\n"
-            while feed is not None:
-                newer = await feed.wait_newer(version, STREAM_KEEPALIVE_S)
+            while feed is not None and not stopping.is_set():
+                newer_task = asyncio.ensure_future(feed.wait_newer(version, STREAM_KEEPALIVE_S))
+                stop_task = asyncio.ensure_future(stopping.wait())
+                try:
+                    await asyncio.wait({newer_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for task in (newer_task, stop_task):
+                        task.cancel()
+                if stopping.is_set():
+                    return
+                newer = newer_task.result()
                 if newer == version:
                     yield ": keep-alive\n\n"
                     continue
@@ -112,14 +147,6 @@ def create_app(db: AnalystDB, feed: LiveFeed | None, access: Access, *, title: s
                 yield f"event: version\ndata: {version}\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-
-    class RequireToken(BaseHTTPMiddleware):
-        async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
-            if not access.allows(request.headers.get("authorization"), request.cookies.get(COOKIE),
-                                 request.query_params.get("token")):
-                return Response("the dashboard's token is required (docs/dashboard.md)\n", status_code=401,
-                                headers={"WWW-Authenticate": 'Basic realm="infrarsi dashboard"'})
-            return await call_next(request)
 
     routes = [
         Route("/", page),
@@ -130,4 +157,4 @@ def create_app(db: AnalystDB, feed: LiveFeed | None, access: Access, *, title: s
         Route("/api/stream", stream),
         Mount("/static", app=StaticFiles(directory=_static_dir()), name="static"),
     ]
-    return Starlette(routes=routes, middleware=[Middleware(RequireToken)])
+    return Starlette(routes=routes, middleware=[Middleware(RequireToken, access=access)])
