@@ -89,7 +89,7 @@ async def test_the_dashboard_in_chromium_shows_every_view_and_a_new_trial_live(b
                 _wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, rows)) == expected_trials)
                 _wait(browser, lambda d: d.find_element(By.ID, "live").text == "live")
                 # Every plot drawn by plotly.js (served by the dashboard: the browser reaches nothing else).
-                for plot in ("plot-best", "plot-memory", "plot-cost", "plot-doctor", "plot-verify"):
+                for plot in ("plot-best", "plot-memory", "plot-space", "plot-cost", "plot-doctor", "plot-verify"):
                     _wait(browser, lambda d, p=plot: d.find_elements(By.CSS_SELECTOR, f"#{p} .main-svg"))
                 memory = browser.find_element(By.ID, "plot-memory").text
                 assert "capacity" in memory and "OOM" in memory
@@ -97,6 +97,28 @@ async def test_the_dashboard_in_chromium_shows_every_view_and_a_new_trial_live(b
                 assert stage == "verify"
                 assert "outside_space: candidate 2" in browser.find_element(By.ID, "agent-list").text
                 assert "search7" in browser.find_element(By.ID, "invariants-table").text
+                assert "patch fused-qkv" in browser.find_element(By.ID, "plot-space").text
+
+                # The trials table filters in the page (optuna-dashboard's table does).
+                from selenium.webdriver.support.ui import Select
+
+                not_ok = {"oom", "crash", "timeout", "scope_violation", "invariant_violation"}
+                failed = [e.trial_id for e in log if e.type == "TrialFinished" and e.payload.status != "ok"]
+                Select(browser.find_element(By.ID, "filter-outcome")).select_by_value("failed")
+                # search7 ran ok but broke the loss invariant: not ok either.
+                _wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, rows)) == len(failed) + 1, timeout_s=10)
+                shown = browser.find_elements(By.CSS_SELECTOR, rows)
+                assert all(r.find_element(By.CSS_SELECTOR, ".badge").text in not_ok for r in shown)
+                Select(browser.find_element(By.ID, "filter-outcome")).select_by_value("")
+                _wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, rows)) == expected_trials, timeout_s=10)
+                browser.find_element(By.ID, "filter-text").send_keys("fused-qkv")
+                with_patch = len({e.trial_id for e in log if e.type == "TrialProposed" and "fused-qkv" in e.payload.candidate.patches})
+                _wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, rows)) == with_patch, timeout_s=10)
+                assert all("fused-qkv" in r.text for r in browser.find_elements(By.CSS_SELECTOR, rows))
+                browser.find_element(By.ID, "filter-text").clear()
+                browser.execute_script("document.getElementById('filter-text').dispatchEvent(new Event('input'))")
+                _wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, rows)) == expected_trials, timeout_s=10)
+
                 errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
                 assert not errors, errors
 
@@ -130,6 +152,13 @@ async def test_the_dashboard_in_chromium_shows_every_view_and_a_new_trial_live(b
                 assert "running" in browser.find_element(By.CSS_SELECTOR, row).text
                 _wait(browser, lambda d: "1 running" in d.find_element(
                     By.CSS_SELECTOR, f'#studies-table tr[data-study="{study}"] .stage').text, timeout_s=10)
+                # Its probe reports steps (telemetry rings no doorbell: shown by the next poll, --poll 5).
+                await bus.publish_many([
+                    ev.make_event(ev.TrialStep(rank=0, world_size=2, step=step, loss=3.0, step_time_s=0.17, tokens=8192,
+                                               optimizer_steps=step, peak_memory_bytes=2 * GIB),
+                                  study_id=study, source="probe", trial_id="late1", cluster_id="local")
+                    for step in (1, 2, 3)])
+                _wait(browser, lambda d: "running step 3" in d.find_element(By.CSS_SELECTOR, row).text, timeout_s=15)
 
                 await bus.publish(ev.make_event(
                     ev.TrialFinished(status="oom", ranks=2, accelerator_s=6.0, wall_s=3.0, peak_memory_bytes=int(8.1 * GIB),

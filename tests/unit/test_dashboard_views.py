@@ -39,6 +39,10 @@ def db(tmp_path):
         ev.make_event(ev.TrialLaunched(backend="local", workdir="/tmp/w", command=["python"], nodes=1, ranks=2,
                                        host="localhost", job_id="1"),
                       study_id=STUDY, source="launcher", trial_id="live0", cluster_id="local"),
+        *[ev.make_event(ev.TrialStep(rank=rank, world_size=2, step=step, loss=3.0, step_time_s=0.2, tokens=8192,
+                                     optimizer_steps=step, peak_memory_bytes=2 * GIB),
+                        study_id=STUDY, source="probe", trial_id="live0", cluster_id="local")
+          for step in (1, 2, 3) for rank in (0, 1) if (rank, step) != (1, 3)],
     ]
     with eventlog.AnalystDB.open(tmp_path / "analyst.duckdb") as analyst:
         apply_events(analyst, events)
@@ -59,7 +63,8 @@ def test_the_study_list_gives_stage_counts_and_cost_from_the_log(db):
 def test_the_study_page_holds_every_view(db):
     page = views.study(db.con, STUDY)
     trials = {t["trial_id"]: t for t in page["trials"]}
-    assert trials["live0"]["outcome"] == "running"
+    assert trials["live0"]["outcome"] == "running" and trials["live0"]["steps_seen"] == 3
+    assert trials["search0"]["steps_seen"] is None  # no telemetry in the synthetic log
     assert trials["live0"]["predicted_step_time_s"] == pytest.approx(0.19)
     assert trials["live0"]["predicted_peak_bytes"] == pytest.approx(2.5 * GIB)
     assert trials["search2"]["outcome"] == "oom" and trials["search2"]["censored_peak_bytes"] == int(7.9 * GIB)
@@ -93,6 +98,21 @@ def test_the_study_page_holds_every_view(db):
     [exchange] = page["agent"]
     assert exchange["question"] == "propose faster settings" and exchange["tokens"] == 120
     assert exchange["refused"] == ["outside_space: candidate 1"]
+
+
+def test_the_search_space_view_has_one_axis_per_knob_and_patch(db):
+    page = views.study(db.con, STUDY)
+    space = page["search_space"]
+    axes = {d["label"]: d for d in space["dimensions"]}
+    assert list(axes) == ["compile", "micro_batch_size", "patch fused-qkv"]
+    measured = [t for t in page["trials"] if t["kind"] == "search" and t["speedup"] is not None]
+    assert space["trial_ids"] == [t["trial_id"] for t in measured]
+    assert axes["micro_batch_size"]["categorical"] is False
+    assert axes["micro_batch_size"]["values"] == [t["knobs"].get("micro_batch_size", "golden") for t in measured]
+    # compile is a bool, set by no measured trial (compile=true crashed or timed out): all at the golden value.
+    assert axes["compile"]["categorical"] and set(axes["compile"]["values"]) == {"golden"}
+    assert axes["patch fused-qkv"]["values"].count("on") == sum("fused-qkv" in t["patches"] for t in measured)
+    assert space["counts"] == [t["outcome"] == "ok" for t in measured]
 
 
 def test_an_unknown_study_is_named(db):

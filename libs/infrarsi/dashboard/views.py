@@ -174,6 +174,40 @@ def trials(con: duckdb.DuckDBPyConnection, study_id: str, baseline_step_s: float
     return out
 
 
+def trial_progress(con: duckdb.DuckDBPyConnection, study_id: str) -> dict[str, int]:
+    """Steps rank 0 has reported so far, per trial (the telemetry stream): how far a running trial has got."""
+    rows = con.execute(
+        "SELECT trial_id, max(step) FROM steps WHERE study_id = $study AND rank = 0 GROUP BY trial_id",
+        {"study": study_id},
+    ).fetchall()
+    return {trial_id: int(step) for trial_id, step in rows if step is not None}
+
+
+def search_space_points(study_trials: list[dict[str, Any]]) -> dict[str, Any]:
+    """optuna-dashboard's parallel-coordinate view: one line per measured search trial across every knob and patch
+    the study's search trials set, coloured by speed-up. A knob a trial left at the golden value is ``"golden"``;
+    a patch is ``"on"``/``"off"``. Values are strings (categories) or numbers, as the knobs are."""
+    measured = [t for t in study_trials if t["kind"] == "search" and t["speedup"] is not None]
+    searched = [t for t in study_trials if t["kind"] == "search"]
+    knobs = sorted({k for t in searched for k in t["knobs"]})
+    patches = sorted({p for t in searched for p in t["patches"]})
+    dimensions = []
+    for knob in knobs:
+        values = [t["knobs"].get(knob, "golden") for t in measured]
+        numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+        dimensions.append({"label": knob, "values": values if numeric else [str(v).lower() for v in values],
+                           "categorical": not numeric})
+    for patch in patches:
+        dimensions.append({"label": f"patch {patch}", "values": ["on" if patch in t["patches"] else "off" for t in measured],
+                           "categorical": True})
+    return {
+        "dimensions": dimensions,
+        "speedup": [t["speedup"] for t in measured],
+        "trial_ids": [t["trial_id"] for t in measured],
+        "counts": [t["outcome"] == "ok" for t in measured],
+    }
+
+
 def best_over_trials(study_trials: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """optuna-dashboard's history plot for a speed-up: each measured search trial's speed-up in proposal order and
     the best so far among those that ran ``ok`` with every invariant held (a violation is data, never a win)."""
@@ -284,6 +318,9 @@ def study(con: duckdb.DuckDBPyConnection, study_id: str) -> dict[str, Any]:
     cluster = _json(row["cluster"]) or {}
     baseline = row["baseline_step_time_s"]
     study_trials = trials(con, study_id, baseline)
+    progress = trial_progress(con, study_id)
+    for trial in study_trials:
+        trial["steps_seen"] = progress.get(trial["trial_id"])
     summary = next((s for s in studies(con) if s["study_id"] == study_id), {})
     doctor_runs = [t["step_time_s"] for t in study_trials if t["kind"] == "doctor" and t["step_time_s"] is not None]
     return {
@@ -313,6 +350,7 @@ def study(con: duckdb.DuckDBPyConnection, study_id: str) -> dict[str, Any]:
         },
         "trials": study_trials,
         "best_over_trials": best_over_trials(study_trials),
+        "search_space": search_space_points(study_trials),
         "cost_by_outcome": cost_by_outcome(study_trials),
         "invariants": invariant_verdicts(study_trials),
         "verifications": verifications(con, study_id),

@@ -116,14 +116,45 @@ function renderSearch(study) {
        xaxis: { title: axisTitle("peak memory (GiB)") }, yaxis: { title: axisTitle("step time (s)"), type: logY ? "log" : "linear" } }, CONFIG);
 }
 
+function renderSpace(study) {
+  const space = study.search_space;
+  if (!space.dimensions.length || !space.speedup.length) { Plotly.purge("plot-space"); return; }
+  const dimensions = space.dimensions.map((d) => {
+    if (!d.categorical) return { label: d.label, values: d.values };
+    const levels = [...new Set(d.values)].sort();
+    return { label: d.label, values: d.values.map((v) => levels.indexOf(v)), tickvals: levels.map((_, i) => i), ticktext: levels };
+  });
+  dimensions.push({ label: "speed-up", values: space.speedup });
+  Plotly.react("plot-space", [{
+    type: "parcoords", dimensions,
+    line: { color: space.speedup, colorscale: "Viridis", showscale: true, colorbar: { title: { text: "speed-up" } } },
+  }], { ...LAYOUT, margin: { t: 100, r: 80, b: 30, l: 80 }, title: title("Search space: each measured search trial's knobs and patches against its speed-up") }, CONFIG);
+}
+
+function trialVisible(t) {
+  const kind = document.getElementById("filter-kind").value;
+  const outcome = document.getElementById("filter-outcome").value;
+  const text = document.getElementById("filter-text").value.trim().toLowerCase();
+  if (kind && t.kind !== kind) return false;
+  if (outcome === "ok" && t.outcome !== "ok") return false;
+  if (outcome === "failed" && ["ok", "running", "proposed"].includes(t.outcome)) return false;
+  if (outcome === "running" && !["running", "proposed"].includes(t.outcome)) return false;
+  if (text && !`${t.trial_id} ${knobText(t.knobs)} ${t.patches.join(" ")} ${t.origin} ${t.outcome} ${t.failed_invariants.join(" ")}`.toLowerCase().includes(text)) return false;
+  return true;
+}
+
+let lastStudy = null;
 function renderTrials(study) {
   const before = seenTrials;
   seenTrials = new Set(study.trials.map((t) => t.trial_id));
-  document.getElementById("trial-count").textContent = `(${study.trials.length})`;
-  fillBody("#trials-table", study.trials.map((t) => el("tr", {
+  lastStudy = study;
+  const shown = study.trials.filter(trialVisible);
+  document.getElementById("trial-count").textContent =
+    shown.length === study.trials.length ? `(${study.trials.length})` : `(${shown.length} of ${study.trials.length})`;
+  fillBody("#trials-table", shown.map((t) => el("tr", {
       "data-trial": t.trial_id, class: before && !before.has(t.trial_id) ? "fresh" : "" },
     num(t.n), el("td", {}, el("code", {}, t.trial_id.slice(0, 14))), el("td", {}, t.kind), el("td", {}, t.origin),
-    el("td", {}, knobText(t.knobs)), el("td", {}, t.patches.join(", ")), el("td", { title: t.reason }, badge(t.outcome)),
+    el("td", {}, knobText(t.knobs)), el("td", {}, t.patches.join(", ")), el("td", { title: t.reason }, badge(t.outcome), t.outcome === "running" && t.steps_seen !== null ? ` step ${t.steps_seen}` : ""),
     num(fmt(t.step_time_s)), num(fmt(t.predicted_step_time_s)), num(times(t.speedup)),
     num(gib(t.peak_bytes ?? t.censored_peak_bytes)), num(gib(t.predicted_peak_bytes)), num(fmt(t.predicted_p_oom, 2)),
     num(fmt(t.accelerator_s, 1)), el("td", {}, t.failed_invariants.join(", ")))));
@@ -197,7 +228,7 @@ async function refresh() {
   document.getElementById("study").hidden = !selected;
   if (selected) {
     const study = await getJSON(`/api/studies/${encodeURIComponent(selected)}`);
-    renderSummary(study); renderSearch(study); renderTrials(study); renderCost(study);
+    renderSummary(study); renderSearch(study); renderSpace(study); renderTrials(study); renderCost(study);
     renderDoctor(study); renderVerify(study); renderInvariants(study); renderAgent(study);
   }
   document.getElementById("updated").textContent = `updated ${new Date().toISOString().slice(11, 19)} UTC`;
@@ -220,5 +251,10 @@ async function follow() {
   source.onerror = () => { live.textContent = "reconnecting…"; live.className = "live off"; };
 }
 
+for (const id of ["filter-kind", "filter-outcome", "filter-text"]) {
+  for (const type of ["input", "change"]) {
+    document.getElementById(id).addEventListener(type, () => { if (lastStudy) renderTrials(lastStudy); });
+  }
+}
 schedule();
 follow();
