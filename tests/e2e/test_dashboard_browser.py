@@ -82,7 +82,7 @@ async def test_the_dashboard_in_chromium_shows_every_view_and_a_new_trial_live(b
             log = synthetic_study(study, write_workload(tmp_path / "workload"), seed=4, before_search=_agent_exchange())
             await bus.publish_many(log)
             expected_trials = len({e.trial_id for e in log if e.type == "TrialProposed"})
-            with running_dashboard("--nats-url", server.url, "dashboard", "--port", "0", "--poll", "5",
+            with running_dashboard("--nats-url", server.url, "dashboard", "--port", "0", "--poll", "10",
                                    data_dir=data) as page:
                 browser.get(page)
                 rows = "#trials-table tbody tr"
@@ -147,18 +147,18 @@ async def test_the_dashboard_in_chromium_shows_every_view_and_a_new_trial_live(b
                                   study_id=study, source="launcher", trial_id="late1", cluster_id="local"),
                 ])
                 row = '#trials-table tr[data-trial="late1"]'
-                _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, row), timeout_s=10)
+                _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, row), timeout_s=15)
                 shown_after_s = time.monotonic() - published
                 assert "running" in browser.find_element(By.CSS_SELECTOR, row).text
                 _wait(browser, lambda d: "1 running" in d.find_element(
                     By.CSS_SELECTOR, f'#studies-table tr[data-study="{study}"] .stage').text, timeout_s=10)
-                # Its probe reports steps (telemetry rings no doorbell: shown by the next poll, --poll 5).
+                # Its probe reports steps (telemetry rings no doorbell: shown by the next poll, --poll 10).
                 await bus.publish_many([
                     ev.make_event(ev.TrialStep(rank=0, world_size=2, step=step, loss=3.0, step_time_s=0.17, tokens=8192,
                                                optimizer_steps=step, peak_memory_bytes=2 * GIB),
                                   study_id=study, source="probe", trial_id="late1", cluster_id="local")
                     for step in (1, 2, 3)])
-                _wait(browser, lambda d: "running step 3" in d.find_element(By.CSS_SELECTOR, row).text, timeout_s=15)
+                _wait(browser, lambda d: "running step 3" in d.find_element(By.CSS_SELECTOR, row).text, timeout_s=25)
 
                 await bus.publish(ev.make_event(
                     ev.TrialFinished(status="oom", ranks=2, accelerator_s=6.0, wall_s=3.0, peak_memory_bytes=int(8.1 * GIB),
@@ -166,6 +166,6 @@ async def test_the_dashboard_in_chromium_shows_every_view_and_a_new_trial_live(b
                     study_id=study, source="launcher", trial_id="late1", cluster_id="local"))
                 _wait(browser, lambda d: "oom" in d.find_element(By.CSS_SELECTOR, row).text, timeout_s=10)
                 print(f"new trial shown in Chromium {shown_after_s:.2f}s after its events were published")
-                assert shown_after_s < 5.0
+                assert shown_after_s < 8.0  # under --poll 10: the doorbell, not the poll
         finally:
             await bus.close()

@@ -62,24 +62,24 @@ async def test_the_dashboard_follows_a_study_on_an_authorized_bus(authorized, tm
     bus = await Bus.connect(url, service="admin", data_dir=data)
     try:
         await bus.publish_many(synthetic_study(study, write_workload(tmp_path / "workload"), seed=1))
-        with running_dashboard("--nats-url", url, "dashboard", "--port", "0", "--poll", "5", data_dir=data) as page:
+        with running_dashboard("--nats-url", url, "dashboard", "--port", "0", "--poll", "30", data_dir=data) as page:
             assert page.startswith("http://127.0.0.1:")
             studies = _wait_for(lambda: _json(page + "api/studies"))
             assert [s["study_id"] for s in studies] == [study]
             before = _json(f"{page}api/studies/{study}")
             assert len(before["trials"]) == studies[0]["trials"] > 20
 
-            # A new trial lands on the bus: the dashboard shows it within a catch-up, not a poll (--poll 5).
+            # A new trial lands on the bus: the dashboard shows it within a catch-up, not a poll (--poll 30).
             late = ev.Candidate(knobs={"micro_batch_size": 2})
             published = time.monotonic()
             await bus.publish(ev.make_event(
                 ev.TrialProposed(candidate=late, candidate_key=late.key(), kind="search", origin="ei"),
                 study_id=study, source="proposer", trial_id="late1", cluster_id="local"))
             after = _wait_for(lambda: (d := _json(f"{page}api/studies/{study}"))["trials"][-1]["trial_id"] == "late1"
-                              and d, timeout_s=10)
+                              and d, timeout_s=15)
             shown_after_s = time.monotonic() - published
             assert after["trials"][-1]["outcome"] == "proposed"
-            assert shown_after_s < 4.0, f"the new trial took {shown_after_s:.2f}s to show"
+            assert shown_after_s < 8.0, f"the new trial took {shown_after_s:.2f}s to show"
             print(f"new trial shown {shown_after_s:.2f}s after its publish")
 
             # The page, its script and plotly.js come from the dashboard itself.
