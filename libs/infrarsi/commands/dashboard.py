@@ -84,7 +84,15 @@ def _listen(host: str, port: int) -> socket.socket:
 
 
 async def run(args: argparse.Namespace) -> int:
-    import uvicorn
+    try:
+        import uvicorn
+
+        from infrarsi.dashboard.app import create_app
+    except ImportError as exc:
+        raise UserError(
+            f"infrarsi dashboard needs the dashboard extra ({(exc.name or str(exc)).split('.')[0]} is missing): "
+            "pip install 'infrarsi[dashboard]'"
+        ) from None
 
     class Server(uvicorn.Server):
         """uvicorn's server, stopped as ``infrarsi up`` is: SIGINT, SIGTERM or SIGHUP end it cleanly, exit 0
@@ -115,7 +123,6 @@ async def run(args: argparse.Namespace) -> int:
 
     from infrarsi import eventlog
     from infrarsi.dashboard.access import Access, AccessError, check_listen
-    from infrarsi.dashboard.app import create_app
     from infrarsi.dashboard.feed import LiveFeed
     from infrarsi.stack import connect_for_cli
 

@@ -21,6 +21,7 @@ from importlib import resources
 from typing import Any
 
 import msgspec
+from plotly.offline import get_plotlyjs
 from starlette.applications import Starlette
 from starlette.datastructures import Headers, QueryParams
 from starlette.middleware import Middleware
@@ -46,8 +47,6 @@ class _MsgspecJSON(JSONResponse):
 
 @functools.cache
 def _plotly_js() -> bytes:
-    from plotly.offline import get_plotlyjs
-
     js: str = get_plotlyjs()
     return js.encode()
 
