@@ -79,6 +79,7 @@ def test_the_study_page_holds_every_view(db):
     assert best[-1]["best"] == pytest.approx(page["baseline_step_time_s"] / fastest_ok)
     assert best[-1]["best"] < trials["search7"]["speedup"]
     assert all(a["best"] <= b["best"] for a, b in zip(best, best[1:], strict=False) if a["best"] is not None)
+    assert page["best_search_speedup"] == pytest.approx(best[-1]["best"])  # the list and the plot agree
 
     cost = {(c["kind"], c["outcome"]): c["accelerator_hours"] for c in page["cost_by_outcome"]}
     assert cost[("search", "oom")] == pytest.approx(8.0 / 3600)

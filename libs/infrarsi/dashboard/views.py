@@ -72,7 +72,7 @@ def studies(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
                    count(*) FILTER (WHERE launched_at IS NOT NULL AND finished_at IS NULL AND measured_at IS NULL) AS running,
                    count(*) FILTER (WHERE finish_status IS NOT NULL AND finish_status <> 'ok') AS failed,
                    coalesce(sum(accelerator_s), 0) AS accelerator_s,
-                   min(step_time_s) FILTER (WHERE kind = 'search' AND status = 'ok' AND invariants_ok) AS best_step_s
+                   min(step_time_s) FILTER (WHERE kind = 'search' AND status = 'ok' AND invariants_ok IS NOT FALSE) AS best_step_s
             FROM trials GROUP BY study_id
         ), verified AS (
             SELECT study_id, max(ci_low) FILTER (WHERE promotable) AS best_verified_ci_low,
