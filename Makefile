@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test test-slow test-all schemas lint bench clean slurm-deps slurm-up slurm-down bench-scheduling prometheus-deps
+.PHONY: venv demo test test-slow test-all schemas lint bench clean slurm-deps slurm-up slurm-down bench-scheduling prometheus-deps browser-deps
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (set PYTHON=/path/to/python3.11)"; exit 2; }
@@ -58,6 +58,12 @@ slurm-deps:
 prometheus-deps:
 	command -v prometheus >/dev/null || \
 	  { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus; }
+
+## Chromium and its driver from Debian (root), for the dashboard's browser tests (tests/e2e/test_dashboard_browser.py);
+## their fixture does the same when they are missing.
+browser-deps:
+	command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium chromium-driver; }
 
 ## A Slurm cluster of this machine's own (slurmctld + two slurmd in network namespaces) for
 ## `infrarsi demo --backend slurm`; then `export SLURM_CONF=/run/infrarsi-slurm/slurm.conf`.

@@ -46,6 +46,7 @@ VERBS: tuple[Verb, ...] = (
     Verb("events", "events_tail", "read the event log (`events tail`)"),
     Verb("replay", "replay", "rebuild the analyst DuckDB from the streams"),
     Verb("sql", "sql", "query the analyst DuckDB"),
+    Verb("dashboard", "dashboard", "a live, read-only web page of the studies (loopback by default)"),
     Verb("scaffold", "scaffold", "draft a contract from a launch command (`scaffold -- torchrun … train.py …`)"),
     Verb("init", "init", "lock a contract and create a study"),
     Verb("doctor", "doctor", "profile the untouched baseline: noise, phases, stragglers"),

@@ -129,6 +129,15 @@ def _ensure_seed(path: Path) -> str:
     return public
 
 
+def ensure_token(data_dir: Path | str, name: str) -> str:
+    """A random bearer token kept in ``<data-dir>/creds/<name>`` (0600, made on first use like a seed): what a
+    reader of the dashboard beyond loopback must present. Existing tokens are kept."""
+    path = _private_dir(data_dir) / name
+    if not path.exists():
+        _write_private(path, secrets.token_urlsafe(32).encode())
+    return path.read_text().strip()
+
+
 LEAF_SEED = "leaf-link"
 """The seed a cluster's server authenticates its leaf link to the bank hub with (not a bus principal)."""
 LEAF_REMOTE_CONF = "leaf-link.conf"

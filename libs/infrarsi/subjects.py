@@ -132,6 +132,7 @@ CLI_READS: dict[str, tuple[str, ...]] = {
     "cli.bank": (BANK_STREAM,),
     "cli.events": (LIFECYCLE_STREAM, TELEMETRY_STREAM, BANK_STREAM),
     "cli.replay": (LIFECYCLE_STREAM, TELEMETRY_STREAM, BANK_STREAM),
+    "cli.dashboard": (LIFECYCLE_STREAM, TELEMETRY_STREAM, BANK_STREAM),  # replays into its own DB; reads only
     "cli.status": (),
     "cli.studies": (LIFECYCLE_STREAM,),
     "cli.cancel": (LIFECYCLE_STREAM,),

@@ -19,6 +19,7 @@ NO_SERVER_VERBS = (
     ["model", "s1"],
     ["report", "s1", "--out", "{out}"],
     ["bank", "list"],
+    ["dashboard", "--port", "0"],
 )
 
 
@@ -56,3 +57,19 @@ async def test_invoke_keeps_the_traceback_of_a_bug() -> None:
 
     with pytest.raises(KeyError):
         await cli.invoke(buggy, argparse.Namespace())
+
+
+@pytest.mark.parametrize("missing", ["uvicorn", "starlette", "plotly"])
+def test_the_dashboard_without_its_extra_names_the_extra(
+    missing: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import sys
+
+    for name in [m for m in sys.modules if m == missing or m.startswith(f"{missing}.") or m.startswith("infrarsi.dashboard")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, missing, None)  # what an install without the extra gives: ImportError
+    code = cli.main(["--data-dir", str(tmp_path), "dashboard", "--port", "0"])
+    err = capsys.readouterr().err
+    assert code == errors.EXIT_USAGE
+    assert err.strip() == (f"error: infrarsi dashboard needs the dashboard extra ({missing} is missing): "
+                           "pip install 'infrarsi[dashboard]'")
