@@ -46,7 +46,7 @@ from typing import Any
 
 import msgspec
 import yaml
-from infrarsi import credentials, fswatch, procs, stats, tracing, workspace
+from infrarsi import credentials, fswatch, inputs, procs, stats, tracing, workspace
 from infrarsi import events as ev
 from infrarsi.backends import Backend, JobHandle, JobResult, JobSpec, SubmitError, backend_class, make_backend
 from infrarsi.backends.base import read_json_record
@@ -88,6 +88,8 @@ class Study:
     baseline_ref: str
     locked_files: dict[str, str]
     cluster: ev.ClusterInfo
+    locked_inputs: dict[str, str] = field(default_factory=dict)
+    """The fingerprints of the workload's inputs outside git at ``init`` (``infrarsi.inputs``)."""
     agent_patches: dict[str, str] = field(default_factory=dict)
     """Diffs the study's language model proposed and the proposer's checks accepted (``AgentAnswered``), by
     patch id: patches of this study beside the library, applied with the same checks."""
@@ -256,6 +258,7 @@ class LauncherService(Service):
             baseline_ref=created.baseline_ref,
             locked_files=dict(created.locked_files),
             cluster=created.cluster,
+            locked_inputs=dict(created.locked_inputs),
         )
 
     async def _trial(self, event: ev.Event, proposed: ev.TrialProposed, out: Outbox) -> None:
@@ -347,6 +350,7 @@ class LauncherService(Service):
         )
         if not result.ok:
             raise Refused(result.kind or "scope_violation", f"patch {result.patch or '(set)'}: {result.reason}")
+        await asyncio.to_thread(self._place_inputs, study, contract, worktree)
 
         trial_contract = contract.model_copy(
             update={"workload": contract.workload.model_copy(update={"repo": worktree})}
@@ -396,8 +400,36 @@ class LauncherService(Service):
                 ranks=spec.ranks, host=handle.host, job_id=handle.job_id,
             )
         )  # fmt: skip
-        return await self._follow_job(backend, handle, time.monotonic(), (stall_before, harness_before), candidate,
-                                      study)
+        finished = await self._follow_job(backend, handle, time.monotonic(), (stall_before, harness_before), candidate,
+                                          study)  # fmt: skip
+        written = await asyncio.to_thread(self._inputs_drift, study, contract)
+        if written and finished.status not in ("scope_violation", "cancelled"):
+            finished = msgspec.structs.replace(finished, status="scope_violation", reason=(
+                "the trial changed its read-only inputs: " + "; ".join(written[:5])))  # fmt: skip
+        return finished
+
+    @staticmethod
+    def _inputs_drift(study: Study, contract: Contract) -> list[str]:
+        workload = contract.workload
+        if not workload.inputs:
+            return []
+        return inputs.changed(workload.repo, workload.inputs, study.locked_inputs,
+                              hash_limit_bytes=workload.inputs_hash_limit_bytes)  # fmt: skip
+
+    def _place_inputs(self, study: Study, contract: Contract, worktree: Path) -> None:
+        """The workload's inputs outside git, unchanged since ``init``, linked into the trial's worktree."""
+        workload = contract.workload
+        if not workload.inputs:
+            return
+        drift = self._inputs_drift(study, contract)
+        if drift:
+            raise Refused("scope_violation", "data_change: the job's inputs changed since init, so the golden "
+                          "baseline's data is not this trial's (a data change needs a new study and the loss "
+                          "re-verified): " + "; ".join(drift[:5]))  # fmt: skip
+        try:
+            inputs.link_inputs(workload.repo, worktree, workload.inputs)
+        except (inputs.InputError, OSError) as exc:
+            raise Refused("crash", f"the job's inputs could not be placed in the trial: {exc}") from None
 
     async def _reattach(
         self, submitted: dict[str, Any], candidate: ev.Candidate, study: Study, tdir: Path
@@ -616,11 +648,12 @@ class LauncherService(Service):
 
 
 def _output_tail(contract: Contract, tdir: Path, t0: float) -> OutputTail | None:
-    """For a coarse trial with a step pattern: a tail of rank 0's output (the backend's ``node0.log``)."""
+    """For a coarse trial: a tail of rank 0's output (the backend's ``node0.log``), counting steps by the
+    contract's step pattern and reading the losses and step times the job prints."""
     measurement = contract.workload.measurement
-    if measurement.kind != "coarse" or measurement.step_regex is None:
+    if measurement.kind != "coarse":
         return None
-    return OutputTail(tdir / "node0.log", t0, OutputSteps(measurement.step_regex))
+    return OutputTail(tdir / "node0.log", t0, OutputSteps(measurement.step_regex, measurement.log_patterns()))
 
 
 def _with_output_steps(finished: ev.TrialFinished, output: OutputTail, job: JobResult) -> ev.TrialFinished:
@@ -635,6 +668,9 @@ def _with_output_steps(finished: ev.TrialFinished, output: OutputTail, job: JobR
         finished,
         steps_completed=output.counter.steps_done,
         output_steps=list(seen),
+        output_losses=output.counter.loss_curve(),
+        output_eval_losses=output.counter.eval_curve(),
+        output_step_times_s=list(output.counter.step_times_s),
         warmup_accelerator_s=finished.ranks * warmup_end,
         steady_accelerator_s=finished.ranks * (finished.wall_s - warmup_end),
     )
