@@ -1333,8 +1333,8 @@ def check_contract(contract: Contract) -> list[Problem]:
             problems.append(Problem(f"workload.inputs[{i}]", f"{rel!r} must be a path relative to the workload repo, without '..'"))
         elif not (repo / rel).exists():
             problems.append(Problem(f"workload.inputs[{i}]", f"{rel} not found in {repo} (prepare the job's data first)"))
-        elif contract.editable(rel):
-            problems.append(Problem(f"workload.inputs[{i}]", f"{rel} is editable (scope.files): an input is read-only"))
+        elif editable := next((f for f in inputs.input_files(repo, rel) if contract.editable(f)), None):
+            problems.append(Problem(f"workload.inputs[{i}]", f"{editable} is editable (scope.files): an input is read-only"))
 
     # command placeholders
     for i, arg in enumerate(workload.command):

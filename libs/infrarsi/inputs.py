@@ -70,7 +70,8 @@ def find_inputs(repo: Path, *, outputs: Iterable[str] = ()) -> list[str]:
     return found
 
 
-def _files(root: Path, rel: str) -> list[str]:
+def input_files(root: Path, rel: str) -> list[str]:
+    """The files of one input (itself, or every file under it), relative to ``root``."""
     path = root / rel
     if path.is_symlink() or path.is_file():
         return [rel]
@@ -88,7 +89,7 @@ def fingerprint(root: Path, inputs: Sequence[str], *, hash_limit_bytes: int = DE
     """Each file of each input (a file or a directory, relative to ``root``) → its fingerprint."""
     prints: dict[str, str] = {}
     for rel in inputs:
-        for file_rel in _files(root, rel):
+        for file_rel in input_files(root, rel):
             prints[file_rel] = _print(root / file_rel, hash_limit_bytes)
     return prints
 

@@ -86,7 +86,7 @@ def test_inputs_in_the_contract_are_checked(tmp_path: Path) -> None:
             "inputs": ["data/shards", "../etc", "data/none"]},
             "cluster": {"id": "c", "accelerator": "cpu", "memory_capacity_bytes": 1 << 30},
             "scope": {"files": ["data/shards/*"]}, "search_space": {"knobs": {}}, "invariants": {"loss": {"tolerance": 0.1}},
-            "budget": {"trials": 1}}  # fmt: skip
+            "budget": {"trials": 1, "accelerator_hours": 1.0}}  # fmt: skip
     problems = {p.path: p.reason for p in check_contract(contract_from_dict(base, check=False))}
     assert "editable" in problems["workload.inputs[0]"]
     assert "without '..'" in problems["workload.inputs[1]"]
