@@ -168,6 +168,16 @@ class OutputStep(msgspec.Struct, frozen=True, kw_only=True):
     was read after the job ended (no time known)."""
 
 
+class PrintedStepTime(msgspec.Struct, frozen=True, array_like=True):
+    """A step time a job printed on one of its step lines (coarse measurement): ``[seen_s, step_time_s]``."""
+
+    seen_s: float
+    """Launcher's clock (s since launch) when the line became visible; ``-1`` when only the output's tail
+    was read after the job ended."""
+    step_time_s: float
+    """The time the job says the step took."""
+
+
 class Effect(msgspec.Struct, frozen=True, kw_only=True):
     """One feature's effect in a model: log-ratio on step time or on peak memory, prior vs posterior."""
 
@@ -378,9 +388,10 @@ class TrialFinished(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     when the loss appeared; the last print of a step wins), read by ``infrarsi.joblog``'s patterns."""
     output_eval_losses: list[LossPoint] = []
     """Coarse measurement only: the eval loss the job printed, by step count."""
-    output_step_times_s: list[float] = []
+    output_step_times: list[PrintedStepTime] = []
     """Coarse measurement only: the step times the job printed on its step lines (``time 81.2ms``,
-    ``| 812.3 ms``), in order: held against the launcher's clock (the timing invariant)."""
+    ``| 812.3 ms``), in order, with when each line became visible: held against the launcher's clock (the
+    timing invariant)."""
 
 
 class TrialStopRequested(msgspec.Struct, frozen=True, kw_only=True, tag=True):

@@ -646,7 +646,7 @@ def measure_coarse(
             (invariants if isinstance(result, ev.InvariantResult) else unchecked).append(result)  # type: ignore[arg-type]
     ran = finished.status == "ok"
     steady, with_warmup, warmup = coarse_step_time(finished, horizon) if ran else (0.0, 0.0, 0)
-    timing = printed_timing_check(finished, steady, spec.timing_tolerance, noise_cv=spec.noise_cv) if ran else None
+    timing = printed_timing_check(finished, spec.timing_tolerance, noise_cv=spec.noise_cv) if ran else None
     if isinstance(timing, ev.InvariantResult):
         invariants.append(timing)
     else:
@@ -682,27 +682,28 @@ def measure_coarse(
     )
 
 
-def printed_timing_check(finished: ev.TrialFinished, launcher_step_s: float, tolerance: float, *,
-                         noise_cv: float = 0.0) -> ev.InvariantResult | ev.UncheckedInvariant:  # fmt: skip
+def printed_timing_check(finished: ev.TrialFinished, tolerance: float, *, noise_cv: float = 0.0
+                         ) -> ev.InvariantResult | ev.UncheckedInvariant:  # fmt: skip
     """The step times a coarse job printed against the launcher's clock.
 
-    The launcher's steady step time is the time between the first and the last counted step over the steps
-    between them, so it is held against the mean of the printed times of the steps after the first (the
-    first print carries the start-up). Allowed: the contract's tolerance plus three times the doctor's
-    run-to-run noise, capped like the probe's timing check. Fewer than ``MIN_TIMING_RATIOS`` printed steps
-    after the first leave it unchecked."""
-    printed = list(finished.output_step_times_s[1:])
-    if len(printed) < MIN_TIMING_RATIOS or launcher_step_s <= 0:
+    Each printed time covers the job's time since its previous step line, so the printed times of the step
+    lines after the first must add up to the launcher's time between the first and the last of those lines
+    (when each became visible in the output, unbuffered). Allowed: the contract's tolerance plus three times
+    the doctor's run-to-run noise, capped like the probe's timing check. Fewer than ``MIN_TIMING_RATIOS``
+    timed lines after the first leave it unchecked."""
+    timed = [t for t in finished.output_step_times if t.seen_s >= 0]
+    if len(timed) - 1 < MIN_TIMING_RATIOS or timed[-1].seen_s <= timed[0].seen_s:
         return ev.UncheckedInvariant(
-            name="timing", reason=f"{len(printed)} step times printed by the job after its first (fewer than "
-            f"{MIN_TIMING_RATIOS}) to hold against the launcher's clock")  # fmt: skip
-    observed = float(np.mean(printed)) / launcher_step_s
+            name="timing", reason=f"{max(len(timed) - 1, 0)} step times printed by the job after its first (fewer "
+            f"than {MIN_TIMING_RATIOS}) to hold against the launcher's clock")  # fmt: skip
+    printed = sum(t.step_time_s for t in timed[1:])
+    seen = timed[-1].seen_s - timed[0].seen_s
+    observed = printed / seen
     allowed = min(tolerance + 3.0 * max(noise_cv, 0.0), max(tolerance, MAX_TIMING_ALLOWANCE))
     error = abs(observed - 1.0)
     ok = bool(error <= allowed)
-    detail = (f"printed / launcher-seen step time {observed:.3f} (mean of {len(printed)} printed steps "
-              f"{float(np.mean(printed)) * 1000:.1f} ms, launcher {launcher_step_s * 1000:.1f} ms), {error:.1%} off; "
-              f"allowed {allowed:.1%}")  # fmt: skip
+    detail = (f"printed / launcher-seen time {observed:.3f} over {len(timed) - 1} printed steps ({printed:.3f} s "
+              f"printed, {seen:.3f} s between their lines), {error:.1%} off; allowed {allowed:.1%}")  # fmt: skip
     if finished.cpu_pressure is not None:
         detail += f"; host CPU pressure {finished.cpu_pressure:.0%}"
     return ev.InvariantResult(name="timing", ok=ok, detail=detail, observed=observed, expected=1.0, tolerance=allowed)

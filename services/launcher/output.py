@@ -43,7 +43,7 @@ class OutputSteps:
         self.first_number: int | None = None  # the ``number`` group's first value: 0 means counted from 0
         self.losses: dict[int, float] = {}
         self.eval_losses: dict[int, float] = {}
-        self.step_times_s: list[float] = []
+        self.step_times: list[ev.PrintedStepTime] = []
 
     def feed_line(self, line: str, seen_s: float) -> None:
         counted = self._count(line, seen_s)
@@ -55,7 +55,7 @@ class OutputSteps:
         if said.eval_loss is not None:
             self.eval_losses[self.steps_done] = said.eval_loss
         if said.step_time_s is not None:
-            self.step_times_s.append(said.step_time_s)
+            self.step_times.append(ev.PrintedStepTime(seen_s, said.step_time_s))
 
     def loss_curve(self) -> list[ev.LossPoint]:
         return [ev.LossPoint(step, loss) for step, loss in sorted(self.losses.items())]

@@ -153,7 +153,7 @@ def logged(*, steps: int, losses: list[float], printed_s: float = 0.5, eval_ever
         finished(steps=steps, seen=[(n, 1.0 + 0.5 * (n - 1)) for n in range(1, steps + 1)], wall=wall),
         output_losses=[ev.LossPoint(n, loss) for n, loss in enumerate(losses, 1)],
         output_eval_losses=[ev.LossPoint(n, losses[n - 1]) for n in range(1, steps + 1, eval_every)] if eval_every else [],
-        output_step_times_s=[printed_s] * steps,
+        output_step_times=[ev.PrintedStepTime(1.0 + 0.5 * (n - 1), printed_s) for n in range(1, steps + 1)],
     )  # fmt: skip
 
 
@@ -205,7 +205,7 @@ def test_printed_step_times_are_held_against_the_launchers_clock() -> None:
     lying = coarse(logged(steps=31, losses=[4.0] * 31, printed_s=0.3), baseline=base)
     assert lying.status == "invariant_violation" and [i.name for i in lying.invariants if not i.ok] == ["timing"]
     # nothing printed: unchecked, by name
-    quiet = coarse(msgspec.structs.replace(logged(steps=31, losses=[4.0] * 31), output_step_times_s=[]), baseline=base)
+    quiet = coarse(msgspec.structs.replace(logged(steps=31, losses=[4.0] * 31), output_step_times=[]), baseline=base)
     assert "timing" in {u.name for u in quiet.unchecked_invariants}
 
 

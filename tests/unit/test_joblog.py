@@ -82,7 +82,7 @@ def test_the_output_reader_files_each_loss_under_its_step() -> None:
     assert counter.steps_done == 9
     assert counter.loss_curve() == [ev.LossPoint(i + 1, pytest.approx(4 - i / 10)) for i in range(9)]
     assert [p.step for p in counter.eval_curve()] == [1, 5, 9]  # the eval line is read at the count it reaches
-    assert counter.step_times_s == pytest.approx([(20 + i) / 1000 for i in range(9)])
+    assert [t.step_time_s for t in counter.step_times] == pytest.approx([(20 + i) / 1000 for i in range(9)])
 
 
 def test_log_patterns_are_validated() -> None:
