@@ -40,7 +40,7 @@ def test_an_accelerate_launch_job_goes_through_scaffold_and_trial_unchanged(tmp_
     assert workload["command"][:3] == ["{python}", "-m", "accelerate.commands.launch"] and workload["inputs"] == ["data"]
     proc = subprocess.run(
         [sys.executable, "-m", "infrarsi.cli", "trial", str(contract), "--data-dir", str(tmp_path / "data"),
-         "--steps", str(STEPS), "--peak-budget", "5", "--json", "--set", "per_device_train_batch_size=4"],
+         "--steps", str(STEPS), "--peak-budget", "5", "--json", "--set", "per_device_train_batch_size=8"],
         capture_output=True, text=True, timeout=900, env=_env(),
     )  # fmt: skip
     report = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -60,7 +60,7 @@ def test_an_accelerate_launch_job_through_the_five_stages(tmp_path: Path) -> Non
     _repo, contract = drafted(tmp_path)
     proc = subprocess.run(
         [sys.executable, "-m", "infrarsi.cli", "--data-dir", str(tmp_path / "data"), "demo", "--contract", str(contract),
-         "--trials", "4", "--json"],
+         "--trials", "4", "--skip-hacks", "--json"],
         env=_env(), capture_output=True, text=True, timeout=3500,
     )  # fmt: skip
     out = proc.stdout
