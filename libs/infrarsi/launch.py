@@ -222,10 +222,10 @@ def argv_with(command: Sequence[str], values: Mapping[str, Any], *, switch_off: 
             else:
                 # A switch given a value (e.g. --compile in the golden, a choice knob now): value form.
                 out[flag.index] = f"--{name}={written(value)}"
-    kept = [t for t in out if t is not None]
     # flags the golden lacks go before a bare ``--`` (what follows it is the job's positionals, not flags)
-    end = next((i for i, t in enumerate(kept) if t == "--" and i not in {f.index + 1 for f in flags}), len(kept))
-    return kept[:end] + appended + kept[end:]
+    values = {f.index + 1 for f in flags if f.value is not None and not f.equals}
+    end = next((i for i, t in enumerate(command) if t == "--" and i not in values), len(command))
+    return [t for t in out[:end] if t is not None] + appended + [t for t in out[end:] if t is not None]
 
 
 def _new_flag(name: str, value: Any, switch_off: SwitchOff) -> list[str]:
