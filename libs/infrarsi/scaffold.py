@@ -138,6 +138,8 @@ class ScaffoldReport:
     candidates: dict[str, str] = field(default_factory=dict)
     """Flags the scaffold does not know → what it saw of them (for the user to consider)."""
     notes: list[str] = field(default_factory=list)
+    launch_file: str | None = None
+    """The command's config file the knobs are written into (``knobs_via: launch_file``)."""
     inputs: list[str] = field(default_factory=list)
     """Untracked and ignored entries of the repository taken as the job's inputs outside git
     (``workload.inputs``: linked read-only into each trial, locked at ``init``)."""
@@ -512,6 +514,11 @@ def scaffold(
     info = read_script(script_path) if script_path is not None else ScriptInfo("plain", {}, False, False, False, False)
     via: launch.KnobsVia = "overrides" if _has_overrides(parsed.args) else "argv"
     golden_args = list(parsed.args)
+    config = _config_file(golden_args, repo) if via == "argv" else None
+    if config is not None:  # the job reads its settings from this file: knobs go into a per-trial copy of it
+        index, config_rel, settings = config
+        via = "launch_file"
+        golden_args[index] = golden_args[index].replace(golden_args[index].split("=", 1)[-1], "{launch_file}")
     report = ScaffoldReport(
         framework=info.framework, script=script_path.relative_to(repo).as_posix() if script_path else parsed.shown,
         command=list(command),
@@ -528,7 +535,13 @@ def scaffold(
     positionals = _positionals(golden_args, via)
     if positionals:
         report.notes.append(f"positional arguments kept as written: {' '.join(positionals)}")
-    flags = _known_flags(info, golden_args, via)
+    if config is not None:
+        report.launch_file = config_rel
+        report.notes.append(f"the command's config file {config_rel} holds the settings: each trial gets a copy of "
+                            "it with the knobs set (the command names the copy)")  # fmt: skip
+        flags = {key: (Declared("unknown"), value) for key, value in _flat(settings).items()}
+    else:
+        flags = _known_flags(info, golden_args, via)
     golden_args = _plan_knobs(report, info, flags, golden_args, via, parsed)
     outputs = [str(golden) for flag, (_decl, golden) in flags.items()
                if isinstance(golden, str) and flag.rsplit(".", 1)[-1].replace("-", "_") in OUTPUT_FLAGS]  # fmt: skip
@@ -554,6 +567,49 @@ def _positionals(args: Sequence[str], via: launch.KnobsVia) -> list[str]:
     if via == "overrides":
         used |= {i for i, *_ in launch.override_items(args)}
     return [a for i, a in enumerate(args) if i not in used]
+
+
+CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
+CONFIG_FLAGS = frozenset({"config", "config_file", "cfg", "config_path"})
+
+
+def _config_file(args: Sequence[str], repo: Path) -> tuple[int, str, dict[str, Any]] | None:
+    """(argument index, repo-relative path, settings) of a YAML/JSON config file the command names — a
+    positional or a ``--config`` flag's value — that sets the horizon, when no flag of the command does (then
+    the flags override the file, and knobs go there); else ``None``."""
+    if any(role_of(flag) == "steps" for flag in launch.argv_golden(args)):
+        return None
+    flags = launch.argv_flags(args)
+    valued = {f.index + (0 if f.equals else 1): f for f in flags if f.value is not None}
+    for i, token in enumerate(args):
+        flag = valued.get(i)
+        if flag is not None and flag.name.replace("-", "_") not in CONFIG_FLAGS:
+            continue
+        if flag is None and token.startswith("-"):
+            continue
+        rel = token.split("=", 1)[-1] if flag is not None and flag.equals else token
+        path = (repo / rel).resolve()
+        if not rel.endswith(CONFIG_SUFFIXES) or not path.is_file() or not path.is_relative_to(repo):
+            continue
+        try:
+            settings = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError):
+            continue
+        if isinstance(settings, dict) and any(role_of(key) == "steps" for key in _flat(settings)):
+            return i, path.relative_to(repo).as_posix(), settings
+    return None
+
+
+def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Dotted key → scalar value of a nested mapping (``{train: {max_steps: 3}}`` → ``train.max_steps``)."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{dotted}."))
+        elif isinstance(value, bool | int | float | str):
+            out[dotted] = value
+    return out
 
 
 def _script_file(parsed: ParsedCommand, repo: Path) -> Path | None:
@@ -735,7 +791,7 @@ def _explicit_args(args: list[str], explicit: dict[str, Any], flags: dict[str, t
             continue  # a switch: absent is its default; the launcher adds or drops it
         missing[flag] = ("true" if value else "false") if isinstance(value, bool) and decl.type == "hfbool" else (
             int(value) if isinstance(value, bool) else value)  # fmt: skip
-    if not missing:
+    if not missing or via == "launch_file":
         return args
     return launch.argv_with(args, missing) if via == "argv" else launch.overrides_with(args, missing)
 
@@ -770,6 +826,7 @@ def _render(report: ScaffoldReport, info: ScriptInfo, parsed: ParsedCommand, arg
         "repo": repo_rel,
         "command": [*parsed.head, *args],
         "knobs_via": report.knobs_via,
+        **({"launch_file": report.launch_file} if report.launch_file else {}),
         "launcher": report.launcher,
         "env": parsed.env,
         "steps": steps,
@@ -850,7 +907,7 @@ def _header(report: ScaffoldReport, info: ScriptInfo, parsed: ParsedCommand) -> 
         "# run `infrarsi init` on it.",
         f"# Job: {report.script} ({_FRAMEWORK_NAMES[report.framework]}), {report.launcher['kind']} with "
         f"{report.launcher['nnodes']} node(s) × {report.launcher['nproc_per_node']} process(es).",
-        f"# Knobs reach the job as {'command-line flags' if report.knobs_via == 'argv' else 'key=value overrides'};"
+        f"# Knobs reach the job as {_DELIVERY_NAMES[report.knobs_via]};"
         " the golden command below is the baseline.",
     ]
     if report.uses_probe:
@@ -879,6 +936,8 @@ def _header(report: ScaffoldReport, info: ScriptInfo, parsed: ParsedCommand) -> 
     return "\n".join(lines) + "\n"
 
 
+_DELIVERY_NAMES = {"argv": "command-line flags", "overrides": "key=value overrides", "env": "environment variables",
+                   "launch_file": "a per-trial copy of the command's config file"}  # fmt: skip
 _FRAMEWORK_NAMES = {"hf_trainer": "Hugging Face Trainer", "lightning": "PyTorch Lightning", "plain": "plain PyTorch"}
 _PROBE_HINT = {
     "hf_trainer": "For a full measurement add Trainer(..., callbacks=[InfraRSICallback()]) with\n"

@@ -355,7 +355,9 @@ class LauncherService(Service):
         trial_contract = contract.model_copy(
             update={"workload": contract.workload.model_copy(update={"repo": worktree})}
         )
-        launch_path = tdir / "launch.yaml"
+        # the per-trial copy keeps the golden file's format: a job that reads its JSON config reads JSON
+        as_json = (contract.workload.launch_file or "").endswith(".json")
+        launch_path = tdir / ("launch.json" if as_json else "launch.yaml")
         probe_dir = tdir / "probe"
         try:
             launch = trial_contract.trial_launch(
@@ -365,7 +367,8 @@ class LauncherService(Service):
         except (LaunchValueError, OSError) as exc:
             raise Refused("scope_violation", str(exc)) from None
         if launch.launch_file is not None:
-            launch_path.write_text(yaml.safe_dump(launch.launch_file, sort_keys=False))
+            launch_path.write_text(json.dumps(launch.launch_file, indent=2) if as_json
+                                   else yaml.safe_dump(launch.launch_file, sort_keys=False))  # fmt: skip
         shutil.rmtree(probe_dir, ignore_errors=True)
         probe_dir.mkdir(parents=True)
         spec = JobSpec(

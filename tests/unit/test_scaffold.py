@@ -373,3 +373,26 @@ def test_data_outside_git_is_listed_as_inputs(tmp_path: Path) -> None:
     contract = accepted(tmp_path, text, tmp_path)
     assert contract.workload.inputs == ["data"]
     assert "#   data" in text
+
+
+@pytest.mark.parametrize("name", ["recipe.yaml", "recipe.json"])
+def test_knobs_go_into_a_copy_of_the_config_file_the_command_names(tmp_path: Path, name: str) -> None:
+    import json
+
+    settings = {"trainer": {"max_steps": 100, "accumulate_grad_batches": 2, "precision": "32-true"},
+                "data": {"batch_size": 4, "path": "data/"}, "optim": {"lr": 0.001}}  # fmt: skip
+    repo = repo_with(tmp_path, json.dumps(settings) if name.endswith(".json") else yaml.safe_dump(settings), name=name)
+    (repo / "run.py").write_text("import sys, yaml\ncfg = yaml.safe_load(open(sys.argv[-1]))\n")
+    subprocess.run(["git", "-C", str(repo), "add", "."], check=True)
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "run"], check=True)
+    text, report = scaffold(["python", "run.py", "--config", name], repo)
+    contract = accepted(tmp_path, text, repo)
+    w = contract.workload
+    assert (w.knobs_via, w.launch_file, w.steps_key) == ("launch_file", name, "trainer.max_steps")
+    assert w.command == ["{python}", "run.py", "--config", "{launch_file}"]
+    assert contract.search_space.constraints.global_batch.micro_batch_key == "data.batch_size"
+    launched = contract.trial_launch({"data.batch_size": 8}, 5, python="py", launch_file="/t/launch", probe_dir="p")
+    assert launched.argv == ["py", "run.py", "--config", "/t/launch"]
+    assert launched.launch_file["trainer"] == {"max_steps": 5, "accumulate_grad_batches": 1, "precision": "32-true"}
+    assert launched.launch_file["data"] == {"batch_size": 8, "path": "data/"} and launched.launch_file["optim"] == {"lr": 0.001}
+    assert any("config file" in n for n in report.notes)
