@@ -16,7 +16,7 @@ import pytest
 import yaml
 from support.accelerate_job import GOLDEN_COMMAND, make_accelerate_repo
 
-STEPS = 6
+STEPS = 10
 
 
 def _env() -> dict[str, str]:

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from support.gptlike_job import GOLDEN_COMMAND, make_gptlike_repo
 
-STEPS = 6
+STEPS = 8
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,7 @@ def test_the_script_runs_as_written_with_every_checkable_invariant_checked(job: 
     checks = {i["name"]: i for i in base["measured"]["invariants"]}
     assert checks["work.optimizer_steps"]["ok"] and "defines the work" in checks["work.optimizer_steps"]["detail"]
     checks = {i["name"]: i for i in cand["measured"]["invariants"]}
-    assert "the golden baseline counted 7" in checks["work.optimizer_steps"]["detail"]
+    assert f"the golden baseline counted {STEPS + 1}" in checks["work.optimizer_steps"]["detail"]
     assert checks["loss"]["ok"] and "read from the job's log" in checks["loss"]["detail"], checks["loss"]
     assert checks["timing"]["ok"], checks["timing"]  # the printed step times agree with the launcher's clock
     assert {u["name"] for u in cand["measured"]["unchecked_invariants"]} == {"work.tokens"}  # no probe counts tokens

@@ -107,7 +107,7 @@ for it in range(max_iters + 1):
         total += loss.item()
     opt.step()
     opt.zero_grad(set_to_none=True)
-    time.sleep(0.02)  # a step long enough for the launcher's clock to resolve
+    time.sleep(0.04)  # a step long enough for the launcher's clock to resolve
     t1 = time.time()
     dt, t0 = t1 - t0, t1
     print(f"iter {it}: loss {total:.4f}, time {dt * 1000:.2f}ms")

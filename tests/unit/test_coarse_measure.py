@@ -225,3 +225,12 @@ def test_a_coarse_verify_round_compares_the_logged_loss() -> None:
     runs = [run(f"{arm}{i}", arm, i, t, s) for i in range(3) for arm, t, s in (("baseline", 1.0, 1.0), ("candidate", 0.8, 1.1))]
     bad = vf.decide(_round(runs), passes_before=0, passes_required=1, loss_rule=RULE)
     assert bad.failed_invariants == ["loss"] and not bad.promotable
+
+
+def test_a_printed_time_mismatch_under_cpu_pressure_is_a_rerun_not_a_verdict() -> None:
+    base = coarse(logged(steps=31, losses=[4.0] * 31), kind="baseline")
+    loaded = msgspec.structs.replace(logged(steps=31, losses=[4.0] * 31, printed_s=0.3), cpu_pressure=0.6)
+    m = coarse(loaded, baseline=base)
+    assert m.interfered and m.status == "invariant_violation"
+    assert "measured under interference" in {i.name: i for i in m.invariants}["timing"].detail
+    assert not coarse(logged(steps=31, losses=[4.0] * 31, printed_s=0.3), baseline=base).interfered
