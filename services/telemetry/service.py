@@ -50,6 +50,16 @@ COMPLETE_GRACE_S = 15.0
 BASELINE_KINDS = ("baseline", "doctor")
 
 
+def defines_work(kind: ev.TrialKind, proposed: ev.TrialProposed | None, *, coarse: bool) -> bool:
+    """Whether a trial runs the untouched baseline whose measured work candidates are held to: the baseline
+    and the doctor's runs, and for a coarse study also verify's baseline arm (the untouched job at verify's
+    horizon, where a coarse count is the job's own numbering and the contract's horizon only a request)."""
+    if kind in BASELINE_KINDS:
+        return True
+    return (coarse and proposed is not None and proposed.origin == "baseline" and not proposed.candidate.knobs
+            and not proposed.candidate.patches)  # fmt: skip
+
+
 @dataclass
 class StudyState:
     spec: stats.InvariantSpec
@@ -123,7 +133,7 @@ class TelemetryService(Service):
                     study = self.studies.get(event.study_id)
                     if study is not None:
                         study.saw(event.trial_id or "", measured)
-                    if measured.kind in BASELINE_KINDS and measured.status == "ok":
+                    if defines_work(measured.kind, proposed, coarse=measured.coarse) and measured.status == "ok":
                         horizon = (proposed.steps if proposed is not None and proposed.steps else None) or (
                             study.steps if study is not None else None)
                         if measured.coarse and study is not None and horizon is not None:
@@ -297,7 +307,7 @@ class TelemetryService(Service):
             proposed = trial.proposed
             kind: ev.TrialKind = proposed.kind if proposed else "search"
             horizon = (proposed.steps if proposed and proposed.steps else None) or study.steps
-            is_baseline = kind in BASELINE_KINDS
+            is_baseline = defines_work(kind, proposed, coarse=study.coarse)
             reference = None if is_baseline else study.baselines.get(horizon, (None, None))[1]
             series: stats.Series | None = None
             if study.coarse:

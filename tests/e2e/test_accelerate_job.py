@@ -70,6 +70,9 @@ def test_an_accelerate_launch_job_through_the_five_stages(tmp_path: Path) -> Non
     assert "verified" in summary  # the verdict is stated, whichever it is
     by_name = {i["name"]: i for i in summary["invariants"]}
     assert by_name["loss"]["ok"] and not by_name["loss"]["detail"].startswith("not checked"), by_name["loss"]
-    assert by_name["work.optimizer_steps"]["ok"], by_name
-    assert summary["unchecked_invariants"] == ["work.tokens"], summary["unchecked_invariants"]
+    assert by_name["work.optimizer_steps"]["ok"] and by_name["timing"]["ok"], by_name
+    assert "not checked" not in by_name["loss"]["detail"], by_name["loss"]  # every run's loss compared
+    assert by_name["loss.trend"]["ok"], by_name
+    # what no probe counts stays named: tokens per step and the eval's work
+    assert summary["unchecked_invariants"] == ["work.eval", "work.tokens"], summary["unchecked_invariants"]
     assert Path(summary["report"]).is_file()

@@ -62,9 +62,13 @@ vocab = 64
 gen = torch.Generator().manual_seed(seed)
 
 
-def get_batch(split):
+eval_gen = torch.Generator().manual_seed(seed + 1)  # evaluation draws apart: they do not move training's data
+
+
+def get_batch(split, ix=None):
     data = train if split == "train" else val
-    ix = torch.randint(len(data) - block_size - 1, (batch_size,), generator=gen)
+    if ix is None:
+        ix = torch.randint(len(data) - block_size - 1, (batch_size,), generator=eval_gen)
     x = torch.stack([torch.from_numpy(data[i : i + block_size].astype(np.int64)) for i in ix])
     y = torch.stack([torch.from_numpy(data[i + 1 : i + 1 + block_size].astype(np.int64)) for i in ix])
     return x, y
@@ -101,8 +105,10 @@ for it in range(max_iters + 1):
         losses = estimate()
         print(f"step {it}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
     total = 0.0
+    # one draw of the step's whole batch, cut into micro-batches: accumulation does not change the data
+    step_ix = torch.randint(len(train) - block_size - 1, (batch_size * gradient_accumulation_steps,), generator=gen)
     for micro in range(gradient_accumulation_steps):
-        loss = model(*get_batch("train")) / gradient_accumulation_steps
+        loss = model(*get_batch("train", step_ix[micro * batch_size : (micro + 1) * batch_size])) / gradient_accumulation_steps
         loss.backward()
         total += loss.item()
     opt.step()
