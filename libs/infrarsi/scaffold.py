@@ -1,12 +1,16 @@
 """From a launch command to a contract draft: ``infrarsi scaffold [--out FILE] -- <command>``.
 
-Owns reading a user's launch command (``torchrun …``, ``python …``, leading ``VAR=value`` assignments) and
-the training script it starts (by its source, never by running it: the imports tell Hugging Face
+Owns reading a user's launch command as written (``python …``, ``python -m …``, ``torchrun …``, ``accelerate
+launch …``, ``deepspeed …``, ``srun … python …``, an installed tool, leading ``VAR=value`` assignments; its
+positional arguments, config files and ``key=value`` overrides kept where they are) and the training script it
+starts (by its source, never by running it: the imports tell Hugging Face
 ``Trainer``, Lightning or plain PyTorch; ``argparse``/``HfArgumentParser`` declarations tell each flag's
 type, default and choices), recognising the usual knobs by name, and writing a commented contract draft
 that ``infrarsi init`` accepts as it stands. Flags it does not know are listed as candidates in comments,
 never guessed into the search space; flags that change what is trained (learning rate, seed, data, eval
-cadence, output paths) are named as left out. It must not run the job, import the user's code or write
+cadence, output paths) are named as left out. A YAML/JSON config file the command names that sets the horizon
+is where the knobs go (a per-trial copy); the repository's untracked and ignored data is listed as the job's
+inputs outside git (``infrarsi.inputs``). It must not run the job, import the user's code or write
 anything but the draft (the CLI verb writes it; ``scaffold`` returns text).
 
 ``scaffold(command, repo) -> (contract_yaml_text, ScaffoldReport)`` is the library entry point (the agent's
