@@ -223,8 +223,8 @@ def argv_with(command: Sequence[str], values: Mapping[str, Any], *, switch_off: 
                 # A switch given a value (e.g. --compile in the golden, a choice knob now): value form.
                 out[flag.index] = f"--{name}={written(value)}"
     # flags the golden lacks go before a bare ``--`` (what follows it is the job's positionals, not flags)
-    values = {f.index + 1 for f in flags if f.value is not None and not f.equals}
-    end = next((i for i, t in enumerate(command) if t == "--" and i not in values), len(command))
+    taken = {f.index + 1 for f in flags if f.value is not None and not f.equals}
+    end = next((i for i, t in enumerate(command) if t == "--" and i not in taken), len(command))
     return [t for t in out[:end] if t is not None] + appended + [t for t in out[end:] if t is not None]
 
 
