@@ -78,6 +78,8 @@ def test_data_changed_after_init_is_refused_as_a_data_change(job: tuple[Path, Pa
     train = repo / "data" / "tiny" / "train.bin"
     train.write_bytes(bytes(reversed(train.read_bytes())))  # same size, other data
     code, report = infrarsi_trial(contract, data_dir, "--set", "batch_size=2")
+    # the baseline measured at this horizon (9 steps counted at 8) is the study's: reused, not run again
+    assert report["baseline"].get("reused"), report["baseline"]
     finished = report["candidate"][0]["finished"]
     assert code == 3 and finished["status"] == "scope_violation"
     assert finished["reason"].startswith("data_change:") and "data/tiny/train.bin changed" in finished["reason"]
