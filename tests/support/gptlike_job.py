@@ -67,8 +67,8 @@ eval_gen = torch.Generator().manual_seed(seed + 1)  # evaluation draws apart: th
 
 def get_batch(split, ix=None):
     data = train if split == "train" else val
-    if ix is None:
-        ix = torch.randint(len(data) - block_size - 1, (batch_size,), generator=eval_gen)
+    if ix is None:  # an evaluation batch: a fixed size, so the micro-batch does not change what is evaluated
+        ix = torch.randint(len(data) - block_size - 1, (8,), generator=eval_gen)
     x = torch.stack([torch.from_numpy(data[i : i + block_size].astype(np.int64)) for i in ix])
     y = torch.stack([torch.from_numpy(data[i + 1 : i + 1 + block_size].astype(np.int64)) for i in ix])
     return x, y
