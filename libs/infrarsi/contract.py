@@ -54,8 +54,10 @@ from pydantic import (
     model_validator,
 )
 
-from infrarsi import launch, userfiles
+from infrarsi import inputs, launch, userfiles
 from infrarsi.events import ClusterInfo, StudyCreated
+from infrarsi.inputs import DEFAULT_HASH_LIMIT_BYTES
+from infrarsi.joblog import LogPatterns
 from infrarsi.launch import KnobsVia, LaunchValueError, SwitchOff
 from infrarsi.policy import Policy
 
@@ -193,6 +195,20 @@ class MeasurementSpec(_Model):
     the step's number counted from 0 or 1 (the first seen says which); with none of them each matching line
     is one step (the rules: ``infrarsi_services.launcher.output``). ``null``: steps are
     not counted (the step time is then the wall time over the horizon, and the step count unchecked)."""
+    loss_regex: list[str] = []
+    """``coarse`` only: the job's own train-loss patterns (a group named ``loss``), tried on each output line
+    before the defaults of ``infrarsi.joblog`` (HF Trainer's ``{'loss': …}``, Lightning's ``loss=…``,
+    ``iter N: loss X``, ``step N | loss X``, Megatron's ``lm loss: X``). With a loss read, the loss invariant
+    is checked against the baseline's (the trial says the loss came from the log)."""
+    eval_loss_regex: list[str] = []
+    """``coarse`` only: the job's own eval-loss patterns (a group named ``loss``), before the defaults
+    (``{'eval_loss': …}``, ``val_loss=…``, ``val loss X``, Megatron's ``lm loss value: X``)."""
+    step_time_regex: list[str] = []
+    """``coarse`` only: the job's own printed step-time patterns (a group ``ms``, ``s`` or ``hz``), tried on
+    each line that counted a step, before the defaults (``81.2ms``, ``812.3 ms``, ``1.2s/it``, ``2.1it/s``).
+    Printed step times are held against the launcher's clock: the timing invariant."""
+    log_defaults: bool = True
+    """``coarse`` only: also try the default loss and step-time patterns (``false``: only the contract's)."""
 
     @field_validator("step_regex")
     @classmethod
@@ -204,11 +220,32 @@ class MeasurementSpec(_Model):
                 raise ValueError(f"not a regular expression: {exc}") from None
         return value
 
+    @field_validator("loss_regex", "eval_loss_regex", "step_time_regex")
+    @classmethod
+    def _named_groups(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        groups = {"step_time_regex": {"ms", "s", "hz"}}.get(info.field_name or "", {"loss"})
+        for pattern in value:
+            try:
+                compiled = re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"{pattern!r} is not a regular expression: {exc}") from None
+            if not groups & set(compiled.groupindex):
+                raise ValueError(f"{pattern!r} has no group named {' or '.join(sorted(groups))}, e.g. (?P<{min(groups)}>[0-9.]+)")
+        return value
+
     @model_validator(mode="after")
     def _regex_only_coarse(self) -> MeasurementSpec:
         if self.kind == "probe" and self.step_regex is not None:
             raise ValueError("step_regex is only used with kind: coarse (the probe counts steps itself)")
+        if self.kind == "probe" and (self.loss_regex or self.eval_loss_regex or self.step_time_regex):
+            raise ValueError("loss_regex, eval_loss_regex and step_time_regex are only used with kind: coarse "
+                             "(the probe reports the loss and step times itself)")  # fmt: skip
         return self
+
+    def log_patterns(self) -> LogPatterns:
+        """The compiled patterns a coarse trial's output is read with."""
+        return LogPatterns.build(self.loss_regex, self.eval_loss_regex, self.step_time_regex,
+                                 defaults=self.log_defaults)  # fmt: skip
 
 
 class ShapeSpec(_Model):
@@ -276,6 +313,14 @@ class WorkloadSpec(_Model):
     """The model's shape, stated or overriding the probe's reading (``ShapeSpec``)."""
     measurement: MeasurementSpec = MeasurementSpec()
     """How trials are measured: through the probe (default) or coarsely from outside."""
+    inputs: list[str] = []
+    """What the job reads that git does not track (datasets, tokenizers, prepared shards: untracked or
+    ignored files and directories), relative to ``repo``. Each is present in every trial worktree as a
+    symbolic link to this copy (read-only: a trial that changes one is refused), and locked at ``init``
+    (``StudyCreated.locked_inputs``): data that changed since is refused before the trial runs, as a
+    ``data_change`` (``infrarsi.inputs``). ``infrarsi scaffold`` lists the candidates it finds."""
+    inputs_hash_limit_bytes: int = Field(default=DEFAULT_HASH_LIMIT_BYTES, ge=0)
+    """Input files up to this size are locked by their sha256; larger ones by size and modification time."""
 
     @field_validator("repo", mode="after")
     @classmethod
@@ -1082,6 +1127,11 @@ class Contract(_Model):
             case "overrides":
                 return TrialLaunch(launch.overrides_with(argv, values), dict(workload.env), None)
 
+    def locked_inputs(self) -> dict[str, str]:
+        """The fingerprints of ``workload.inputs`` (``infrarsi.inputs.fingerprint``), for ``StudyCreated``."""
+        workload = self.workload
+        return inputs.fingerprint(workload.repo, workload.inputs, hash_limit_bytes=workload.inputs_hash_limit_bytes)
+
     def locked_files(self, repo: Path | str | None = None) -> dict[str, str]:
         """sha256 of every non-editable tracked file of ``repo`` (default: the workload repo), by path.
 
@@ -1275,6 +1325,16 @@ def check_contract(contract: Contract) -> list[Problem]:
     repo = workload.repo
     if not repo.is_dir():
         return [Problem("workload.repo", f"{repo} is not a directory")]
+
+    # inputs outside git: inside the repo by path (their data may live anywhere), present, never editable
+    for i, rel in enumerate(workload.inputs):
+        pure = PurePosixPath(rel)
+        if not rel or pure.is_absolute() or rel.startswith("~") or ".." in pure.parts:
+            problems.append(Problem(f"workload.inputs[{i}]", f"{rel!r} must be a path relative to the workload repo, without '..'"))
+        elif not (repo / rel).exists():
+            problems.append(Problem(f"workload.inputs[{i}]", f"{rel} not found in {repo} (prepare the job's data first)"))
+        elif editable := next((f for f in inputs.input_files(repo, rel) if contract.editable(f)), None):
+            problems.append(Problem(f"workload.inputs[{i}]", f"{editable} is editable (scope.files): an input is read-only"))
 
     # command placeholders
     for i, arg in enumerate(workload.command):

@@ -168,6 +168,16 @@ class OutputStep(msgspec.Struct, frozen=True, kw_only=True):
     was read after the job ended (no time known)."""
 
 
+class PrintedStepTime(msgspec.Struct, frozen=True, array_like=True):
+    """A step time a job printed on one of its step lines (coarse measurement): ``[seen_s, step_time_s]``."""
+
+    seen_s: float
+    """Launcher's clock (s since launch) when the line became visible; ``-1`` when only the output's tail
+    was read after the job ended."""
+    step_time_s: float
+    """The time the job says the step took."""
+
+
 class Effect(msgspec.Struct, frozen=True, kw_only=True):
     """One feature's effect in a model: log-ratio on step time or on peak memory, prior vs posterior."""
 
@@ -215,6 +225,9 @@ class StudyCreated(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """Git commit of the untouched golden baseline (also tagged in the workload repo)."""
     locked_files: dict[str, str]
     """sha256 of every non-editable file of the workload, by repo-relative path."""
+    locked_inputs: dict[str, str] = {}
+    """The workload's inputs outside git (``workload.inputs``), by repo-relative path: each file's
+    ``sha256:…`` or, above ``workload.inputs_hash_limit_bytes``, ``size:…,mtime_ns:…`` (``infrarsi.inputs``)."""
     cluster: ClusterInfo
     bank_seeds: list[str] = []
     """Bank entry ids that will seed this study's priors."""
@@ -370,6 +383,15 @@ class TrialFinished(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     output_steps: list[OutputStep] = []
     """Coarse measurement only: each new step count the job's output showed (``steps_completed`` is the
     last), for a job without a probe."""
+    output_losses: list[LossPoint] = []
+    """Coarse measurement only: the train loss the job printed, by step count (the count its output showed
+    when the loss appeared; the last print of a step wins), read by ``infrarsi.joblog``'s patterns."""
+    output_eval_losses: list[LossPoint] = []
+    """Coarse measurement only: the eval loss the job printed, by step count."""
+    output_step_times: list[PrintedStepTime] = []
+    """Coarse measurement only: the step times the job printed on its step lines (``time 81.2ms``,
+    ``| 812.3 ms``), in order, with when each line became visible: held against the launcher's clock (the
+    timing invariant)."""
 
 
 class TrialStopRequested(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -425,9 +447,12 @@ class TrialMeasured(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     a hack from noise: the trial is re-run (as after an infrastructure failure), the candidate not rejected."""
     coarse: bool = False
     """Measured from outside (the job has no probe): wall time, exit status, process-tree memory, steps
-    counted in the output. Step time is the launcher's estimate; tokens, MFU and loss are unknown."""
+    counted in the output, and the loss and step times it printed. Step time is the launcher's estimate;
+    tokens and MFU are unknown."""
     unchecked_invariants: list[UncheckedInvariant] = []
     """The invariants this trial could not check, with why: never counted as held."""
+    loss_from_log: bool = False
+    """Coarse: ``loss_curve``/``eval_curve`` were read from the job's printed output (not reported by a probe)."""
     deterministic: bool | None = None
     """Torch's deterministic algorithms were on at every step the probe reported (``False``: off at some step;
     ``None``: no step said). Checked at verify under ``invariants.parity: bitwise``."""

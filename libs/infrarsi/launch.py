@@ -152,10 +152,10 @@ class ArgvFlag:
 
 
 def argv_flags(command: Sequence[str]) -> list[ArgvFlag]:
-    """The ``--flags`` of a positional-free command line, in order.
+    """The ``--flags`` of a command line, in order.
 
-    Tokens before the first ``--flag`` (the interpreter, the script) and after a bare ``--`` are not
-    flags. A flag followed by a token that does not start with ``-`` (or is a negative number) takes it as
+    Tokens before the first ``--flag`` (the interpreter, the script, a positional config file) and after a
+    bare ``--`` are not flags. A flag followed by a token that does not start with ``-`` (or is a negative number) takes it as
     its value; otherwise it is a switch. ``--no-x``/``--no_x`` switches are reported as negations of ``x``.
     """
     flags: list[ArgvFlag] = []
@@ -222,7 +222,10 @@ def argv_with(command: Sequence[str], values: Mapping[str, Any], *, switch_off: 
             else:
                 # A switch given a value (e.g. --compile in the golden, a choice knob now): value form.
                 out[flag.index] = f"--{name}={written(value)}"
-    return [t for t in out if t is not None] + appended
+    # flags the golden lacks go before a bare ``--`` (what follows it is the job's positionals, not flags)
+    taken = {f.index + 1 for f in flags if f.value is not None and not f.equals}
+    end = next((i for i, t in enumerate(command) if t == "--" and i not in taken), len(command))
+    return [t for t in out[:end] if t is not None] + appended + [t for t in out[end:] if t is not None]
 
 
 def _new_flag(name: str, value: Any, switch_off: SwitchOff) -> list[str]:
@@ -246,7 +249,7 @@ def _is_number(text: str) -> bool:
 # --------------------------------------------------------------------------------------------------
 
 
-def _override_items(command: Sequence[str]) -> list[tuple[int, str, str, str]]:
+def override_items(command: Sequence[str]) -> list[tuple[int, str, str, str]]:
     """(index, prefix, key, value) of every ``[+|++]key=value`` token of the command line."""
     items = []
     for i, token in enumerate(command):
@@ -258,13 +261,13 @@ def _override_items(command: Sequence[str]) -> list[tuple[int, str, str, str]]:
 
 def overrides_golden(command: Sequence[str]) -> dict[str, str]:
     """Override key → its golden written value."""
-    return {key: value for _i, _prefix, key, value in _override_items(command)}
+    return {key: value for _i, _prefix, key, value in override_items(command)}
 
 
 def overrides_with(command: Sequence[str], values: Mapping[str, Any]) -> list[str]:
     """The golden command with each ``key=value`` replaced in place (prefix kept) or appended."""
     out = list(command)
-    items = _override_items(command)
+    items = override_items(command)
     for key, value in values.items():
         mine = [(i, prefix, v) for i, prefix, k, v in items if k == key]
         if not mine:

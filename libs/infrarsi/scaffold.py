@@ -1,12 +1,16 @@
 """From a launch command to a contract draft: ``infrarsi scaffold [--out FILE] -- <command>``.
 
-Owns reading a user's launch command (``torchrun …``, ``python …``, leading ``VAR=value`` assignments) and
-the training script it starts (by its source, never by running it: the imports tell Hugging Face
+Owns reading a user's launch command as written (``python …``, ``python -m …``, ``torchrun …``, ``accelerate
+launch …``, ``deepspeed …``, ``srun … python …``, an installed tool, leading ``VAR=value`` assignments; its
+positional arguments, config files and ``key=value`` overrides kept where they are) and the training script it
+starts (by its source, never by running it: the imports tell Hugging Face
 ``Trainer``, Lightning or plain PyTorch; ``argparse``/``HfArgumentParser`` declarations tell each flag's
 type, default and choices), recognising the usual knobs by name, and writing a commented contract draft
 that ``infrarsi init`` accepts as it stands. Flags it does not know are listed as candidates in comments,
 never guessed into the search space; flags that change what is trained (learning rate, seed, data, eval
-cadence, output paths) are named as left out. It must not run the job, import the user's code or write
+cadence, output paths) are named as left out. A YAML/JSON config file the command names that sets the horizon
+is where the knobs go (a per-trial copy); the repository's untracked and ignored data is listed as the job's
+inputs outside git (``infrarsi.inputs``). It must not run the job, import the user's code or write
 anything but the draft (the CLI verb writes it; ``scaffold`` returns text).
 
 ``scaffold(command, repo) -> (contract_yaml_text, ScaffoldReport)`` is the library entry point (the agent's
@@ -27,6 +31,7 @@ from typing import Any, Literal
 import yaml
 
 from infrarsi import launch
+from infrarsi.inputs import find_inputs
 
 Framework = Literal["hf_trainer", "lightning", "plain"]
 Role = Literal[
@@ -137,6 +142,16 @@ class ScaffoldReport:
     candidates: dict[str, str] = field(default_factory=dict)
     """Flags the scaffold does not know → what it saw of them (for the user to consider)."""
     notes: list[str] = field(default_factory=list)
+    launch_file: str | None = None
+    """The command's config file the knobs are written into (``knobs_via: launch_file``)."""
+    inputs: list[str] = field(default_factory=list)
+    """Untracked and ignored entries of the repository taken as the job's inputs outside git
+    (``workload.inputs``: linked read-only into each trial, locked at ``init``)."""
+
+
+OUTPUT_FLAGS = frozenset({"output_dir", "out_dir", "logging_dir", "default_root_dir", "save_dir", "checkpoint_dir",
+                          "log_dir", "out"})  # fmt: skip
+"""Flags whose value is where the job writes: never taken as an input."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -150,14 +165,49 @@ class ParsedCommand:
     kind: Literal["python", "torchrun"]
     nnodes: int
     nproc_per_node: int
-    script: str
+    head: list[str]
+    """What the contract's command starts with, as written (``{python}`` for the interpreter): the script,
+    ``-m module``, a wrapper with its own options (``{python} -m accelerate.commands.launch --num_processes 1
+    train.py``) or an installed tool (``litgpt``)."""
     args: list[str]
+    """The job's own arguments after the head, as written: flags, positionals, config files, overrides."""
     dropped: list[str]
     """Launcher options the launcher sets itself (rendezvous, node rank…)."""
+    script: str | None = None
+    """The Python file the scaffold reads for flag declarations (``None``: an installed module or tool)."""
+    module: str | None = None
+    """``python -m MODULE`` / ``torchrun -m MODULE``: the module run."""
+    wrapper: str | None = None
+    """The wrapper the user's command ran through (``accelerate launch``, ``deepspeed``, ``srun``)."""
+
+    @property
+    def shown(self) -> str:
+        """The job's name in the draft's header."""
+        return self.script or self.module or self.head[0]
+
+
+WRAPPERS: dict[str, tuple[list[str], frozenset[str]]] = {
+    "accelerate": (["{python}", "-m", "accelerate.commands.launch"], frozenset({
+        "cpu", "multi_gpu", "tpu", "use_deepspeed", "use_fsdp", "use_megatron_lm", "use_xpu", "no_python",
+        "debug", "quiet", "q", "same_network", "rdzv_conf", "deepspeed_multinode_launcher", "downcast_bf16",
+        "enable_cpu_affinity", "fsdp_use_orig_params", "fsdp_sync_module_states", "fsdp_cpu_ram_efficient_loading",
+    })),
+    "deepspeed": (["{python}", "-m", "deepspeed.launcher.runner"], frozenset({
+        "no_python", "no_local_rank", "force_multi", "save_pid", "bind_cores_to_rank", "no_ssh_check", "no_ssh",
+        "elastic_training",
+    })),
+}  # fmt: skip
+"""A launcher wrapper's console script → (the contract's head running it by module, its switch options;
+every other option takes a value). ``--module``/``-m`` (a module instead of a script) is read apart."""
 
 
 def parse_command(command: Sequence[str]) -> ParsedCommand:
-    """Split a launch command into environment, launcher layout, script and the script's arguments."""
+    """Split a launch command into environment, launcher layout, the command's head and the job's arguments.
+
+    Recognised: ``[VAR=v …] [env VAR=v …]`` then ``python [opts] script.py|-m module``, ``script.py``,
+    ``torchrun [opts] script.py|-m module``, ``python -m torch.distributed.run …``, ``accelerate launch
+    [opts] script.py|-m module``, ``deepspeed [opts] script.py``, ``srun [opts] <any of these>``, or an
+    installed tool (``litgpt pretrain …``), kept as written."""
     tokens = list(command)
     if not tokens:
         raise ScaffoldError("no command given: write it after '--', e.g. infrarsi scaffold -- python train.py --lr 1e-3")
@@ -176,26 +226,87 @@ def parse_command(command: Sequence[str]) -> ParsedCommand:
             env[name] = value
     if not tokens:
         raise ScaffoldError("the command sets variables but runs nothing")
+    if Path(tokens[0]).name == "srun":
+        # srun's own options are the scheduler's (backend.kind: slurm); the job starts at the first program
+        # the scaffold knows
+        at = next((i for i, t in enumerate(tokens[1:], 1) if _is_program(t)), None)
+        if at is None:
+            raise ScaffoldError("srun without a python, torchrun, accelerate or deepspeed command after its options")
+        dropped_srun = tokens[1:at]
+        parsed = parse_command([*(f"{k}={v}" for k, v in env.items()), *tokens[at:]])
+        parsed.dropped = [*(["srun " + " ".join(dropped_srun)] if dropped_srun else ["srun"]), *parsed.dropped]
+        parsed.wrapper = "srun"
+        return parsed
     program = Path(tokens[0]).name
     if program in SHELLS:
         raise ScaffoldError(f"the command runs a shell ({tokens[0]}): give the training command it runs instead")
     rest = tokens[1:]
     if program == "torchrun":
         return _torchrun(env, rest)
+    if program == "accelerate":
+        if rest[:1] != ["launch"]:
+            raise ScaffoldError(f"accelerate {' '.join(rest[:1])}: only `accelerate launch …` starts a training job")
+        return _wrapped(env, "accelerate", rest[1:], "accelerate launch")
+    if program == "deepspeed":
+        return _wrapped(env, "deepspeed", rest, "deepspeed")
     if re.fullmatch(r"python(\d(\.\d+)?)?", program):
         interpreter_opts, rest = _interpreter_options(rest)
-        if rest[:2] == ["-m", "torch.distributed.run"] or rest[:2] == ["-m", "torch.distributed.launch"]:
+        if rest[:2] in (["-m", "torch.distributed.run"], ["-m", "torch.distributed.launch"]):
             return _torchrun(env, rest[2:])
+        if rest[:2] == ["-m", "accelerate.commands.launch"]:
+            return _wrapped(env, "accelerate", rest[2:], "accelerate launch")
+        if rest[:2] == ["-m", "deepspeed.launcher.runner"]:
+            return _wrapped(env, "deepspeed", rest[2:], "deepspeed")
         if rest[:1] == ["-m"]:
-            raise ScaffoldError("python -m MODULE jobs are not supported by the scaffold yet: run the module's "
-                                "script file (python path/to/train.py …)")  # fmt: skip
+            if len(rest) < 2:
+                raise ScaffoldError("python -m without a module name")
+            return ParsedCommand(env, "python", 1, 1, ["{python}", *interpreter_opts, "-m", rest[1]], rest[2:], [],
+                                 module=rest[1])  # fmt: skip
         if not rest:
             raise ScaffoldError("python without a script: give the training script, e.g. python train.py")
-        return ParsedCommand(env, "python", 1, 1, rest[0], rest[1:], interpreter_opts)
+        return ParsedCommand(env, "python", 1, 1, ["{python}", *interpreter_opts, rest[0]], rest[1:], [],
+                             script=rest[0])  # fmt: skip
     if program.endswith(".py"):
-        return ParsedCommand(env, "python", 1, 1, tokens[0], rest, [])
-    raise ScaffoldError(f"{tokens[0]!r} is not a launcher the scaffold knows (python, torchrun, "
-                        "python -m torch.distributed.run); accelerate/deepspeed launchers are not supported yet")  # fmt: skip
+        return ParsedCommand(env, "python", 1, 1, ["{python}", tokens[0]], rest, [], script=tokens[0])
+    if tokens[0].startswith("-") or "/" in tokens[0] and not Path(tokens[0]).name:
+        raise ScaffoldError(f"{tokens[0]!r} is not a command")
+    # an installed training tool (``litgpt pretrain --config …``): run as written, its flags read from the
+    # command alone
+    return ParsedCommand(env, "python", 1, 1, [tokens[0]], rest, [], wrapper=program)
+
+
+def _is_program(token: str) -> bool:
+    name = Path(token).name
+    return bool(re.fullmatch(r"python(\d(\.\d+)?)?", name)) or name in ("torchrun", "accelerate", "deepspeed") or (
+        name.endswith(".py") and not token.startswith("-"))  # fmt: skip
+
+
+def _wrapped(env: dict[str, str], wrapper: str, tokens: list[str], shown: str) -> ParsedCommand:
+    """A wrapper's options (kept as written, in the head), then its script or ``-m module`` and the job's args."""
+    head, switches = WRAPPERS[wrapper]
+    options: list[str] = []
+    module = False
+    i = 0
+    while i < len(tokens) and tokens[i].startswith("-"):
+        token = tokens[i]
+        name = token.lstrip("-").split("=", 1)[0].replace("-", "_")
+        if name in ("m", "module"):
+            module = True
+            options.append(token)
+            i += 1
+        elif "=" in token or name in switches:
+            options.append(token)
+            i += 1
+        else:
+            if i + 1 >= len(tokens):
+                raise ScaffoldError(f"{shown} {token} needs a value")
+            options += tokens[i : i + 2]
+            i += 2
+    if i >= len(tokens):
+        raise ScaffoldError(f"{shown} without a training script")
+    target = tokens[i]
+    return ParsedCommand(env, "python", 1, 1, [*head, *options, target], tokens[i + 1 :], [],
+                         script=None if module else target, module=target if module else None, wrapper=shown)  # fmt: skip
 
 
 def _interpreter_options(tokens: list[str]) -> tuple[list[str], list[str]]:
@@ -216,6 +327,7 @@ TORCHRUN_VALUE_OPTS = frozenset({
 
 def _torchrun(env: dict[str, str], tokens: list[str]) -> ParsedCommand:
     nnodes, nproc, dropped = 1, 1, []
+    module = False
     i = 0
     while i < len(tokens) and tokens[i].startswith("-"):
         token = tokens[i]
@@ -223,9 +335,12 @@ def _torchrun(env: dict[str, str], tokens: list[str]) -> ParsedCommand:
         value: str | None = inline if eq else None
         key = name.lstrip("-").replace("-", "_")
         if key in ("standalone", "no_python", "run_path", "module", "m"):
-            if key in ("no_python", "module", "m"):
-                raise ScaffoldError(f"torchrun {name} is not supported by the scaffold: run a Python script file")
-            dropped.append(token)
+            if key == "no_python":
+                raise ScaffoldError(f"torchrun {name} is not supported by the scaffold: run a Python script or module")
+            if key in ("module", "m"):
+                module = True
+            else:
+                dropped.append(token)
             i += 1
             continue
         if key not in TORCHRUN_VALUE_OPTS:
@@ -249,7 +364,11 @@ def _torchrun(env: dict[str, str], tokens: list[str]) -> ParsedCommand:
             dropped.append(f"{name} {value}")
     if i >= len(tokens):
         raise ScaffoldError("torchrun without a training script")
-    return ParsedCommand(env, "torchrun", nnodes, nproc, tokens[i], tokens[i + 1 :], dropped)
+    if module:  # the launcher's torchrun runs ``{python} -m MODULE`` as ``--module MODULE``
+        return ParsedCommand(env, "torchrun", nnodes, nproc, ["{python}", "-m", tokens[i]], tokens[i + 1 :], dropped,
+                             module=tokens[i])  # fmt: skip
+    return ParsedCommand(env, "torchrun", nnodes, nproc, ["{python}", tokens[i]], tokens[i + 1 :], dropped,
+                         script=tokens[i])  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------------
@@ -395,47 +514,123 @@ def scaffold(
     the repo itself). Raises ``ScaffoldError`` for a command it cannot read."""
     repo = Path(repo).resolve()
     parsed = parse_command(command)
-    script_path = (repo / parsed.script).resolve()
-    if not script_path.is_relative_to(repo):
-        raise ScaffoldError(f"the script {parsed.script} is outside the repository {repo}")
-    if not script_path.is_file():
-        raise ScaffoldError(f"the script {parsed.script} is not a file in {repo}")
-    info = read_script(script_path)
+    script_path = _script_file(parsed, repo)
+    info = read_script(script_path) if script_path is not None else ScriptInfo("plain", {}, False, False, False, False)
     via: launch.KnobsVia = "overrides" if _has_overrides(parsed.args) else "argv"
     golden_args = list(parsed.args)
-    if via == "argv":
-        _refuse_positionals(golden_args)
+    config = _config_file(golden_args, repo) if via == "argv" else None
+    if config is not None:  # the job reads its settings from this file: knobs go into a per-trial copy of it
+        index, config_rel, settings = config
+        via = "launch_file"
+        golden_args[index] = golden_args[index].replace(golden_args[index].split("=", 1)[-1], "{launch_file}")
     report = ScaffoldReport(
-        framework=info.framework, script=script_path.relative_to(repo).as_posix(), command=list(command),
+        framework=info.framework, script=script_path.relative_to(repo).as_posix() if script_path else parsed.shown,
+        command=list(command),
         launcher={"kind": parsed.kind, "nnodes": parsed.nnodes, "nproc_per_node": parsed.nproc_per_node},
         knobs_via=via, uses_probe=info.uses_probe,
     )  # fmt: skip
     if parsed.dropped:
         report.notes.append(f"launcher options left to InfraRSI's launcher: {' '.join(parsed.dropped)}")
-    flags = _known_flags(info, golden_args, via)
+    if parsed.wrapper is not None:
+        report.notes.append(f"run through {parsed.wrapper}, kept as written: {shlex.join(parsed.head)}")
+    if script_path is None:
+        report.notes.append(f"{parsed.shown} is not a file of the repository: its flags are read from the command "
+                            "alone (none declared)")  # fmt: skip
+    positionals = _positionals(golden_args, via)
+    if positionals:
+        report.notes.append(f"positional arguments kept as written: {' '.join(positionals)}")
+    if config is not None:
+        report.launch_file = config_rel
+        report.notes.append(f"the command's config file {config_rel} holds the settings: each trial gets a copy of "
+                            "it with the knobs set (the command names the copy)")  # fmt: skip
+        flags = {key: (Declared("unknown"), value) for key, value in _flat(settings).items()}
+    else:
+        flags = _known_flags(info, golden_args, via)
     golden_args = _plan_knobs(report, info, flags, golden_args, via, parsed)
+    outputs = [str(golden) for flag, (_decl, golden) in flags.items()
+               if isinstance(golden, str) and flag.rsplit(".", 1)[-1].replace("-", "_") in OUTPUT_FLAGS]  # fmt: skip
+    report.inputs = find_inputs(repo, outputs=outputs)
     text = _render(report, info, parsed, golden_args, repo, Path(contract_dir).resolve() if contract_dir else repo,
                    name or _name_of(repo))  # fmt: skip
     return text, report
 
 
 def _has_overrides(args: Sequence[str]) -> bool:
-    """Hydra-style: ``key=value`` items, beside which only ``--flag value`` pairs (``--config-name base``)."""
-    items = launch.overrides_golden(args)
-    if not items:
-        return False
+    """Hydra/OmegaConf-style: ``key=value`` items that are not a flag's value, beside which ``--flag value``
+    pairs (``--config-name base``, ``--config cfg.yaml``) and positionals (a config file) may stand."""
     flags = launch.argv_flags(args)
-    used = {f.index for f in flags} | {f.index + 1 for f in flags if f.value is not None and not f.equals}
-    return all(i in used or "=" in a for i, a in enumerate(args))
+    values = {f.index + 1 for f in flags if f.value is not None and not f.equals}
+    return any(i not in values for i, *_ in launch.override_items(args))
 
 
-def _refuse_positionals(args: Sequence[str]) -> None:
+def _positionals(args: Sequence[str], via: launch.KnobsVia) -> list[str]:
+    """The job's arguments that are neither flags, flag values nor (with overrides) ``key=value`` items: config
+    files, subcommands. They stay in the golden command where they are; knobs never replace them."""
     flags = launch.argv_flags(args)
     used = {f.index for f in flags} | {f.index + 1 for f in flags if f.value is not None and not f.equals}
-    stray = [a for i, a in enumerate(args) if i not in used and a != "--"]
-    if stray or "--" in args:
-        raise ScaffoldError(f"positional arguments {stray or ['--']} in the command: knobs reach the job as "
-                            "--flag value pairs, so the command must be positional-free after the script")  # fmt: skip
+    if via == "overrides":
+        used |= {i for i, *_ in launch.override_items(args)}
+    return [a for i, a in enumerate(args) if i not in used]
+
+
+CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
+CONFIG_FLAGS = frozenset({"config", "config_file", "cfg", "config_path"})
+
+
+def _config_file(args: Sequence[str], repo: Path) -> tuple[int, str, dict[str, Any]] | None:
+    """(argument index, repo-relative path, settings) of a YAML/JSON config file the command names — a
+    positional or a ``--config`` flag's value — that sets the horizon, when no flag of the command does (then
+    the flags override the file, and knobs go there); else ``None``."""
+    if any(role_of(flag) == "steps" for flag in launch.argv_golden(args)):
+        return None
+    flags = launch.argv_flags(args)
+    valued = {f.index + (0 if f.equals else 1): f for f in flags if f.value is not None}
+    for i, token in enumerate(args):
+        flag = valued.get(i)
+        if flag is not None and flag.name.replace("-", "_") not in CONFIG_FLAGS:
+            continue
+        if flag is None and token.startswith("-"):
+            continue
+        rel = token.split("=", 1)[-1] if flag is not None and flag.equals else token
+        path = (repo / rel).resolve()
+        if not rel.endswith(CONFIG_SUFFIXES) or not path.is_file() or not path.is_relative_to(repo):
+            continue
+        try:
+            settings = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError):
+            continue
+        if isinstance(settings, dict) and any(role_of(key) == "steps" for key in _flat(settings)):
+            return i, path.relative_to(repo).as_posix(), settings
+    return None
+
+
+def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Dotted key → scalar value of a nested mapping (``{train: {max_steps: 3}}`` → ``train.max_steps``)."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{dotted}."))
+        elif isinstance(value, bool | int | float | str):
+            out[dotted] = value
+    return out
+
+
+def _script_file(parsed: ParsedCommand, repo: Path) -> Path | None:
+    """The repository file the command runs (its script, or its ``-m`` module's file), to read for flags."""
+    if parsed.script is not None:
+        script_path = (repo / parsed.script).resolve()
+        if not script_path.is_relative_to(repo):
+            raise ScaffoldError(f"the script {parsed.script} is outside the repository {repo}")
+        if not script_path.is_file():
+            raise ScaffoldError(f"the script {parsed.script} is not a file in {repo}")
+        return script_path
+    if parsed.module is not None:
+        base = repo / parsed.module.replace(".", "/")
+        for candidate in (base.with_suffix(".py"), base / "__main__.py"):
+            if candidate.is_file() and candidate.resolve().is_relative_to(repo):
+                return candidate.resolve()
+    return None  # an installed module or tool
 
 
 def _known_flags(info: ScriptInfo, args: Sequence[str], via: launch.KnobsVia) -> dict[str, tuple[Declared, Any]]:
@@ -600,7 +795,7 @@ def _explicit_args(args: list[str], explicit: dict[str, Any], flags: dict[str, t
             continue  # a switch: absent is its default; the launcher adds or drops it
         missing[flag] = ("true" if value else "false") if isinstance(value, bool) and decl.type == "hfbool" else (
             int(value) if isinstance(value, bool) else value)  # fmt: skip
-    if not missing:
+    if not missing or via == "launch_file":
         return args
     return launch.argv_with(args, missing) if via == "argv" else launch.overrides_with(args, missing)
 
@@ -633,8 +828,9 @@ def _render(report: ScaffoldReport, info: ScriptInfo, parsed: ParsedCommand, arg
         launch_keys.append(report.global_batch["accumulation_key"])
     workload: dict[str, Any] = {
         "repo": repo_rel,
-        "command": ["{python}", report.script, *args],
+        "command": [*parsed.head, *args],
         "knobs_via": report.knobs_via,
+        **({"launch_file": report.launch_file} if report.launch_file else {}),
         "launcher": report.launcher,
         "env": parsed.env,
         "steps": steps,
@@ -645,6 +841,8 @@ def _render(report: ScaffoldReport, info: ScriptInfo, parsed: ParsedCommand, arg
         workload["argv_switch_off"] = "no-"
     if not report.uses_probe:
         workload["measurement"] = {"kind": "coarse", "step_regex": default_step_regex(info.framework)}
+    if report.inputs:
+        workload["inputs"] = report.inputs
     contract: dict[str, Any] = {
         "name": name,
         "goal": "Make this training job faster without changing what it learns.",
@@ -659,7 +857,7 @@ def _render(report: ScaffoldReport, info: ScriptInfo, parsed: ParsedCommand, arg
         "budget": {"trials": 12, "accelerator_hours": 2.0},
     }
     for section, key in (("workload", "command"), ("workload", "launcher"), ("workload", "env"),
-                         ("workload", "measurement"), ("scope", "files"), ("scope", "launch_keys")):
+                         ("workload", "measurement"), ("workload", "inputs"), ("scope", "files"), ("scope", "launch_keys")):
         if key in contract[section]:
             contract[section][key] = _flow(contract[section][key])
     contract["search_space"]["knobs"] = {k: _flow(v) for k, v in knobs.items()}
@@ -713,7 +911,7 @@ def _header(report: ScaffoldReport, info: ScriptInfo, parsed: ParsedCommand) -> 
         "# run `infrarsi init` on it.",
         f"# Job: {report.script} ({_FRAMEWORK_NAMES[report.framework]}), {report.launcher['kind']} with "
         f"{report.launcher['nnodes']} node(s) × {report.launcher['nproc_per_node']} process(es).",
-        f"# Knobs reach the job as {'command-line flags' if report.knobs_via == 'argv' else 'key=value overrides'};"
+        f"# Knobs reach the job as {_DELIVERY_NAMES[report.knobs_via]};"
         " the golden command below is the baseline.",
     ]
     if report.uses_probe:
@@ -722,7 +920,9 @@ def _header(report: ScaffoldReport, info: ScriptInfo, parsed: ParsedCommand) -> 
         lines += [
             "# The script does not call InfraRSI's probe, so trials are measured COARSELY (wall time, exit",
             "# status, process-tree memory, steps counted by workload.measurement.step_regex in the job's output);",
-            "# tokens, eval, loss and timing are then reported as unchecked.",
+            "# the train/eval loss and step times it prints are read from the same output (default patterns for",
+            "# HF Trainer, Lightning, nanoGPT-style and Megatron-style logs, plus workload.measurement.loss_regex);",
+            "# tokens and eval work are then reported as unchecked.",
             "# " + _PROBE_HINT[report.framework],
         ]
     if report.left_out:
@@ -731,11 +931,17 @@ def _header(report: ScaffoldReport, info: ScriptInfo, parsed: ParsedCommand) -> 
     if report.candidates:
         lines.append("# Candidates the scaffold does not know (not searched; add a knob if one is a pure speed setting):")
         lines += [f"#   --{flag}: {seen}" for flag, seen in sorted(report.candidates.items())]
+    if report.inputs:
+        lines.append("# Inputs outside git (untracked or ignored; linked read-only into every trial and locked at init —")
+        lines.append("# remove any the job does not read, e.g. outputs of earlier runs):")
+        lines += [f"#   {rel}" for rel in report.inputs]
     lines += [f"# Note: {note}" for note in report.notes]
     lines.append(f"# Read from: {shlex.join(report.command)}")
     return "\n".join(lines) + "\n"
 
 
+_DELIVERY_NAMES = {"argv": "command-line flags", "overrides": "key=value overrides", "env": "environment variables",
+                   "launch_file": "a per-trial copy of the command's config file"}  # fmt: skip
 _FRAMEWORK_NAMES = {"hf_trainer": "Hugging Face Trainer", "lightning": "PyTorch Lightning", "plain": "plain PyTorch"}
 _PROBE_HINT = {
     "hf_trainer": "For a full measurement add Trainer(..., callbacks=[InfraRSICallback()]) with\n"

@@ -343,9 +343,22 @@ def interfered(result: ev.InvariantResult, cpu_pressure: float | None) -> bool:
     return result.name == "timing" and not result.ok and cpu_pressure is not None and cpu_pressure >= INTERFERENCE_RERUN
 
 
-def _loss_checkpoints(spec: InvariantSpec, trial: Series, base: Series) -> tuple[str, list[tuple[int, float, float]]]:
+@dataclass(frozen=True)
+class LossCurves:
+    """One run's loss as the loss invariant reads it: train and eval curves, and its last step."""
+
+    loss_curve: Sequence[ev.LossPoint]
+    eval_curve: Sequence[ev.LossPoint]
+    last_step: int
+
+    @classmethod
+    def of(cls, series: Series) -> LossCurves:
+        return cls(series.loss_curve, series.eval_curve, series.steps and series.rank0_steps[-1])
+
+
+def _loss_checkpoints(spec: InvariantSpec, trial: LossCurves, base: LossCurves) -> tuple[str, list[tuple[int, float, float]]]:
     """(what, [(step, trial loss, baseline loss)]) at the contract's checkpoints present in both runs."""
-    horizon = min(trial.steps and trial.rank0_steps[-1], base.steps and base.rank0_steps[-1])
+    horizon = min(trial.last_step, base.last_step)
     if spec.loss_at == "every_eval":
         t, b, what = dict((p.step, p.loss) for p in trial.eval_curve), dict((p.step, p.loss) for p in base.eval_curve), "eval loss"
         wanted = sorted(s for s in b if s <= horizon)
@@ -357,9 +370,15 @@ def _loss_checkpoints(spec: InvariantSpec, trial: Series, base: Series) -> tuple
 
 
 def loss_check(spec: InvariantSpec, trial: Series, base: Series) -> ev.InvariantResult | ev.UncheckedInvariant:
+    return curves_loss_check(spec, LossCurves.of(trial), LossCurves.of(base))
+
+
+def curves_loss_check(spec: InvariantSpec, trial: LossCurves, base: LossCurves, *, source: str = ""
+                      ) -> ev.InvariantResult | ev.UncheckedInvariant:  # fmt: skip
+    """The loss invariant over two runs' curves (``source``: where the curves came from, for the detail)."""
     what, points = _loss_checkpoints(spec, trial, base)
     if not points:
-        return ev.UncheckedInvariant(name="loss", reason=f"no {what} checkpoint in both runs")
+        return ev.UncheckedInvariant(name="loss", reason=f"no {what} checkpoint in both runs{source}")
     worst_step, worst, worst_allowed, missing = None, -1.0, spec.loss_tolerance, []
     ok = True
     for step, lt, lb in points:
@@ -373,7 +392,7 @@ def loss_check(spec: InvariantSpec, trial: Series, base: Series) -> ev.Invariant
         if dev > worst:
             worst, worst_step = dev, step
     unit = "" if spec.loss_mode == "absolute" else " (relative)"
-    detail = f"{what} at {len(points)} checkpoints: largest deviation {max(worst, 0):.4g}{unit} at step {worst_step}"
+    detail = f"{what}{source} at {len(points)} checkpoints: largest deviation {max(worst, 0):.4g}{unit} at step {worst_step}"
     if missing:
         detail += f"; missing or non-finite at steps {missing}"
     return ev.InvariantResult(name="loss", ok=ok, detail=detail, observed=max(worst, 0.0), expected=0.0, tolerance=worst_allowed)
@@ -386,12 +405,16 @@ def check_invariants(
     *,
     horizon: int,
     baseline: Series | None,
+    is_baseline: bool = False,
 ) -> tuple[list[ev.InvariantResult], list[ev.UncheckedInvariant]]:
     """(every checked invariant's verdict, the invariants this trial could not check and why). ``baseline`` is
-    ``None`` for a baseline trial: internal checks only."""
+    the study's golden baseline at this horizon (``None`` for a baseline trial, ``is_baseline``: internal
+    checks only, its own counts define the work)."""
     results: list[ev.InvariantResult | ev.UncheckedInvariant] = [scope_check(finished)]
     if spec.steps:
-        results.append(steps_check(trial.optimizer_steps, horizon, "optimiser steps counted by the probe"))
+        results.append(steps_check(trial.optimizer_steps, horizon, "optimiser steps counted by the probe",
+                                   baseline_count=baseline.optimizer_steps if baseline is not None else None,
+                                   is_baseline=is_baseline))  # fmt: skip
     if spec.tokens:
         results.append(_tokens_check(spec, trial, baseline))
     if spec.eval:
@@ -412,14 +435,32 @@ def scope_check(finished: ev.TrialFinished) -> ev.InvariantResult:
     )
 
 
-def steps_check(counted: int, horizon: int, how: str) -> ev.InvariantResult:
-    """The optimiser steps ``counted`` (``how``) against the horizon."""
+def steps_check(counted: int, horizon: int, how: str, *, baseline_count: int | None = None,
+                is_baseline: bool = False) -> ev.InvariantResult:  # fmt: skip
+    """The optimiser steps ``counted`` (``how``) against the work the golden baseline does.
+
+    The contract's horizon is a request, not the truth (a loop may run ``max_iters + 1`` iterations): an
+    untouched baseline (``is_baseline``) defines the work with its own count and is never rejected on it
+    (the doctor compares its runs with each other); a candidate must count what the golden baseline counted
+    at the same horizon (``baseline_count``), or the horizon when no baseline was measured there yet."""
+    if is_baseline:
+        return ev.InvariantResult(
+            name="work.optimizer_steps",
+            ok=counted > 0,
+            detail=(f"{counted} {how}, horizon {horizon} requested: the untouched baseline's count defines the work"
+                    if counted > 0 else f"no steps {how}: nothing to define the work with"),
+            observed=float(counted),
+            expected=float(counted),
+        )  # fmt: skip
+    expected = baseline_count if baseline_count is not None else horizon
+    against = (f"the golden baseline counted {baseline_count} at horizon {horizon}" if baseline_count is not None
+               else f"horizon {horizon} (no golden baseline measured at this horizon)")  # fmt: skip
     return ev.InvariantResult(
         name="work.optimizer_steps",
-        ok=counted == horizon,
-        detail=f"{counted} {how}, horizon {horizon}",
+        ok=counted == expected,
+        detail=f"{counted} {how}; {against}",
         observed=float(counted),
-        expected=float(horizon),
+        expected=float(expected),
     )
 
 
@@ -486,6 +527,7 @@ def measure(
     spec: InvariantSpec,
     baseline: Series | None,
     peak_flops_per_device: float | None,
+    is_baseline: bool = False,
 ) -> tuple[ev.TrialMeasured, Series]:
     """The ``TrialMeasured`` of one trial (and its series, kept by telemetry if it becomes the baseline)."""
     series = summarise(samples)
@@ -493,8 +535,9 @@ def measure(
     def nan_to_zero(v: float | None) -> float:
         return 0.0 if v is None or math.isnan(v) else float(v)
 
-    invariants, unchecked = (check_invariants(spec, series, finished, horizon=horizon, baseline=baseline)
-                             if series.steps else ([], []))
+    invariants, unchecked = (check_invariants(spec, series, finished, horizon=horizon, baseline=baseline,
+                                              is_baseline=is_baseline)
+                             if series.steps else ([], []))  # fmt: skip
     invariants_ok = series.steps > 0 and finished.status == "ok" and all(r.ok for r in invariants)
     status: ev.TrialStatus = finished.status
     if status == "ok" and not invariants_ok:
@@ -566,29 +609,52 @@ def measure_coarse(
     spec: InvariantSpec,
     counts_steps: bool,
     is_baseline: bool,
+    baseline: ev.TrialMeasured | None = None,
 ) -> ev.TrialMeasured:
     """The ``TrialMeasured`` of a trial measured from outside: what can be checked is, the rest is named.
 
-    Checked: scope (the launcher's), and the optimiser-step count when the output is counted
-    (``counts_steps``: the contract gives a step pattern; the count is the job's own claim). Unchecked,
-    with why: tokens, eval, loss (against the baseline) and timing — no probe reports them."""
-    invariants = [scope_check(finished)]
+    Checked: scope (the launcher's); the optimiser-step count when the output is counted (``counts_steps``:
+    the contract gives a step pattern; the count is the job's own claim) against the golden ``baseline``'s
+    count at this horizon; the loss, when the job printed one the patterns read, against the baseline's
+    printed loss; timing, when the job printed its step times, against the launcher's clock. Unchecked, with
+    why: tokens and eval (no probe counts them), and whatever the output did not say."""
+    invariants: list[ev.InvariantResult] = [scope_check(finished)]
     unchecked: list[ev.UncheckedInvariant] = []
     if spec.steps and counts_steps:
-        invariants.append(steps_check(finished.steps_completed, horizon, "steps counted in the job's output (coarse)"))
+        invariants.append(steps_check(
+            finished.steps_completed, horizon, "steps counted in the job's output (coarse)",
+            baseline_count=baseline.optimizer_steps if baseline is not None else None, is_baseline=is_baseline,
+        ))  # fmt: skip
     elif spec.steps:
         unchecked.append(ev.UncheckedInvariant(name="work.optimizer_steps", reason="no step_regex: steps not counted"))
     if spec.tokens:
         unchecked.append(ev.UncheckedInvariant(name="work.tokens", reason="no probe: tokens per step not reported"))
     if spec.eval:
         unchecked.append(ev.UncheckedInvariant(name="work.eval", reason="no probe: evaluations not reported"))
+    logged = bool(finished.output_losses or finished.output_eval_losses)
     if not is_baseline:
-        unchecked.append(ev.UncheckedInvariant(name="loss", reason="no probe: no loss curve to compare"))
-    unchecked.append(ev.UncheckedInvariant(name="timing", reason="no probe step times to hold against the launcher's clock"))
+        if baseline is None:
+            unchecked.append(ev.UncheckedInvariant(name="loss", reason="no golden baseline measured at this horizon"))
+        elif not logged or not (baseline.loss_curve or baseline.eval_curve):
+            unchecked.append(ev.UncheckedInvariant(
+                name="loss", reason="no loss read from the job's output (the default patterns and "
+                "workload.measurement.loss_regex matched nothing)" if not logged else "the baseline printed no loss"))  # fmt: skip
+        else:
+            mine = LossCurves(finished.output_losses, finished.output_eval_losses, finished.steps_completed)
+            base = LossCurves(baseline.loss_curve, baseline.eval_curve, baseline.optimizer_steps)
+            result = curves_loss_check(spec, mine, base, source=" read from the job's log")
+            (invariants if isinstance(result, ev.InvariantResult) else unchecked).append(result)  # type: ignore[arg-type]
     ran = finished.status == "ok"
+    steady, with_warmup, warmup = coarse_step_time(finished, horizon) if ran else (0.0, 0.0, 0)
+    timing = printed_timing_check(finished, spec.timing_tolerance, noise_cv=spec.noise_cv) if ran else None
+    if isinstance(timing, ev.InvariantResult):
+        invariants.append(timing)
+    else:
+        unchecked.append(timing or ev.UncheckedInvariant(name="timing", reason="the job did not run to the end"))
     invariants_ok = ran and all(r.ok for r in invariants)
     status: ev.TrialStatus = "invariant_violation" if ran and not invariants_ok else finished.status
-    steady, with_warmup, warmup = coarse_step_time(finished, horizon) if ran else (0.0, 0.0, 0)
+    failed = [r for r in invariants if not r.ok]
+    under_interference = bool(failed) and all(interfered(r, finished.cpu_pressure) for r in failed)
     return ev.TrialMeasured(
         candidate_key=candidate_key,
         kind=kind,
@@ -605,8 +671,8 @@ def measure_coarse(
         peak_memory_bytes=[finished.peak_memory_bytes] if finished.peak_memory_bytes else [],
         per_rank_step_s=[],
         stragglers=[],
-        loss_curve=[],
-        eval_curve=[],
+        loss_curve=list(finished.output_losses),
+        eval_curve=list(finished.output_eval_losses),
         optimizer_steps=finished.steps_completed,
         tokens=0,
         invariants=invariants,
@@ -614,4 +680,43 @@ def measure_coarse(
         accelerator_s=finished.accelerator_s,
         coarse=True,
         unchecked_invariants=unchecked,
+        loss_from_log=logged,
+        interfered=under_interference and ran,
     )
+
+
+LINE_LATENCY_S = 0.02
+"""How late the launcher may see a line of a coarse job's output after the job printed it (an inotify wake-up
+and a read on a loaded host); the printed-times check allows twice this over the span it compares."""
+
+
+def printed_timing_check(finished: ev.TrialFinished, tolerance: float, *, noise_cv: float = 0.0
+                         ) -> ev.InvariantResult | ev.UncheckedInvariant:  # fmt: skip
+    """The step times a coarse job printed against the launcher's clock.
+
+    Each printed time covers the job's time since its previous step line, so the printed times of the step
+    lines after the first must add up to the launcher's time between the first and the last of those lines
+    (when each became visible in the output, unbuffered). Allowed: the contract's tolerance plus three times
+    the doctor's run-to-run noise, capped like the probe's timing check. Fewer than ``MIN_TIMING_RATIOS``
+    timed lines after the first leave it unchecked."""
+    timed = [t for t in finished.output_step_times if t.seen_s >= 0]
+    if len(timed) - 1 < MIN_TIMING_RATIOS or timed[-1].seen_s <= timed[0].seen_s:
+        return ev.UncheckedInvariant(
+            name="timing", reason=f"{max(len(timed) - 1, 0)} step times printed by the job after its first (fewer "
+            f"than {MIN_TIMING_RATIOS}) to hold against the launcher's clock")  # fmt: skip
+    printed = sum(t.step_time_s for t in timed[1:])
+    seen = timed[-1].seen_s - timed[0].seen_s
+    observed = printed / seen
+    # the launcher sees each line within LINE_LATENCY_S of its print: the span's own error, relative to it
+    latency = 2.0 * LINE_LATENCY_S / seen
+    allowed = min(tolerance + 3.0 * max(noise_cv, 0.0) + latency, max(tolerance, MAX_TIMING_ALLOWANCE))
+    error = abs(observed - 1.0)
+    ok = bool(error <= allowed)
+    detail = (f"printed / launcher-seen time {observed:.3f} over {len(timed) - 1} printed steps ({printed:.3f} s "
+              f"printed, {seen:.3f} s between their lines), {error:.1%} off; allowed {allowed:.1%} = tolerance "
+              f"{tolerance:.0%} + 3 × noise {max(noise_cv, 0):.1%} + line latency {latency:.1%}")  # fmt: skip
+    if finished.cpu_pressure is not None:
+        detail += f"; host CPU pressure {finished.cpu_pressure:.0%}"
+        if not ok and finished.cpu_pressure >= INTERFERENCE_RERUN:
+            detail += " (measured under interference: re-run, not a verdict)"
+    return ev.InvariantResult(name="timing", ok=ok, detail=detail, observed=observed, expected=1.0, tolerance=allowed)

@@ -127,7 +127,10 @@ class RunMeasurement:
     invariants: tuple[ev.InvariantResult, ...] = ()
     reason: str = ""
     coarse: bool = False
-    """Measured from outside (no probe): no loss curve, tokens or evals to compare."""
+    """Measured from outside (no probe): no tokens or evals to compare, and a loss curve only when the job
+    printed one (``loss_from_log``)."""
+    loss_from_log: bool = False
+    """Coarse: the loss curves were read from the job's printed output."""
     unchecked: tuple[str, ...] = ()
     """Invariants telemetry could not check on this run."""
     deterministic: bool | None = None
@@ -152,6 +155,7 @@ class RunMeasurement:
             eval_curve=tuple(m.eval_curve),
             invariants=tuple(m.invariants),
             coarse=m.coarse,
+            loss_from_log=m.loss_from_log,
             unchecked=tuple(u.name for u in m.unchecked_invariants),
             deterministic=m.deterministic,
         )
@@ -464,33 +468,30 @@ def _determinism_check(base: RunMeasurement, cand: RunMeasurement) -> ev.Invaria
 
 
 COARSE_PAIR_UNCHECKED = ("loss", "work.tokens", "work.eval")
-"""What a pair of coarse runs cannot compare: no probe reported loss, tokens or evals."""
+"""What a pair of coarse runs cannot compare: no probe reported tokens or evals, and the loss only when the
+job printed it (``coarse_pair_unchecked``)."""
+
+
+def coarse_pair_unchecked(run: RunMeasurement) -> tuple[str, ...]:
+    """What a coarse run leaves unchecked at verify: tokens and evals; the loss (and its trend) unless its
+    curve was read from the job's log."""
+    return COARSE_PAIR_UNCHECKED[1:] if run.loss_from_log else COARSE_PAIR_UNCHECKED
 
 
 def pair_invariants(baseline: RunMeasurement, candidate: RunMeasurement, rule: LossRule) -> list[ev.InvariantResult]:
     """What verify checks of a candidate run against the baseline run it was paired with.
 
-    A coarse pair (a job without a probe) compares only the optimiser steps counted in the output, when
-    both runs were counted; the rest is unchecked (``COARSE_PAIR_UNCHECKED``), never compared as empty."""
+    A coarse pair (a job without a probe) compares the optimiser steps counted in the output, when both
+    runs were counted, and the loss curves read from the job's log (and their trend), when both printed
+    one; the rest is unchecked (``coarse_pair_unchecked``), never compared as empty."""
     if baseline.coarse or candidate.coarse:
-        if "work.optimizer_steps" in baseline.unchecked + candidate.unchecked:
-            return []
-        return [_steps_pair_check(baseline, candidate)]
-    out = [
-        _curve_check("loss", "train loss", baseline.loss_curve, candidate.loss_curve, rule),
-    ]
-    if baseline.eval_curve:
-        out.append(
-            _curve_check("loss", "eval loss", baseline.eval_curve, candidate.eval_curve, rule, require_all=False)
-        )
-    if rule.trend is not None:
-        for what, base_curve, cand_curve in (
-            ("train loss", baseline.loss_curve, candidate.loss_curve),
-            ("eval loss", baseline.eval_curve, candidate.eval_curve),
-        ):
-            trend = _trend_check(what, base_curve, cand_curve, rule, rule.trend)
-            if trend is not None:
-                out.append(trend)
+        out = []
+        if "work.optimizer_steps" not in baseline.unchecked + candidate.unchecked:
+            out.append(_steps_pair_check(baseline, candidate))
+        if baseline.loss_from_log and candidate.loss_from_log:
+            out += _loss_pair_checks(baseline, candidate, rule)
+        return out
+    out = _loss_pair_checks(baseline, candidate, rule)
     if rule.parity.mode != "none":
         out.append(_parity_check(baseline, candidate, rule.parity))
     if rule.parity.mode == "bitwise":
@@ -517,6 +518,27 @@ def pair_invariants(baseline: RunMeasurement, candidate: RunMeasurement, rule: L
             expected=float(len(b_evals)),
         )
     )
+    return out
+
+
+def _loss_pair_checks(baseline: RunMeasurement, candidate: RunMeasurement, rule: LossRule) -> list[ev.InvariantResult]:
+    """The train loss curve (and the eval curve, where the baseline has one) with their trends; a coarse
+    baseline that printed no train loss is not compared on an empty curve."""
+    out = []
+    if baseline.loss_curve or not baseline.coarse:
+        out.append(_curve_check("loss", "train loss", baseline.loss_curve, candidate.loss_curve, rule))
+    if baseline.eval_curve:
+        out.append(
+            _curve_check("loss", "eval loss", baseline.eval_curve, candidate.eval_curve, rule, require_all=False)
+        )
+    if rule.trend is not None:
+        for what, base_curve, cand_curve in (
+            ("train loss", baseline.loss_curve, candidate.loss_curve),
+            ("eval loss", baseline.eval_curve, candidate.eval_curve),
+        ):
+            trend = _trend_check(what, base_curve, cand_curve, rule, rule.trend)
+            if trend is not None:
+                out.append(trend)
     return out
 
 
@@ -594,7 +616,8 @@ def decide(
                 unchecked.add(name)
                 unchecked_runs[name] = unchecked_runs.get(name, 0) + 1
         if run.coarse:
-            unchecked.update(COARSE_PAIR_UNCHECKED + (("loss.trend",) if loss_rule.trend is not None else ()))
+            from_log = run.loss_from_log
+            unchecked.update(coarse_pair_unchecked(run) + (("loss.trend",) if loss_rule.trend is not None and not from_log else ()))
             unchecked.update({"none": (), "tight": ("loss.parity",),
                               "bitwise": ("loss.parity", "parity.deterministic")}[loss_rule.parity.mode])
         if run.status != "ok":
@@ -615,7 +638,8 @@ def decide(
         checks = pair_invariants(base, cand, loss_rule)
         for result in checks:
             note(f"pair {pair + 1}", result)
-        if loss_rule.trend is not None and not (base.coarse or cand.coarse):
+        compares_loss = not (base.coarse or cand.coarse) or (base.loss_from_log and cand.loss_from_log)
+        if loss_rule.trend is not None and compares_loss:
             if not any(r.name == "loss.trend" for r in checks):
                 unchecked.add("loss.trend")  # too few compared steps to fit a trend
         a_times.append(base.step_time_s)

@@ -12,8 +12,11 @@ and noting when the step count went up, on the launcher's clock. The count rule 
   have both done 30) — what ``infrarsi scaffold`` writes for a plain script, whose base it cannot know;
 - without any of them, each matching line is one step.
 
-The count never goes down (a progress bar redrawn for another epoch does not undo steps). It derives no
-statistics: telemetry turns the counts into a measurement.
+The count never goes down (a progress bar redrawn for another epoch does not undo steps). Each line is also
+read for the train and eval loss and, on a step line (the step pattern matched), the step time the job printed
+(``infrarsi.joblog``: its default patterns and the contract's); a loss belongs to the step count reached
+with its line, the last print of a step winning. It derives no statistics: telemetry turns the counts,
+losses and printed times into a measurement.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import time
 from pathlib import Path
 
 from infrarsi import events as ev
+from infrarsi.joblog import LogPatterns, read_line
 
 _LINE_END = re.compile(rb"[\r\n]")
 
@@ -31,16 +35,39 @@ _LINE_END = re.compile(rb"[\r\n]")
 class OutputSteps:
     """Step counts read from output text, fed in pieces as it arrives."""
 
-    def __init__(self, pattern: str) -> None:
-        self.regex = re.compile(pattern)
+    def __init__(self, pattern: str | None, log: LogPatterns | None = None) -> None:
+        self.regex = re.compile(pattern) if pattern is not None else None
+        self.log = log
         self.steps_done = 0
         self.seen: list[ev.OutputStep] = []
         self.first_number: int | None = None  # the ``number`` group's first value: 0 means counted from 0
+        self.losses: dict[int, float] = {}
+        self.eval_losses: dict[int, float] = {}
+        self.step_times: list[ev.PrintedStepTime] = []
 
     def feed_line(self, line: str, seen_s: float) -> None:
-        match = self.regex.search(line)
-        if match is None:
+        counted = self._count(line, seen_s)
+        if self.log is None:
             return
+        said = read_line(line, self.log, is_step_line=counted)
+        if said.loss is not None:
+            self.losses[self.steps_done] = said.loss
+        if said.eval_loss is not None:
+            self.eval_losses[self.steps_done] = said.eval_loss
+        if said.step_time_s is not None:
+            self.step_times.append(ev.PrintedStepTime(seen_s, said.step_time_s))
+
+    def loss_curve(self) -> list[ev.LossPoint]:
+        return [ev.LossPoint(step, loss) for step, loss in sorted(self.losses.items())]
+
+    def eval_curve(self) -> list[ev.LossPoint]:
+        return [ev.LossPoint(step, loss) for step, loss in sorted(self.eval_losses.items())]
+
+    def _count(self, line: str, seen_s: float) -> bool:
+        """Count the steps ``line`` says are done; whether it is a step line (the step pattern matched)."""
+        match = self.regex.search(line) if self.regex is not None else None
+        if match is None:
+            return False
         groups = match.groupdict()
         if groups.get("step") is not None:
             done = int(groups["step"])
@@ -56,6 +83,7 @@ class OutputSteps:
         if done > self.steps_done:
             self.steps_done = done
             self.seen.append(ev.OutputStep(steps_done=done, seen_s=seen_s))
+        return True
 
     def feed_text(self, text: str, seen_s: float) -> None:
         for line in re.split(r"[\r\n]", text):

@@ -50,7 +50,7 @@ from typing import Any
 
 import msgspec
 import yaml
-from infrarsi import credentials, fswatch, metrics, procs, stats, tracing, workspace
+from infrarsi import credentials, fswatch, inputs, metrics, procs, stats, tracing, workspace
 from infrarsi import events as ev
 from infrarsi.backends import Backend, JobHandle, JobResult, JobSpec, SubmitError, backend_class, make_backend
 from infrarsi.backends.base import read_json_record
@@ -95,6 +95,8 @@ class Study:
     baseline_ref: str
     locked_files: dict[str, str]
     cluster: ev.ClusterInfo
+    locked_inputs: dict[str, str] = field(default_factory=dict)
+    """The fingerprints of the workload's inputs outside git at ``init`` (``infrarsi.inputs``)."""
     agent_patches: dict[str, str] = field(default_factory=dict)
     """Diffs the study's language model proposed and the proposer's checks accepted (``AgentAnswered``), by
     patch id: patches of this study beside the library, applied with the same checks."""
@@ -299,6 +301,7 @@ class LauncherService(Service):
             baseline_ref=created.baseline_ref,
             locked_files=dict(created.locked_files),
             cluster=created.cluster,
+            locked_inputs=dict(created.locked_inputs),
         )
 
     async def _trial(self, event: ev.Event, proposed: ev.TrialProposed, out: Outbox) -> None:
@@ -400,11 +403,14 @@ class LauncherService(Service):
         )
         if not result.ok:
             raise Refused(result.kind or "scope_violation", f"patch {result.patch or '(set)'}: {result.reason}")
+        await asyncio.to_thread(self._place_inputs, study, contract, worktree)
 
         trial_contract = contract.model_copy(
             update={"workload": contract.workload.model_copy(update={"repo": worktree})}
         )
-        launch_path = tdir / "launch.yaml"
+        # the per-trial copy keeps the golden file's format: a job that reads its JSON config reads JSON
+        as_json = (contract.workload.launch_file or "").endswith(".json")
+        launch_path = tdir / ("launch.json" if as_json else "launch.yaml")
         probe_dir = tdir / "probe"
         try:
             launch = trial_contract.trial_launch(
@@ -414,7 +420,8 @@ class LauncherService(Service):
         except (LaunchValueError, OSError) as exc:
             raise Refused("scope_violation", str(exc)) from None
         if launch.launch_file is not None:
-            launch_path.write_text(yaml.safe_dump(launch.launch_file, sort_keys=False))
+            launch_path.write_text(json.dumps(launch.launch_file, indent=2) if as_json
+                                   else yaml.safe_dump(launch.launch_file, sort_keys=False))  # fmt: skip
         shutil.rmtree(probe_dir, ignore_errors=True)
         probe_dir.mkdir(parents=True)
         spec = JobSpec(
@@ -449,8 +456,36 @@ class LauncherService(Service):
                 ranks=spec.ranks, host=handle.host, job_id=handle.job_id,
             )
         )  # fmt: skip
-        return await self._follow_job(backend, handle, time.monotonic(), (stall_before, harness_before), candidate,
-                                      study)
+        finished = await self._follow_job(backend, handle, time.monotonic(), (stall_before, harness_before), candidate,
+                                          study)  # fmt: skip
+        written = await asyncio.to_thread(self._inputs_drift, study, contract)
+        if written and finished.status not in ("scope_violation", "cancelled"):
+            finished = msgspec.structs.replace(finished, status="scope_violation", reason=(
+                "the trial changed its read-only inputs: " + "; ".join(written[:5])))  # fmt: skip
+        return finished
+
+    @staticmethod
+    def _inputs_drift(study: Study, contract: Contract) -> list[str]:
+        workload = contract.workload
+        if not workload.inputs:
+            return []
+        return inputs.changed(workload.repo, workload.inputs, study.locked_inputs,
+                              hash_limit_bytes=workload.inputs_hash_limit_bytes)  # fmt: skip
+
+    def _place_inputs(self, study: Study, contract: Contract, worktree: Path) -> None:
+        """The workload's inputs outside git, unchanged since ``init``, linked into the trial's worktree."""
+        workload = contract.workload
+        if not workload.inputs:
+            return
+        drift = self._inputs_drift(study, contract)
+        if drift:
+            raise Refused("scope_violation", "data_change: the job's inputs changed since init, so the golden "
+                          "baseline's data is not this trial's (a data change needs a new study and the loss "
+                          "re-verified): " + "; ".join(drift[:5]))  # fmt: skip
+        try:
+            inputs.link_inputs(workload.repo, worktree, workload.inputs)
+        except (inputs.InputError, OSError) as exc:
+            raise Refused("crash", f"the job's inputs could not be placed in the trial: {exc}") from None
 
     async def _reattach(
         self, submitted: dict[str, Any], candidate: ev.Candidate, study: Study, tdir: Path
@@ -488,15 +523,18 @@ class LauncherService(Service):
             tail = ProbeTail(spec.state_dir / "probe" / "probe-rank0.jsonl", t0)
             tailing = asyncio.create_task(_follow(tail))
             output = _output_tail(study.contract, spec.state_dir, t0)
+            # a coarse job's lines are timed as they appear (woken by inotify), not when the loop below polls
+            # the job: at a 50 ms poll, 25 ms steps read as bursts and the printed times as 40 % off
+            following = asyncio.create_task(_follow_output(output)) if output is not None else None
             try:
                 while not await asyncio.to_thread(backend.poll, handle):
                     if time.monotonic() - t0 > timeout_s:
                         await asyncio.to_thread(backend.cancel, handle, f"timeout: still running after {timeout_s:g}s")
-                    if output is not None:
-                        output.poll()
                     await asyncio.sleep(POLL_S)
             finally:
                 tailing.cancel()
+                if following is not None:
+                    following.cancel()
             tail.poll()
             job = await asyncio.to_thread(backend.collect, handle)
         finally:
@@ -675,11 +713,12 @@ class LauncherService(Service):
 
 
 def _output_tail(contract: Contract, tdir: Path, t0: float) -> OutputTail | None:
-    """For a coarse trial with a step pattern: a tail of rank 0's output (the backend's ``node0.log``)."""
+    """For a coarse trial: a tail of rank 0's output (the backend's ``node0.log``), counting steps by the
+    contract's step pattern and reading the losses and step times the job prints."""
     measurement = contract.workload.measurement
-    if measurement.kind != "coarse" or measurement.step_regex is None:
+    if measurement.kind != "coarse":
         return None
-    return OutputTail(tdir / "node0.log", t0, OutputSteps(measurement.step_regex))
+    return OutputTail(tdir / "node0.log", t0, OutputSteps(measurement.step_regex, measurement.log_patterns()))
 
 
 def _with_output_steps(finished: ev.TrialFinished, output: OutputTail, job: JobResult) -> ev.TrialFinished:
@@ -694,6 +733,9 @@ def _with_output_steps(finished: ev.TrialFinished, output: OutputTail, job: JobR
         finished,
         steps_completed=output.counter.steps_done,
         output_steps=list(seen),
+        output_losses=output.counter.loss_curve(),
+        output_eval_losses=output.counter.eval_curve(),
+        output_step_times=list(output.counter.step_times),
         warmup_accelerator_s=finished.ranks * warmup_end,
         steady_accelerator_s=finished.ranks * (finished.wall_s - warmup_end),
     )
@@ -710,6 +752,22 @@ async def _follow(tail: ProbeTail) -> None:
                 await watch.changed(WATCH_TIMEOUT_S)
             else:
                 await asyncio.sleep(tail.interval_s())
+    finally:
+        if watch is not None:
+            watch.close()
+
+
+async def _follow_output(output: OutputTail) -> None:
+    """Read a coarse job's output as soon as it grows, so each line's time is the launcher's clock when it
+    appeared (the job's Python runs unbuffered: ``PYTHONUNBUFFERED``). Woken by inotify, else polled."""
+    watch = fswatch.DirectoryWatch.open(output.file.path.parent)
+    try:
+        while True:
+            output.poll()
+            if watch is not None:
+                await watch.changed(WATCH_TIMEOUT_S)
+            else:
+                await asyncio.sleep(TAIL_S)
     finally:
         if watch is not None:
             watch.close()

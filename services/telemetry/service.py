@@ -50,6 +50,16 @@ COMPLETE_GRACE_S = 15.0
 BASELINE_KINDS = ("baseline", "doctor")
 
 
+def defines_work(kind: ev.TrialKind, proposed: ev.TrialProposed | None, *, coarse: bool) -> bool:
+    """Whether a trial runs the untouched baseline whose measured work candidates are held to: the baseline
+    and the doctor's runs, and for a coarse study also verify's baseline arm (the untouched job at verify's
+    horizon, where a coarse count is the job's own numbering and the contract's horizon only a request)."""
+    if kind in BASELINE_KINDS:
+        return True
+    return (coarse and proposed is not None and proposed.origin == "baseline" and not proposed.candidate.knobs
+            and not proposed.candidate.patches)  # fmt: skip
+
+
 @dataclass
 class StudyState:
     spec: stats.InvariantSpec
@@ -63,6 +73,9 @@ class StudyState:
     """Coarse: the contract gives a step pattern, so the launcher counted steps in the output."""
     baselines: dict[int, tuple[str, stats.Series]] = field(default_factory=dict)
     """Horizon → (trial id, series) of the study's first successful baseline at that horizon."""
+    coarse_baselines: dict[int, ev.TrialMeasured] = field(default_factory=dict)
+    """Coarse: horizon → the study's first successful baseline measurement at that horizon (its counted
+    steps and printed loss are what candidates are held to)."""
     stop_slow_factor: float | None = None
     """The contract's ``budget.stop_slow_factor``: ``None`` never stops a trial as slow."""
     noise_cv: float | None = None
@@ -107,7 +120,7 @@ class TelemetryService(Service):
     # ---------------------------------------------------------------- lifecycle
 
     async def start(self) -> None:
-        baseline_measures: list[tuple[str, str, ev.TrialMeasured]] = []
+        baseline_measures: list[tuple[str, str, int | None]] = []
         stop_requested: set[str] = set()
         async for event in self.replay(self.lifecycle_replayed):
             match event.payload:
@@ -115,11 +128,18 @@ class TelemetryService(Service):
                     stop_requested.add(event.trial_id or "")
                 case ev.TrialMeasured() as measured:
                     self.measured.add(event.trial_id or "")
-                    self.trials.pop(event.trial_id or "", None)
-                    if (study := self.studies.get(event.study_id)) is not None:
+                    replayed = self.trials.pop(event.trial_id or "", None)
+                    proposed = replayed.proposed if replayed is not None else None
+                    study = self.studies.get(event.study_id)
+                    if study is not None:
                         study.saw(event.trial_id or "", measured)
-                    if measured.kind in BASELINE_KINDS and measured.status == "ok":
-                        baseline_measures.append((event.study_id, event.trial_id or "", measured))
+                    if defines_work(measured.kind, proposed, coarse=measured.coarse) and measured.status == "ok":
+                        horizon = (proposed.steps if proposed is not None and proposed.steps else None) or (
+                            study.steps if study is not None else None)
+                        if measured.coarse and study is not None and horizon is not None:
+                            study.coarse_baselines.setdefault(horizon, measured)
+                        else:
+                            baseline_measures.append((event.study_id, event.trial_id or "", horizon))
                 case _:
                     self._apply(event)
         # steps of trials still to measure, and of each study's baseline, come back from the telemetry stream
@@ -127,13 +147,12 @@ class TelemetryService(Service):
             trial.stop_requested = trial_id in stop_requested
             for step in await self._replay_steps(trial.study_id, trial_id):
                 self._add_step(trial, step)
-        for study_id, trial_id, _measured in baseline_measures:
+        for study_id, trial_id, horizon in baseline_measures:
             study = self.studies.get(study_id)
             if study is None:
                 continue
             series = stats.summarise(await self._replay_steps(study_id, trial_id))
-            horizon = series.optimizer_steps
-            study.baselines.setdefault(horizon, (trial_id, series))
+            study.baselines.setdefault(horizon if horizon is not None else series.optimizer_steps, (trial_id, series))
         self._sweeper = asyncio.create_task(self._sweep(), name="telemetry-sweeper")
         log.info("telemetry ready", studies=len(self.studies), pending=len(self.trials), measured=len(self.measured))
 
@@ -288,13 +307,14 @@ class TelemetryService(Service):
             proposed = trial.proposed
             kind: ev.TrialKind = proposed.kind if proposed else "search"
             horizon = (proposed.steps if proposed and proposed.steps else None) or study.steps
-            is_baseline = kind in BASELINE_KINDS
+            is_baseline = defines_work(kind, proposed, coarse=study.coarse)
             reference = None if is_baseline else study.baselines.get(horizon, (None, None))[1]
             series: stats.Series | None = None
             if study.coarse:
                 measured = stats.measure_coarse(
                     trial.finished, candidate_key=proposed.candidate_key if proposed else "", kind=kind,
                     horizon=horizon, spec=study.spec, counts_steps=study.counts_steps, is_baseline=is_baseline,
+                    baseline=None if is_baseline else study.coarse_baselines.get(horizon),
                 )  # fmt: skip
             else:
                 measured, series = stats.measure(
@@ -306,6 +326,7 @@ class TelemetryService(Service):
                     spec=study.spec,
                     baseline=reference,
                     peak_flops_per_device=study.peak_flops,
+                    is_baseline=is_baseline,
                 )
             event = ev.make_event(
                 measured,
@@ -323,6 +344,8 @@ class TelemetryService(Service):
         study.saw(trial_id, measured)
         if is_baseline and series is not None and measured.status == "ok" and horizon not in study.baselines:
             study.baselines[horizon] = (trial_id, series)
+        if is_baseline and measured.coarse and measured.status == "ok":
+            study.coarse_baselines.setdefault(horizon, measured)
         log.info(
             "trial measured", trial_id=trial_id, status=measured.status, step_time_s=round(measured.step_time_s, 4),
             invariants_ok=measured.invariants_ok, forced=forced,

@@ -1,7 +1,7 @@
 """``infrarsi trial`` on examples/torchrun as a user runs it: a plain flag-driven ``torchrun train.py`` script
 with no callback and nothing of InfraRSI, whose contract keeps the step pattern ``infrarsi scaffold`` wrote.
-The trial is measured coarsely; the steps are counted in the script's own ``step N | loss …`` line, and a
-loop that stops at half the steps is rejected by name. Short horizons keep it in the default suite; both
+The trial is measured coarsely; the steps, the loss and the step time are read from the script's own
+``step N | loss … | … ms`` line, and a loop that stops at half the steps is rejected by name. Short horizons keep it in the default suite; both
 tests share one data directory, so the study and its baseline are made once.
 """
 
@@ -47,7 +47,10 @@ def test_trial_counts_the_plain_scripts_steps_with_the_scaffolds_pattern(data_di
         assert m["peak_memory_bytes"][0] > 10 << 20  # torch's resident memory, the process tree's peak
         assert 0 < m["step_time_s"] < f["wall_s"]
     unchecked = {u["name"] for u in report["candidate"][0]["measured"]["unchecked_invariants"]}
-    assert unchecked == {"work.tokens", "loss", "timing"}  # named, never passed
+    assert unchecked == {"work.tokens"}  # named, never passed
+    # the loss and step times the script prints ("step 0 | loss 5.5452 | 812.3 ms") are read and checked
+    checked = {i["name"]: i for i in report["candidate"][0]["measured"]["invariants"]}
+    assert "read from the job's log" in checked["loss"]["detail"] and "printed" in checked["timing"]["detail"], checked
     assert code == 0, report
 
 

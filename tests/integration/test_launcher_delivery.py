@@ -106,3 +106,18 @@ async def test_an_injecting_value_is_refused_before_anything_runs(harness, tmp_p
     assert finished.status == "scope_violation"
     assert finished.reason.startswith("optim: knob optim: value"), finished.reason
     assert "TrialLaunched" not in harness.events[trial]
+
+
+async def test_a_json_config_file_is_copied_per_trial_as_json(harness, tmp_path) -> None:
+    """Issue 35: a job that reads a JSON config the command names gets a JSON copy with the knobs set."""
+    contract = workload(
+        tmp_path, "launch_file", ["--config", "{launch_file}"],
+        {"data.batch_size": {"type": "int", "choices": [4, 8]}}, steps_key="trainer.max_steps", launch_file="recipe.json",
+    )  # fmt: skip
+    repo = tmp_path / "workload"
+    (repo / "recipe.json").write_text(json.dumps({"trainer": {"max_steps": 100}, "data": {"batch_size": 8, "path": "d"}}))
+    commit_all(repo)
+    seen = await run_trial(harness, contract, {"data.batch_size": 4})
+    assert seen["argv"][0] == "--config" and seen["argv"][1].endswith("launch.json")
+    copy = json.loads(Path(seen["argv"][1]).read_text())  # JSON, as the job's json.load needs
+    assert copy == {"trainer": {"max_steps": 3}, "data": {"batch_size": 4, "path": "d"}}

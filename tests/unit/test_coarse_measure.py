@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import pytest
 from infrarsi import events as ev
 from infrarsi import stats
@@ -139,3 +140,97 @@ def test_a_coarse_round_names_unchecked_invariants_and_never_compares_empty_curv
     done = vf.decide(_round(uncounted), passes_before=0, passes_required=1, loss_rule=RULE)
     assert "work.optimizer_steps" in done.unchecked_invariants
     assert {i.name for i in done.invariants} == {"scope"}
+
+
+# --------------------------------------------------------------------------------------------------
+# The golden baseline defines the work; the loss and step times come from the log (issue 35)
+# --------------------------------------------------------------------------------------------------
+
+
+def logged(*, steps: int, losses: list[float], printed_s: float = 0.5, eval_every: int = 0, wall: float = 20.0) -> ev.TrialFinished:
+    """A coarse run whose output counted ``steps`` (one a second after 1 s) and printed these losses."""
+    return msgspec.structs.replace(
+        finished(steps=steps, seen=[(n, 1.0 + 0.5 * (n - 1)) for n in range(1, steps + 1)], wall=wall),
+        output_losses=[ev.LossPoint(n, loss) for n, loss in enumerate(losses, 1)],
+        output_eval_losses=[ev.LossPoint(n, losses[n - 1]) for n in range(1, steps + 1, eval_every)] if eval_every else [],
+        output_step_times=[ev.PrintedStepTime(1.0 + 0.5 * (n - 1), printed_s) for n in range(1, steps + 1)],
+    )  # fmt: skip
+
+
+EVERY_STEP = stats.InvariantSpec(loss_tolerance=0.05, loss_at="every_step")
+
+
+def coarse(f: ev.TrialFinished, *, baseline: ev.TrialMeasured | None = None, horizon: int = 30,
+           kind: ev.TrialKind = "search") -> ev.TrialMeasured:  # fmt: skip
+    return stats.measure_coarse(f, candidate_key="k", kind=kind, horizon=horizon, spec=EVERY_STEP, counts_steps=True,
+                                is_baseline=kind in ("baseline", "doctor"), baseline=baseline)  # fmt: skip
+
+
+def test_the_untouched_baseline_defines_the_work_it_is_never_rejected_for() -> None:
+    # nanoGPT runs max_iters + 1 iterations: 31 counted at a horizon of 30
+    base = coarse(logged(steps=31, losses=[4.0 - n / 100 for n in range(31)]), kind="baseline")
+    steps = {i.name: i for i in base.invariants}["work.optimizer_steps"]
+    assert base.status == "ok" and steps.ok and "defines the work" in steps.detail, steps
+    # a candidate doing the same work passes; one stopping at the contract's horizon does not
+    same = coarse(logged(steps=31, losses=[4.0 - n / 100 for n in range(31)]), baseline=base)
+    assert same.status == "ok", same.invariants
+    assert "the golden baseline counted 31 at horizon 30" in {i.name: i for i in same.invariants}["work.optimizer_steps"].detail
+    short = coarse(logged(steps=30, losses=[4.0 - n / 100 for n in range(30)]), baseline=base)
+    assert short.status == "invariant_violation"
+    assert [i.name for i in short.invariants if not i.ok] == ["work.optimizer_steps"]
+    # a baseline that counted nothing defines nothing
+    assert coarse(logged(steps=0, losses=[]), kind="baseline").status == "invariant_violation"
+
+
+def test_the_loss_read_from_the_log_is_checked_against_the_baselines() -> None:
+    curve = [4.0 - n / 100 for n in range(31)]
+    base = coarse(logged(steps=31, losses=curve), kind="baseline")
+    assert base.loss_from_log and base.loss_curve[0] == ev.LossPoint(1, 4.0)
+    same = coarse(logged(steps=31, losses=[v * 1.01 for v in curve]), baseline=base)
+    loss = {i.name: i for i in same.invariants}["loss"]
+    assert loss.ok and "read from the job's log" in loss.detail and same.loss_from_log
+    assert "loss" not in {u.name for u in same.unchecked_invariants}
+    drifted = coarse(logged(steps=31, losses=curve[:20] + [v * 1.2 for v in curve[20:]]), baseline=base)
+    assert drifted.status == "invariant_violation" and [i.name for i in drifted.invariants if not i.ok] == ["loss"]
+    # a job that prints no loss leaves it unchecked, by name
+    silent = coarse(msgspec.structs.replace(logged(steps=31, losses=curve), output_losses=[]), baseline=base)
+    assert "no loss read from the job's output" in {u.name: u.reason for u in silent.unchecked_invariants}["loss"]
+
+
+def test_printed_step_times_are_held_against_the_launchers_clock() -> None:
+    base = coarse(logged(steps=31, losses=[4.0] * 31, printed_s=0.5), kind="baseline")  # launcher: 0.5 s/step
+    timing = {i.name: i for i in base.invariants}["timing"]
+    assert timing.ok and timing.observed == pytest.approx(1.0), timing
+    # a job whose printed times undercount the step (a clock that skips part of it) is caught
+    lying = coarse(logged(steps=31, losses=[4.0] * 31, printed_s=0.3), baseline=base)
+    assert lying.status == "invariant_violation" and [i.name for i in lying.invariants if not i.ok] == ["timing"]
+    # nothing printed: unchecked, by name
+    quiet = coarse(msgspec.structs.replace(logged(steps=31, losses=[4.0] * 31), output_step_times=[]), baseline=base)
+    assert "timing" in {u.name for u in quiet.unchecked_invariants}
+
+
+def test_a_coarse_verify_round_compares_the_logged_loss() -> None:
+    curve = tuple(ev.LossPoint(n, 4.0 - n / 100) for n in range(1, 21))
+
+    def run(trial_id: str, arm: vf.Arm, pair: int, t: float, scale: float) -> vf.RunMeasurement:
+        checks = (ev.InvariantResult(name="scope", ok=True, detail="in scope"),)
+        return vf.RunMeasurement(trial_id=trial_id, arm=arm, pair=pair, status="ok", step_time_s=t, optimizer_steps=20,
+                                 tokens=0, invariants=checks, coarse=True, loss_from_log=True, unchecked=("work.tokens",),
+                                 loss_curve=tuple(ev.LossPoint(p.step, p.loss * scale) for p in curve))  # fmt: skip
+
+    runs = [run(f"{arm}{i}", arm, i, t, s) for i in range(3) for arm, t, s in (("baseline", 1.0, 1.0), ("candidate", 0.8, 1.001))]
+    done = vf.decide(_round(runs), passes_before=0, passes_required=1, loss_rule=RULE)
+    assert "loss" in {i.name for i in done.invariants} and "loss" not in done.unchecked_invariants
+    assert done.promotable
+    runs = [run(f"{arm}{i}", arm, i, t, s) for i in range(3) for arm, t, s in (("baseline", 1.0, 1.0), ("candidate", 0.8, 1.1))]
+    bad = vf.decide(_round(runs), passes_before=0, passes_required=1, loss_rule=RULE)
+    assert bad.failed_invariants == ["loss"] and not bad.promotable
+
+
+def test_a_printed_time_mismatch_under_cpu_pressure_is_a_rerun_not_a_verdict() -> None:
+    base = coarse(logged(steps=31, losses=[4.0] * 31), kind="baseline")
+    loaded = msgspec.structs.replace(logged(steps=31, losses=[4.0] * 31, printed_s=0.3), cpu_pressure=0.6)
+    m = coarse(loaded, baseline=base)
+    assert m.interfered and m.status == "invariant_violation"
+    assert "measured under interference" in {i.name: i for i in m.invariants}["timing"].detail
+    assert not coarse(logged(steps=31, losses=[4.0] * 31, printed_s=0.3), baseline=base).interfered

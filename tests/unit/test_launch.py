@@ -258,3 +258,12 @@ def test_a_flag_contract_becomes_a_search_space_with_the_golden_baseline(tmp_pat
     assert dict(study.baseline.knobs) == {"batch_size": 8, "bf16": False}  # argparse's names; the golden values
     assert study.kb.canonical("batch_size") == "micro_batch"  # so the micro-batch prior applies
     assert study.to_event(study.baseline) == ev.Candidate()  # the golden command is the baseline candidate
+
+
+def test_a_flag_the_golden_lacks_goes_before_a_bare_double_dash() -> None:
+    """Issue 35: what follows ``--`` is the job's positionals; an appended knob flag must not land there."""
+    from infrarsi.launch import argv_with
+
+    golden = ["py", "train.py", "cfg.yaml", "--compile", "--lr", "1", "--", "extra"]
+    assert argv_with(golden, {"batch_size": 4, "compile": False}) == ["py", "train.py", "cfg.yaml", "--lr", "1",
+                                                                      "--batch_size", "4", "--", "extra"]  # fmt: skip

@@ -151,6 +151,29 @@ def test_a_coarse_study_says_so_and_names_what_went_unchecked(tmp_path):
     con.close()
 
 
+def test_a_coarse_study_whose_loss_came_from_the_log_says_so(tmp_path):
+    """Issue 35: a coarse job that prints its loss is checked on it, and the report says where it came from."""
+    import msgspec
+    from infrarsi import events as ev
+
+    unchecked = [ev.UncheckedInvariant(name="work.tokens", reason="no probe")]
+    events = []
+    for event in synthetic_study("c2", write_workload(tmp_path / "workload"), seed=3):
+        if isinstance(event.payload, ev.TrialMeasured):
+            event = msgspec.structs.replace(event, payload=msgspec.structs.replace(
+                event.payload, coarse=True, unchecked_invariants=unchecked, loss_from_log=True))  # fmt: skip
+        events.append(event)
+    con = duckdb.connect(str(tmp_path / "analyst.duckdb"))
+    load_events(con, list(enumerate(events, start=1)))
+    report = build_report(con, "c2")
+    measured = [t for t in report.trials if t.step_time_s]
+    assert measured and all(t.loss_from_log for t in measured)
+    md = render_markdown(report, tmp_path / "r.md")[0].read_text()
+    assert f"The LOSS of {len(measured)} of these trials was READ FROM THE JOB'S LOG" in md
+    assert "UNCHECKED invariants (never counted as held): work.tokens." in md
+    con.close()
+
+
 def test_a_probed_trial_with_timing_unchecked_is_named_in_the_report(tmp_path):
     """A trial with a probe but too few steady steps for the timing check: the report names the invariant
     unchecked on that trial instead of counting it as held (and says nothing of coarse measurement)."""

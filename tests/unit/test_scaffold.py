@@ -245,14 +245,13 @@ def test_choices_that_would_read_as_flags_are_not_searched(tmp_path: Path) -> No
         (["python", "train.py", "|", "tee", "log"], "shell syntax"),
         (["bash", "-c", "python train.py"], "runs a shell"),
         (["python", "-c", "print(1)"], "python -c"),
-        (["python", "-m", "mypkg.train"], "python -m MODULE"),
-        (["accelerate", "launch", "train.py"], "not a launcher the scaffold knows"),
         (["torchrun", "--no-python", "train.py"], "--no-python"),
+        (["accelerate", "config"], "only `accelerate launch"),
+        (["accelerate", "launch", "--num_processes"], "needs a value"),
+        (["srun", "-n", "1", "hostname"], "srun without a python"),
         (["torchrun", "--nproc-per-node", "gpu", "train.py"], "give a number"),
         (["python", "missing.py"], "is not a file"),
         (["python", "../train.py"], "outside the repository"),
-        (["python", "train.py", "data.txt", "--lr", "1"], "positional arguments"),
-        (["python", "train.py", "--lr", "1", "--", "x"], "positional arguments"),
         (["python", "train.py", "--x", "$(rm -rf /)"], "shell syntax"),
     ],
 )  # fmt: skip
@@ -280,3 +279,120 @@ def test_cli_writes_the_draft_and_never_overwrites(tmp_path: Path, capsys) -> No
     assert "exists; pass --force" in capsys.readouterr().err and out.read_text() == before
     assert main(["scaffold", "--repo", str(repo), "--", "bash", "-c", "x"]) == 2
     assert "error: the command runs a shell" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------------------
+# Commands as their authors wrote them (issue 35)
+# --------------------------------------------------------------------------------------------------
+
+
+def test_a_positional_config_file_stays_where_it_was_and_values_keep_their_spelling(tmp_path: Path) -> None:
+    from support.gptlike_job import GOLDEN_COMMAND, make_gptlike_repo
+
+    repo = make_gptlike_repo(tmp_path / "gpt")
+    text, report = scaffold(GOLDEN_COMMAND, repo, contract_dir=tmp_path)
+    contract = accepted(tmp_path, text, tmp_path)
+    w = contract.workload
+    assert w.command[:3] == ["{python}", "train.py", "config/train_tiny.py"] and w.knobs_via == "argv"
+    assert "positional arguments kept as written: config/train_tiny.py" in report.notes
+    assert w.steps_key == "max_iters" and set(contract.search_space.knobs) == {"batch_size", "compile"}
+    argv = contract.trial_launch({"batch_size": 4, "compile": True}, 6, python="py", launch_file=None,
+                                 probe_dir="p").argv  # fmt: skip
+    # the config file is still the first argument; a Python literal stays one; the horizon replaces the golden's
+    assert argv[:3] == ["py", "train.py", "config/train_tiny.py"]
+    assert "--compile=True" in argv and "--batch_size=4" in argv and "--gradient_accumulation_steps=2" in argv
+    assert "--max_iters=6" in argv and "--learning_rate=1e-2" in argv
+    off = contract.trial_launch({"compile": False}, 6, python="py", launch_file=None, probe_dir="p").argv
+    assert "--compile=False" in off
+
+
+def test_config_file_with_overrides_keeps_the_file_and_replaces_the_items(tmp_path: Path) -> None:
+    repo = repo_with(tmp_path, "import omegaconf\n", name="run.py")
+    command = ["python", "run.py", "recipe.yaml", "--config", "recipe.yaml", "trainer.max_steps=100",
+               "data.batch_size=8", "trainer.accumulate_grad_batches=1"]  # fmt: skip
+    (repo / "recipe.yaml").write_text("trainer: {max_steps: 100}\n")
+    subprocess.run(["git", "-C", str(repo), "add", "."], check=True)
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "cfg"], check=True)
+    text, report = scaffold(command, repo)
+    contract = accepted(tmp_path, text, repo)
+    assert contract.workload.knobs_via == "overrides"
+    assert "positional arguments kept as written: recipe.yaml" in report.notes
+    argv = contract.trial_launch({"data.batch_size": 4}, 5, python="py", launch_file=None, probe_dir="p").argv
+    assert argv == ["py", "run.py", "recipe.yaml", "--config", "recipe.yaml", "trainer.max_steps=5",
+                    "data.batch_size=4", "trainer.accumulate_grad_batches=2"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("command", "head", "kind"),
+    [
+        (["accelerate", "launch", "--num_processes", "1", "--cpu", "train.py"],
+         ["{python}", "-m", "accelerate.commands.launch", "--num_processes", "1", "--cpu", "train.py"], "python"),
+        (["deepspeed", "--num_gpus=1", "train.py"], ["{python}", "-m", "deepspeed.launcher.runner", "--num_gpus=1", "train.py"],
+         "python"),
+        (["python", "-m", "torch.distributed.run", "--nproc-per-node", "2", "train.py"], ["{python}", "train.py"], "torchrun"),
+        (["torchrun", "--nproc-per-node", "2", "-m", "pkg.train"], ["{python}", "-m", "pkg.train"], "torchrun"),
+        (["python", "-m", "pkg.train"], ["{python}", "-m", "pkg.train"], "python"),
+        (["srun", "-N", "1", "--ntasks", "1", "python", "train.py"], ["{python}", "train.py"], "python"),
+    ],
+)  # fmt: skip
+def test_launcher_wrappers_are_recognised(tmp_path: Path, command: list[str], head: list[str], kind: str) -> None:
+    repo = repo_with(tmp_path, PLAIN)
+    (repo / "pkg").mkdir()
+    (repo / "pkg" / "train.py").write_text(PLAIN)
+    subprocess.run(["git", "-C", str(repo), "add", "."], check=True)
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "pkg"], check=True)
+    text, report = scaffold([*command, "--batch_size", "8", "--grad_accum", "1", "--max_steps", "100"], repo)
+    contract = accepted(tmp_path, text, repo)
+    written = [*head, "--batch_size", "8", "--grad_accum", "1", "--max_steps", "100"]
+    assert contract.workload.command[: len(written)] == written  # then the searched flags' defaults, made explicit
+    assert contract.workload.launcher.kind == kind
+    # the script (or the module's file) was read: its declared knobs are searched
+    assert {"batch_size", "bf16", "attention"} <= set(contract.search_space.knobs), report
+
+
+def test_an_installed_tool_runs_as_written(tmp_path: Path) -> None:
+    repo = repo_with(tmp_path, "train: {max_steps: 100}\n", name="cfg.yaml")
+    text, report = scaffold(["litgpt", "pretrain", "--config", "cfg.yaml", "--train.micro_batch_size", "4",
+                             "--train.max_steps", "100"], repo)  # fmt: skip
+    contract = accepted(tmp_path, text, repo)
+    assert contract.workload.command[:4] == ["litgpt", "pretrain", "--config", "cfg.yaml"]
+    assert contract.workload.steps_key == "train.max_steps"
+    assert any("not a file of the repository" in n for n in report.notes)
+
+
+def test_data_outside_git_is_listed_as_inputs(tmp_path: Path) -> None:
+    from support.gptlike_job import GOLDEN_COMMAND, make_gptlike_repo
+
+    repo = make_gptlike_repo(tmp_path / "gpt")
+    (repo / "out").mkdir()
+    (repo / "out" / "ckpt.pt").write_text("an earlier run's output")
+    (repo / "__pycache__").mkdir(exist_ok=True)
+    (repo / "__pycache__" / "x.pyc").write_text("")
+    text, report = scaffold([*GOLDEN_COMMAND, "--out_dir=out"], repo, contract_dir=tmp_path)
+    assert report.inputs == ["data"]  # ignored by .gitignore; out/ is the job's output, caches are not inputs
+    contract = accepted(tmp_path, text, tmp_path)
+    assert contract.workload.inputs == ["data"]
+    assert "#   data" in text
+
+
+@pytest.mark.parametrize("name", ["recipe.yaml", "recipe.json"])
+def test_knobs_go_into_a_copy_of_the_config_file_the_command_names(tmp_path: Path, name: str) -> None:
+    import json
+
+    settings = {"trainer": {"max_steps": 100, "accumulate_grad_batches": 2, "precision": "32-true"},
+                "data": {"batch_size": 4, "path": "data/"}, "optim": {"lr": 0.001}}  # fmt: skip
+    repo = repo_with(tmp_path, json.dumps(settings) if name.endswith(".json") else yaml.safe_dump(settings), name=name)
+    (repo / "run.py").write_text("import sys, yaml\ncfg = yaml.safe_load(open(sys.argv[-1]))\n")
+    subprocess.run(["git", "-C", str(repo), "add", "."], check=True)
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "run"], check=True)
+    text, report = scaffold(["python", "run.py", "--config", name], repo)
+    contract = accepted(tmp_path, text, repo)
+    w = contract.workload
+    assert (w.knobs_via, w.launch_file, w.steps_key) == ("launch_file", name, "trainer.max_steps")
+    assert w.command == ["{python}", "run.py", "--config", "{launch_file}"]
+    assert contract.search_space.constraints.global_batch.micro_batch_key == "data.batch_size"
+    launched = contract.trial_launch({"data.batch_size": 8}, 5, python="py", launch_file="/t/launch", probe_dir="p")
+    assert launched.argv == ["py", "run.py", "--config", "/t/launch"]
+    assert launched.launch_file["trainer"] == {"max_steps": 5, "accumulate_grad_batches": 1, "precision": "32-true"}
+    assert launched.launch_file["data"] == {"batch_size": 8, "path": "data/"} and launched.launch_file["optim"] == {"lr": 0.001}
+    assert any("config file" in n for n in report.notes)

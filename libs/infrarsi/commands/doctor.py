@@ -89,6 +89,23 @@ def harness_share(finished: Iterable[ev.TrialFinished], cores: int) -> float | N
     return float(np.mean(shares)) if shares else None
 
 
+def inconsistent_work(runs: dict[str, ev.TrialMeasured]) -> str | None:
+    """Why the untouched baseline's runs disagree on the work they did (optimiser steps, tokens), or ``None``.
+
+    The golden baseline defines the work every candidate is held to, so runs of the same untouched job
+    that count different work are reported plainly: the first run's counts stay the reference."""
+    problems = []
+    for what, counts in (("optimiser steps", {t: m.optimizer_steps for t, m in runs.items()}),
+                         ("tokens", {t: m.tokens for t, m in runs.items() if m.tokens})):  # fmt: skip
+        if len(set(counts.values())) > 1:
+            problems.append(f"{what} " + ", ".join(f"{n} ({t})" for t, n in counts.items()))
+    if not problems:
+        return None
+    return ("the untouched baseline is inconsistent across runs: " + "; ".join(problems) + ". Candidates are "
+            "held to the first run's counts; a job whose work varies run to run (a data race, a time limit, "
+            "a random horizon) cannot be compared reliably — make its work deterministic")  # fmt: skip
+
+
 def summary_lines(done: ev.DoctorCompleted, report: doctor.DoctorReport, failed: dict[str, str]) -> list[str]:
     lines = [
         f"baseline step time   {done.step_time_s * 1e3:.2f} ms  (median of {len(done.baseline_trial_ids)} runs)",
@@ -192,6 +209,9 @@ async def _doctor(bus: Bus, args: argparse.Namespace, study: OpenStudy) -> int:
         raise UserError(f"only {len(ordered_ok)} of {repeats} baseline runs succeeded; doctor needs 2", EXIT_FAILED,
                         details=[f"  {trial_id}: {why}" for trial_id, why in failed.items()])
 
+    inconsistent = inconsistent_work({t: ok[t] for t in ordered_ok})
+    if inconsistent is not None:
+        print(f"doctor: WARNING: {inconsistent}", file=sys.stderr)
     samples = await read_steps(bus, study_id, ordered_ok)
     series = [run_series(t, samples[t], ok[t]) for t in ordered_ok]
     peak = created.cluster.peak_flops
@@ -229,6 +249,8 @@ async def _doctor(bus: Bus, args: argparse.Namespace, study: OpenStudy) -> int:
         print(msgspec.json.encode(done).decode())
     else:
         print("\n".join(summary_lines(done, report, failed)))
+        if inconsistent is not None:
+            print(f"WORK INCONSISTENT    {inconsistent}")
     return 0
 
 

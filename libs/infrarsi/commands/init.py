@@ -70,6 +70,7 @@ def prepare_study(
             workload_dir=str(workspace.repo),
             baseline_ref=workspace.baseline_ref,
             locked_files=contract.locked_files(workspace.repo),
+            locked_inputs=contract.locked_inputs(),
             cluster=contract.cluster.info(),
         )
         created, notes = with_bank(created, bank_entries)

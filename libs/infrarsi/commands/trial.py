@@ -295,7 +295,11 @@ async def _baseline_at(bus: Bus, study_id: str, horizon: int) -> str | None:
         match event.payload:
             case ev.TrialProposed(kind="baseline" | "doctor", steps=steps):
                 proposed_steps[event.trial_id or ""] = steps
-            case ev.TrialMeasured(status="ok", optimizer_steps=n) if event.trial_id in proposed_steps and n == horizon:
+            # the horizon it was run at, not the steps it counted: the baseline's own count defines the work
+            # (a loop running ``max_iters + 1`` iterations counts one more than its horizon)
+            case ev.TrialMeasured(status="ok", optimizer_steps=n) if event.trial_id in proposed_steps and (
+                    proposed_steps[event.trial_id or ""] == horizon or proposed_steps[event.trial_id or ""] is None
+                    and n == horizon):  # fmt: skip
                 return event.trial_id
     return None
 

@@ -86,6 +86,7 @@ def trials_sql(view: str = VIEW) -> str:
            CAST(m.payload->>'invariants_ok' AS BOOLEAN) AS invariants_ok,
            CAST(m.payload->'invariants' AS VARCHAR) AS invariants_json,
            coalesce(CAST(m.payload->>'coarse' AS BOOLEAN), FALSE) AS coarse,
+           coalesce(CAST(m.payload->>'loss_from_log' AS BOOLEAN), FALSE) AS loss_from_log,
            CAST(m.payload->'unchecked_invariants' AS VARCHAR) AS unchecked_json
     FROM p LEFT JOIN f USING (trial_id) LEFT JOIN m USING (trial_id)
     """
@@ -136,6 +137,8 @@ class TrialRow:
     """Measured from outside (the job has no probe)."""
     unchecked_invariants: list[str] = field(default_factory=list)
     """Invariants the trial could not check (coarse): never counted as held."""
+    loss_from_log: bool = False
+    """Coarse: the loss was read from the job's printed output."""
 
 
 @dataclass(frozen=True)
@@ -395,6 +398,7 @@ def _build(con: duckdb.DuckDBPyConnection, study_id: str) -> Report:
                 censored_peak_bytes=r["censored_peak_bytes"], mfu=r["mfu"], invariants_ok=r["invariants_ok"],
                 failed_invariants=[inv["name"] for inv in invariants if not inv.get("ok", True)], reason=r["reason"] or "",
                 coarse=bool(r["coarse"]), unchecked_invariants=[u["name"] for u in json.loads(r["unchecked_json"] or "[]")],
+                loss_from_log=bool(r["loss_from_log"]),
             )
         )
 

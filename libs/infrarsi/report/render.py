@@ -29,7 +29,7 @@ from matplotlib.backends.backend_pdf import PdfPages  # noqa: E402
 
 from infrarsi import verification as vf  # noqa: E402
 from infrarsi.report.figures import FIGURES  # noqa: E402
-from infrarsi.report.model import OUTCOMES, Report  # noqa: E402
+from infrarsi.report.model import OUTCOMES, Report, TrialRow  # noqa: E402
 
 # --------------------------------------------------------------------------------------------------
 # Blocks
@@ -195,6 +195,7 @@ def outline(report: Report) -> list[Block]:
             "reports no steps to InfraRSI's probe): wall time, exit status, process-tree memory and the steps counted "
             f"in its output. UNCHECKED invariants (never counted as held): {', '.join(unchecked) or 'none'}. "
             "Step times are the launcher's estimates; tokens/s and MFU are unknown."
+            + _loss_source(coarse)
         ))
     probed = [t for t in report.trials if not t.coarse and t.unchecked_invariants]
     if probed:
@@ -479,3 +480,13 @@ def render_all(report: Report, out_dir: Path, formats: tuple[str, ...] = ("html"
     if "pdf" in formats:
         files.append(render_pdf(report, out_dir / "report.pdf"))
     return files
+
+
+def _loss_source(coarse: list[TrialRow]) -> str:
+    """Where a coarse study's checked loss came from: the job's printed output, never a probe."""
+    logged = [t for t in coarse if t.loss_from_log]
+    if not logged:
+        return ""
+    return (f" The LOSS of {len(logged)} of these trials was READ FROM THE JOB'S LOG (its printed train/eval loss, "
+            "matched by the default patterns or workload.measurement.loss_regex) and checked against the golden "
+            "baseline's printed loss.")  # fmt: skip

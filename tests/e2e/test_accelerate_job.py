@@ -1,0 +1,78 @@
+"""A job started with Hugging Face Accelerate's launcher (``accelerate launch``, the project's pinned
+``accelerate``), written as Accelerate's documentation writes one and never changed (issue 35, item 5):
+drafted by ``infrarsi scaffold`` from the command its README gives, then a trial as drafted (default suite),
+and (slow) the five stages with every work and loss invariant the coarse mode can check checked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from support.accelerate_job import GOLDEN_COMMAND, make_accelerate_repo
+
+STEPS = 10
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("INFRARSI_")}
+
+
+def drafted(root: Path) -> tuple[Path, Path]:
+    """(repo, contract): the repo made and its contract drafted by the CLI, used as drafted."""
+    repo = make_accelerate_repo(root / "acc")
+    contract = root / "contract.yaml"
+    proc = subprocess.run([sys.executable, "-m", "infrarsi.cli", "scaffold", "--repo", str(repo), "--out", str(contract),
+                           "--", *GOLDEN_COMMAND], capture_output=True, text=True, timeout=120, env=_env())  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return repo, contract
+
+
+@pytest.mark.timeout(960)
+def test_an_accelerate_launch_job_goes_through_scaffold_and_trial_unchanged(tmp_path: Path) -> None:
+    _repo, contract = drafted(tmp_path)
+    workload = yaml.safe_load(contract.read_text())["workload"]
+    assert workload["command"][:3] == ["{python}", "-m", "accelerate.commands.launch"] and workload["inputs"] == ["data"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "infrarsi.cli", "trial", str(contract), "--data-dir", str(tmp_path / "data"),
+         "--steps", str(STEPS), "--peak-budget", "5", "--json", "--set", "per_device_train_batch_size=8"],
+        capture_output=True, text=True, timeout=900, env=_env(),
+    )  # fmt: skip
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    for run in (report["baseline"], report["candidate"][0]):
+        m, f = run["measured"], run["finished"]
+        assert f["status"] == "ok" and m["status"] == "ok", (f.get("reason"), f.get("output_tail"), m["invariants"])
+        assert f["steps_completed"] == STEPS and m["loss_from_log"]
+    checks = {i["name"]: i for i in report["candidate"][0]["measured"]["invariants"]}
+    assert checks["work.optimizer_steps"]["ok"] and checks["loss"]["ok"] and checks["timing"]["ok"], checks
+    assert {u["name"] for u in report["candidate"][0]["measured"]["unchecked_invariants"]} == {"work.tokens"}
+    assert proc.returncode == 0, report
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_an_accelerate_launch_job_through_the_five_stages(tmp_path: Path) -> None:
+    _repo, contract = drafted(tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "infrarsi.cli", "--data-dir", str(tmp_path / "data"), "demo", "--contract", str(contract),
+         "--trials", "4", "--skip-hacks", "--json"],
+        env=_env(), capture_output=True, text=True, timeout=3500,
+    )  # fmt: skip
+    out = proc.stdout
+    summary = json.loads(out[out.index("{\n"):]) if "{\n" in out else {}
+    print(out)  # the verdict, the speed-up and the invariants: shown by `pytest -rA`
+    assert summary, (out + proc.stderr)[-4000:]
+    assert "verified" in summary  # the verdict is stated, whichever it is
+    by_name = {i["name"]: i for i in summary["invariants"]}
+    assert by_name["loss"]["ok"] and not by_name["loss"]["detail"].startswith("not checked"), by_name["loss"]
+    assert by_name["work.optimizer_steps"]["ok"] and by_name["timing"]["ok"], by_name
+    assert "not checked" not in by_name["loss"]["detail"], by_name["loss"]  # every run's loss compared
+    assert by_name["loss.trend"]["ok"], by_name
+    # what no probe counts stays named: tokens per step and the eval's work
+    assert summary["unchecked_invariants"] == ["work.eval", "work.tokens"], summary["unchecked_invariants"]
+    assert Path(summary["report"]).is_file()
