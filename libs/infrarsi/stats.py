@@ -643,7 +643,10 @@ def measure_coarse(
             mine = LossCurves(finished.output_losses, finished.output_eval_losses, finished.steps_completed)
             base = LossCurves(baseline.loss_curve, baseline.eval_curve, baseline.optimizer_steps)
             result = curves_loss_check(spec, mine, base, source=" read from the job's log")
-            (invariants if isinstance(result, ev.InvariantResult) else unchecked).append(result)  # type: ignore[arg-type]
+            if isinstance(result, ev.InvariantResult):
+                invariants.append(result)
+            else:
+                unchecked.append(result)
     ran = finished.status == "ok"
     steady, with_warmup, warmup = coarse_step_time(finished, horizon) if ran else (0.0, 0.0, 0)
     timing = printed_timing_check(finished, spec.timing_tolerance, noise_cv=spec.noise_cv) if ran else None
