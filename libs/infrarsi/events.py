@@ -290,6 +290,9 @@ class TrialProposed(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     verify_id: str | None = None
     retry_of: str | None = None
     """The trial this one runs again (an infrastructure failure, or a timing verdict taken under interference)."""
+    resume_from: str | None = None
+    """Verify's checkpoint restart: a fresh process resumes from the checkpoint that trial saved
+    (``verify.checkpoint_restart``); ``None`` = a run from step zero."""
 
 
 class TrialLaunched(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -334,6 +337,17 @@ class TrialStep(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     (``torch.are_deterministic_algorithms_enabled()``); ``None`` from probes that do not say."""
 
 
+class DownstreamResult(msgspec.Struct, frozen=True, kw_only=True):
+    """What the contract's downstream command measured on one run's final weights (``verify.downstream``)."""
+
+    metric: str
+    value: float | None = None
+    """``None``: no value (the command failed, timed out, or printed no JSON object with ``metric``)."""
+    error: str = ""
+    """Why there is no value, with the end of the command's output."""
+    wall_s: float = 0.0
+
+
 class TrialFinished(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """The launcher's account of a trial: how it ended and what it cost, for every trial, failed ones too."""
 
@@ -370,6 +384,8 @@ class TrialFinished(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     output_steps: list[OutputStep] = []
     """Coarse measurement only: each new step count the job's output showed (``steps_completed`` is the
     last), for a job without a probe."""
+    downstream: DownstreamResult | None = None
+    """Verify runs under ``verify.downstream``: the evaluation command's result on this run's final weights."""
 
 
 class TrialStopRequested(msgspec.Struct, frozen=True, kw_only=True, tag=True):
