@@ -113,11 +113,13 @@ class LossPoint(msgspec.Struct, frozen=True, array_like=True):
 
 InvariantName = Literal[
     "scope", "work.optimizer_steps", "work.tokens", "work.eval", "loss", "loss.trend", "loss.parity",
-    "parity.deterministic", "timing",
+    "parity.deterministic", "timing", "checkpoint.restart", "checkpoint.across_change", "downstream",
 ]
 """``loss.trend``, ``loss.parity`` and ``parity.deterministic`` are judged at verify only: the trend of the loss
 gap over the verify horizon, the contract's numeric parity mode, and whether a run under ``bitwise`` parity kept
-torch's deterministic algorithms on."""
+torch's deterministic algorithms on. So are ``checkpoint.restart`` / ``checkpoint.across_change`` (a fresh process
+resumed from a mid-run checkpoint continues the uninterrupted run) and ``downstream`` (the contract's evaluation
+of the final weights, against the paired baseline's)."""
 
 
 class InvariantResult(msgspec.Struct, frozen=True, kw_only=True):

@@ -13,6 +13,11 @@ Owns the pure logic of the verify stage (ARCHITECTURE.md §1, §7):
   no gap to the baseline that grows towards ε over the horizon (``loss.trend``, ``TrendRule``), same
   optimiser steps and tokens, same eval work) — and the round verdict: passed if every invariant holds
   on every run and the CI lower bound is above 1. Promotable after ``passes_required`` passed rounds.
+- ``plan_restarts`` / ``restart_check`` (``verify.checkpoint_restart``): after a round's first pair, the
+  candidate resumed in a fresh process from that pair's mid-run checkpoint (its own: ``checkpoint.restart``;
+  the baseline's: ``checkpoint.across_change``) must continue the uninterrupted candidate run within ε.
+- ``downstream_check`` (``verify.downstream``): the contract's evaluation of each pair's final weights, the
+  candidate no more than the tolerance worse than its paired baseline.
 - ``select_candidates``: the top-K search candidates to verify.
 
 No I/O and no bus here: the verifier service (``infrarsi_services.verifier``) and ``infrarsi verify`` call it.
@@ -607,7 +612,9 @@ def restart_check(
 
     if resumed is None:
         return failed("no restart run reported")
-    if resumed.status != "ok":
+    # Telemetry judges the restart trial like any run against the study's baseline, and a run that starts at
+    # the checkpoint fails its work invariants by design: those verdicts (``invariant_violation``) are not used.
+    if resumed.status not in ("ok", "invariant_violation"):
         return failed(f"the resumed run ended {resumed.status}: {resumed.reason or 'no reason given'}")
     steps = sorted(p.step for p in resumed.loss_curve)
     if not steps:
@@ -884,6 +891,10 @@ class VerifyCost:
     """The doctor's robust step time of the untouched baseline."""
     accelerators: int
     """Devices one run holds (nodes × devices per node)."""
+    restarts: int = 0
+    """Restart trials per round (``verify.checkpoint_restart``: 1, or 2 ``across_change``)."""
+    restart_steps: int = 0
+    """Steps a restart trial runs: from the checkpoint to the verify horizon."""
 
     @property
     def runs(self) -> int:
@@ -891,12 +902,17 @@ class VerifyCost:
 
     @property
     def accelerator_s(self) -> float:
-        return self.runs * self.steps * self.step_time_s * self.accelerators
+        restart_steps = self.candidates * self.rounds * self.restarts * self.restart_steps
+        return (self.runs * self.steps + restart_steps) * self.step_time_s * self.accelerators
 
     def line(self) -> str:
+        runs = (f"{self.candidates} candidate(s) × {self.rounds} round(s) × {self.repeats} pair(s) × 2 runs × "
+                f"{self.steps} steps")  # fmt: skip
+        if self.restarts:
+            runs = (f"({runs} + {self.candidates} candidate(s) × {self.rounds} round(s) × {self.restarts} restart "
+                    f"run(s) × {self.restart_steps} steps)")  # fmt: skip
         return (
-            f"verify cost (predicted, at most): {self.candidates} candidate(s) × {self.rounds} round(s) × "
-            f"{self.repeats} pair(s) × 2 runs × {self.steps} steps × {self.step_time_s * 1e3:.1f} ms/step (doctor)"
+            f"verify cost (predicted, at most): {runs} × {self.step_time_s * 1e3:.1f} ms/step (doctor)"
             f" × {self.accelerators} accelerator(s) = {self.accelerator_s:,.0f} accelerator-s"
         )
 
@@ -906,6 +922,7 @@ def predicted_verify_cost(
 ) -> VerifyCost:
     """``VerifyCost`` of verifying ``candidates`` (default ``verify.top_k``) under ``contract``."""
     launcher = contract.workload.launcher
+    restart, horizon = contract.verify.checkpoint_restart, contract.workload.verify_steps
     return VerifyCost(
         candidates=contract.verify.top_k if candidates is None else candidates,
         rounds=contract.verify.passes_required,
@@ -913,6 +930,8 @@ def predicted_verify_cost(
         steps=contract.workload.verify_steps,
         step_time_s=step_time_s,
         accelerators=launcher.nnodes * launcher.nproc_per_node,
+        restarts=0 if restart is None else 2 if restart.across_change else 1,
+        restart_steps=0 if restart is None else horizon - restart.step_for(horizon),
     )
 
 

@@ -22,6 +22,10 @@ Flow per candidate of a ``VerifyRequested``: round 1's interleaved plan (``verif
 collect a ``TrialMeasured`` (or a failed ``TrialFinished``) per planned trial → ``verification.decide`` →
 ``VerifyCompleted`` (one per round) → if the round passed and fewer than ``passes_required`` rounds have
 passed, plan the next round; a failed round ends the verification (pass twice *in a row* to be promotable).
+Under ``verify.checkpoint_restart`` the round also plans its restart trials once both runs of its first pair
+are in (``verification.plan_restarts``: ``TrialProposed.resume_from``) and is decided only when they are in too.
+Under ``verify.downstream`` the metric of each ok run comes from its ``TrialFinished`` (kept until its
+``TrialMeasured``, which follows it on the stream).
 """
 
 from __future__ import annotations

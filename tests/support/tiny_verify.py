@@ -31,7 +31,10 @@ TINY = {
 }
 
 
-def tiny_contract(tmp_path: Path, *, add_patches: list[str], invariants: dict[str, Any] | None = None) -> Path:
+def tiny_contract(
+    tmp_path: Path, *, add_patches: list[str], invariants: dict[str, Any] | None = None,
+    verify: dict[str, Any] | None = None,
+) -> Path:  # fmt: skip
     repo = tmp_path / "workload"
     shutil.copytree(WORKLOAD, repo, ignore=shutil.ignore_patterns("__pycache__", ".infrarsi"))
     launch = repo / "launch" / "dense-1node.yaml"
@@ -48,21 +51,22 @@ def tiny_contract(tmp_path: Path, *, add_patches: list[str], invariants: dict[st
     micro["choices"] = [m for m in micro["choices"] if TINY["run"]["global_batch_size"] % m == 0]
     contract["search_space"]["patches"] += [p for p in add_patches if p not in contract["search_space"]["patches"]]
     contract["invariants"].update(invariants or {})
-    contract["verify"] = {"top_k": 1, "repeats": 1, "passes_required": 1}
+    contract["verify"] = {"top_k": 1, "repeats": 1, "passes_required": 1, **(verify or {})}
     path = tmp_path / "dense-verify.yaml"
     path.write_text(yaml.safe_dump(contract, sort_keys=False))
     return path
 
 
 async def verify_candidates(
-    tmp_path: Path, patches: list[str], *, invariants: dict[str, Any] | None = None, timeout_s: float = 800.0
+    tmp_path: Path, patches: list[str], *, invariants: dict[str, Any] | None = None, timeout_s: float = 800.0,
+    verify: dict[str, Any] | None = None,
 ) -> dict[str, ev.VerifyCompleted]:
     candidates = [ev.Candidate(patches=[p]) for p in patches]
     data_dir = tmp_path / "data"
     stack = await asyncio.to_thread(Stack.start, data_dir)
     verdicts: dict[str, ev.VerifyCompleted] = {}
     try:
-        prepared = prepare_study(tiny_contract(tmp_path, add_patches=patches, invariants=invariants), data_dir)
+        prepared = prepare_study(tiny_contract(tmp_path, add_patches=patches, invariants=invariants, verify=verify), data_dir)
         bus = await Bus.connect(stack.url, service="admin", data_dir=data_dir)  # the stack turned auth on
         try:
             await bus.publish(study_created_event(prepared))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import msgspec
 import pytest
 from infrarsi import events as ev
 from infrarsi import verification as vf
@@ -45,6 +46,12 @@ def test_a_resumed_run_that_continues_the_uninterrupted_one_holds():
     assert result.ok and result.name == "checkpoint.restart"
     assert result.observed == 0.0 and "12 steps compared" in result.detail  # train 10..19, eval 14 and 19
     assert "after 10 steps" in result.detail
+
+
+def test_telemetry_s_work_verdicts_on_a_restart_trial_are_not_its_restart_verdict():
+    # half the steps, so telemetry calls it invariant_violation; the restart check reads its curve instead
+    resumed = vf.RunMeasurement(**{**_run("candidate", first=10).__dict__, "status": "invariant_violation"})
+    assert vf.restart_check("candidate", _run("candidate"), resumed, RULE, 10).ok
 
 
 def test_a_resumed_run_off_the_curve_fails_with_the_step_and_the_gap():
@@ -166,6 +173,7 @@ def test_the_verifier_plans_restarts_after_the_first_pair_and_waits_for_them():
     (done_emission,) = logic.apply(_env(failed, restarts[1].trial_id))
     done = done_emission.payload
     assert isinstance(done, ev.VerifyCompleted) and not done.promotable
+    done = msgspec.json.decode(msgspec.json.encode(done), type=ev.VerifyCompleted)  # as the bus carries it
     assert done.failed_invariants == ["checkpoint.across_change", "downstream"]
     rows = {i.name: i for i in done.invariants}
     assert rows["checkpoint.restart"].ok and "size mismatch" in rows["checkpoint.across_change"].detail
@@ -179,3 +187,14 @@ def test_contract_refuses_a_checkpoint_past_the_horizon_and_unknown_placeholders
     with pytest.raises((ContractError, ValueError), match=r"unknown placeholder \{model\}"):
         Contract.model_validate(_contract({"downstream": {"command": ["{python}", "{model}"], "metric": "m"}}))
     assert Contract.model_validate(_contract({"checkpoint_restart": {}})).verify.checkpoint_restart.step_for(20) == 10
+
+
+def test_the_predicted_verify_cost_counts_the_restart_runs():
+    from infrarsi.contract import Contract
+
+    plain = vf.predicted_verify_cost(Contract.model_validate(_contract({})), 0.5)
+    assert plain.accelerator_s == pytest.approx(1 * 1 * 1 * 2 * 20 * 0.5) and "restart" not in plain.line()
+    both = vf.predicted_verify_cost(Contract.model_validate(_contract({"checkpoint_restart": {"at_step": 5,
+                                                                                             "across_change": True}})), 0.5)  # fmt: skip
+    assert both.accelerator_s == pytest.approx((2 * 20 + 2 * 15) * 0.5)
+    assert "2 restart run(s) × 15 steps" in both.line() and "= 35 accelerator-s" in both.line()

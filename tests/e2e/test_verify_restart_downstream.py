@@ -1,0 +1,78 @@
+"""Verify, through all six services on the real dense-1node job (shrunk: ``support.tiny_verify``), rejects a
+candidate that breaks resuming from a mid-run checkpoint — by ``checkpoint.restart`` alone — and one that keeps
+the training loss but serves a worse model — by ``downstream`` alone — and still passes a genuine patch.
+
+- ``checkpoint-weights-only``: on resume, load the weights and leave AdamW's moments at zero. Every run from
+  step zero is the baseline's run, so loss, trend, work and timing hold; the restart trial (a fresh process
+  resumed from the candidate run's own checkpoint after 10 of 20 steps, through torch.distributed.checkpoint)
+  leaves the uninterrupted curve by more than ε.
+- ``eval-mode-early-exit``: skips the last block in eval mode. Training and the training loop's own eval never
+  call ``.eval()``; the contract's downstream command (``evaluate.py``: held-out perplexity of the final
+  weights in eval mode) is worse than the baseline's beyond its 1 % tolerance.
+- ``fused-qkv``: passes both (its checkpoint has another format, so ``across_change`` stays off here; the
+  across-change test below shows what it does there).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.tiny_verify import verify_candidates
+
+RESTART_BUG, DOWNSTREAM_BUG, GENUINE, SAME_FORMAT = (
+    "checkpoint-weights-only", "eval-mode-early-exit", "fused-qkv", "keyword-calls",
+)  # fmt: skip
+DOWNSTREAM = {
+    "command": ["{python}", "evaluate.py", "--launch-file", "{launch_file}", "--weights", "{weights}"],
+    "metric": "perplexity",
+    "tolerance": 0.01,
+}
+
+
+def _verify(across_change: bool) -> dict[str, Any]:
+    return {"checkpoint_restart": {"at_step": 10, "across_change": across_change}, "downstream": DOWNSTREAM}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+async def test_verify_rejects_a_broken_restart_and_a_worse_downstream_model_each_by_its_own_invariant(
+    tmp_path: Path,
+) -> None:
+    verdicts = await verify_candidates(tmp_path, [RESTART_BUG, DOWNSTREAM_BUG, GENUINE], verify=_verify(False),
+                                       timeout_s=1400)  # fmt: skip
+    assert set(verdicts) == {RESTART_BUG, DOWNSTREAM_BUG, GENUINE}
+    restart = verdicts[RESTART_BUG]
+    assert not restart.promotable and restart.failed_invariants == ["checkpoint.restart"], restart.failed_invariants
+    rows = {i.name: i for i in restart.invariants}
+    assert rows["loss"].ok and rows["downstream"].ok, "from step zero it is the baseline's run"
+    assert rows["checkpoint.restart"].observed > 1.0 and "after 10 steps" in rows["checkpoint.restart"].detail
+
+    downstream = verdicts[DOWNSTREAM_BUG]
+    assert not downstream.promotable and downstream.failed_invariants == ["downstream"], downstream.failed_invariants
+    rows = {i.name: i for i in downstream.invariants}
+    assert rows["loss"].ok and rows["checkpoint.restart"].ok, "training, its eval and its resume are untouched"
+    assert rows["downstream"].detail.startswith("failed on 1/1 checks; first: pair 1: perplexity ")
+
+    genuine = verdicts[GENUINE]
+    assert genuine.failed_invariants == [], genuine.failed_invariants
+    rows = {i.name: i for i in genuine.invariants}
+    assert rows["checkpoint.restart"].ok and rows["downstream"].ok
+    assert "checkpoint.across_change" not in rows
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+async def test_across_the_change_a_baseline_checkpoint_resumes_where_the_format_allows(tmp_path: Path) -> None:
+    """``keyword-calls`` keeps the parameter names: the baseline's checkpoint resumes under it and continues the
+    curve. ``fused-qkv`` fuses q/k/v into one weight: the baseline's checkpoint cannot load, named as
+    ``checkpoint.across_change`` (and only that), while its own restart holds."""
+    verdicts = await verify_candidates(tmp_path, [SAME_FORMAT, GENUINE], verify=_verify(True), timeout_s=1400)
+    same = verdicts[SAME_FORMAT]
+    assert same.failed_invariants == [], same.failed_invariants
+    assert {i.name: i.ok for i in same.invariants}["checkpoint.across_change"] is True
+    fused = verdicts[GENUINE]
+    assert fused.failed_invariants == ["checkpoint.across_change"], fused.failed_invariants
+    rows = {i.name: i for i in fused.invariants}
+    assert rows["checkpoint.restart"].ok and "ended crash" in rows["checkpoint.across_change"].detail
