@@ -161,7 +161,7 @@ def test_the_verifier_plans_restarts_after_the_first_pair_and_waits_for_them():
     logic = VerifierLogic()
     logic.apply(_env(created))
     base, cand = logic.apply(_env(ev.VerifyRequested(candidates=[CAND], repeats=1)))
-    for planned, ppl, t in ((base, 100.0, 1.0), (cand, 150.0, 0.5)):
+    for planned, ppl in ((base, 100.0), (cand, 150.0)):
         finished = ev.TrialFinished(status="ok", downstream=ev.DownstreamResult(metric="perplexity", value=ppl))
         assert logic.apply(_env(finished, planned.trial_id)) == []
     assert logic.apply(_env(_measured(_curve()), base.trial_id)) == []
