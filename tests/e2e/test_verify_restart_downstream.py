@@ -11,15 +11,20 @@ the training loss but serves a worse model — by ``downstream`` alone — and s
   weights in eval mode) is worse than the baseline's beyond its 1 % tolerance.
 - ``fused-qkv``: passes both (its checkpoint has another format, so ``across_change`` stays off here; the
   across-change test below shows what it does there).
+
+The HF Trainer example does the same through the Trainer's own ``resume_from_checkpoint`` (last test).
 """
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support.tiny_verify import verify_candidates
+import yaml
+from infrarsi import events as ev
+from support.tiny_verify import run_verification, verify_candidates
 
 RESTART_BUG, DOWNSTREAM_BUG, GENUINE, SAME_FORMAT = (
     "checkpoint-weights-only", "eval-mode-early-exit", "fused-qkv", "keyword-calls",
@@ -76,3 +81,47 @@ async def test_across_the_change_a_baseline_checkpoint_resumes_where_the_format_
     assert fused.failed_invariants == ["checkpoint.across_change"], fused.failed_invariants
     rows = {i.name: i for i in fused.invariants}
     assert rows["checkpoint.restart"].ok and "ended crash" in rows["checkpoint.across_change"].detail
+
+
+HF_EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "hf-trainer"
+HF_RESTART_BUG = "hf-resume-weights-only"
+
+
+def _hf_contract(tmp_path: Path) -> Path:
+    """The HF Trainer example's contract at a 10-step horizon, the restart after 5 steps, its downstream on."""
+    repo = tmp_path / "hf-trainer"
+    shutil.copytree(HF_EXAMPLE, repo, ignore=shutil.ignore_patterns("__pycache__", "out", ".infrarsi"))
+    contract = yaml.safe_load((HF_EXAMPLE / "contract.yaml").read_text())
+    contract["workload"]["repo"] = str(repo)
+    contract["workload"]["steps"] = contract["workload"]["verify_steps"] = 10
+    contract["search_space"]["patches"].append(HF_RESTART_BUG)
+    contract["verify"] = {
+        "top_k": 1, "repeats": 1, "passes_required": 1,
+        "checkpoint_restart": {"at_step": 5},
+        "downstream": {"command": ["{python}", "evaluate.py", "--weights", "{weights}"], "metric": "perplexity",
+                       "tolerance": 0.01},
+    }  # fmt: skip
+    path = tmp_path / "hf-verify.yaml"
+    path.write_text(yaml.safe_dump(contract, sort_keys=False))
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+async def test_the_hf_trainer_restarts_through_resume_from_checkpoint_and_a_weights_only_resume_is_rejected(
+    tmp_path: Path,
+) -> None:
+    """The Trainer saves ``checkpoint-5`` when the callback asks; the honest candidate (the fused AdamW) resumes
+    it through ``trainer.train(resume_from_checkpoint=...)`` and continues the curve; ``hf-resume-weights-only``
+    loads the weights and trains from step 0 again: ``checkpoint.restart`` names it. Both are evaluated
+    downstream (held-out perplexity of ``save_pretrained`` weights)."""
+    planted, honest = ev.Candidate(patches=[HF_RESTART_BUG]), ev.Candidate(knobs={"optim": "adamw_torch_fused"})
+    verdicts = await run_verification(tmp_path, _hf_contract(tmp_path), [planted, honest], timeout_s=1400)
+    assert [v.candidate_key for v in verdicts] == [planted.key(), honest.key()]
+    bug, fused = verdicts
+    assert bug.failed_invariants == ["checkpoint.restart"], bug.failed_invariants
+    rows = {i.name: i for i in bug.invariants}
+    assert "first step is 0, not 5" in rows["checkpoint.restart"].detail and rows["downstream"].ok
+    assert fused.failed_invariants == [], fused.failed_invariants
+    rows = {i.name: i for i in fused.invariants}
+    assert rows["checkpoint.restart"].ok and rows["downstream"].ok and "perplexity" in rows["downstream"].detail
