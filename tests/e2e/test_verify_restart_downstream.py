@@ -125,3 +125,45 @@ async def test_the_hf_trainer_restarts_through_resume_from_checkpoint_and_a_weig
     assert fused.failed_invariants == [], fused.failed_invariants
     rows = {i.name: i for i in fused.invariants}
     assert rows["checkpoint.restart"].ok and rows["downstream"].ok and "perplexity" in rows["downstream"].detail
+
+
+LIGHTNING_EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "lightning"
+LIGHTNING_RESTART_BUG = "lightning-plain-loader"
+
+
+def _lightning_contract(tmp_path: Path) -> Path:
+    """The Lightning example's contract at a 10-step horizon, the restart after 5 steps, its downstream on."""
+    repo = tmp_path / "lightning"
+    shutil.copytree(LIGHTNING_EXAMPLE, repo, ignore=shutil.ignore_patterns("__pycache__", "lightning_logs", ".infrarsi"))
+    contract = yaml.safe_load((LIGHTNING_EXAMPLE / "contract.yaml").read_text())
+    contract["workload"]["repo"] = str(repo)
+    contract["workload"]["steps"] = contract["workload"]["verify_steps"] = 10
+    contract["search_space"]["patches"].append(LIGHTNING_RESTART_BUG)
+    contract["verify"] = {
+        "top_k": 1, "repeats": 1, "passes_required": 1,
+        "checkpoint_restart": {"at_step": 5},
+        "downstream": {"command": ["{python}", "evaluate.py", "--weights", "{weights}"], "metric": "perplexity",
+                       "tolerance": 0.01},
+    }  # fmt: skip
+    path = tmp_path / "lightning-verify.yaml"
+    path.write_text(yaml.safe_dump(contract, sort_keys=False))
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+async def test_lightning_restarts_through_ckpt_path_and_a_plain_loader_is_rejected(tmp_path: Path) -> None:
+    """The callback saves with ``trainer.save_checkpoint`` after 5 steps; the example's ``ResumableLoader`` lets
+    ``trainer.fit(ckpt_path=...)`` continue mid-epoch exactly, so the honest candidate (1 data-loader worker)
+    holds ``checkpoint.restart``; ``lightning-plain-loader`` restarts the epoch's data on resume (Lightning
+    cannot restore a plain loader's position) and leaves the curve by more than ε."""
+    planted, honest = ev.Candidate(patches=[LIGHTNING_RESTART_BUG]), ev.Candidate(knobs={"num-workers": 1})
+    verdicts = await run_verification(tmp_path, _lightning_contract(tmp_path), [planted, honest], timeout_s=1400)
+    assert [v.candidate_key for v in verdicts] == [planted.key(), honest.key()]
+    bug, workers = verdicts
+    assert bug.failed_invariants == ["checkpoint.restart"], bug.failed_invariants
+    rows = {i.name: i for i in bug.invariants}
+    assert rows["checkpoint.restart"].observed > 1.0 and rows["downstream"].ok and rows["loss"].ok
+    assert workers.failed_invariants == [], workers.failed_invariants
+    rows = {i.name: i for i in workers.invariants}
+    assert rows["checkpoint.restart"].ok and rows["downstream"].ok
