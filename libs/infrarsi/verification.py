@@ -594,7 +594,7 @@ class ExtraChecks:
         return ("candidate", "baseline") if self.across_change else ("candidate",)
 
 
-RESTART_INVARIANT: dict[RestartSource, str] = {"candidate": "checkpoint.restart", "baseline": "checkpoint.across_change"}
+RESTART_INVARIANT: dict[RestartSource, ev.InvariantName] = {"candidate": "checkpoint.restart", "baseline": "checkpoint.across_change"}
 
 
 def restart_check(
@@ -782,10 +782,10 @@ def decide(
         if cand.mfu is not None:
             b_mfu.append(cand.mfu)
 
-    first = round_.first_pair()
+    first_pair = round_.first_pair()
     for source in checks.restart_sources():
         name = RESTART_INVARIANT[source]
-        uninterrupted, origin = first.get("candidate"), first.get(source)
+        uninterrupted, origin = first_pair.get("candidate"), first_pair.get(source)
         if uninterrupted is None or origin is None or not (uninterrupted.usable and origin.usable):
             continue  # a run of the first pair failed: named as run.<status>, nothing was resumed
         if uninterrupted.coarse:

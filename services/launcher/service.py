@@ -415,9 +415,10 @@ class LauncherService(Service):
         if checkpoints.final_weights_dir is not None and downstream is not None and finished.status == "ok":
             argv = downstream_argv(downstream, python=sys.executable, launch_file=str(launch_path),
                                    weights=checkpoints.final_weights_dir)
-            result = await asyncio.to_thread(run_downstream, downstream, argv, cwd=worktree, env=spec.env)
-            log.info("downstream evaluated", metric=result.metric, value=result.value, error=result.error[:200])
-            finished = msgspec.structs.replace(finished, downstream=result)
+            evaluated = await asyncio.to_thread(run_downstream, downstream, argv, cwd=worktree, env=spec.env)
+            log.info("downstream evaluated", metric=evaluated.metric, value=evaluated.value,
+                     error=evaluated.error[:200])  # fmt: skip
+            finished = msgspec.structs.replace(finished, downstream=evaluated)
         return finished
 
     def _verify_checkpoints(self, proposed: ev.TrialProposed, contract: Contract, tdir: Path) -> JobCheckpoints:
