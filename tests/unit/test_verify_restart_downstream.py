@@ -198,3 +198,50 @@ def test_the_predicted_verify_cost_counts_the_restart_runs():
                                                                                              "across_change": True}})), 0.5)  # fmt: skip
     assert both.accelerator_s == pytest.approx((2 * 20 + 2 * 15) * 0.5)
     assert "2 restart run(s) × 15 steps" in both.line() and "= 35 accelerator-s" in both.line()
+
+
+# --------------------------------------------------------------------------------------------------
+# The launcher's side: the downstream command (a real subprocess) and what a verify run is told
+# --------------------------------------------------------------------------------------------------
+
+
+def test_run_downstream_reads_the_metric_and_names_a_failure_or_a_timeout(tmp_path):
+    import sys
+
+    from infrarsi_services.launcher.downstream import downstream_argv, run_downstream
+
+    spec = DownstreamSpec(command=["{python}", "-c", "import sys; print('x'); print('{{\"perplexity\": 4.5}}')",  # {{ }}: literal braces
+                                   "{weights}"], metric="perplexity", timeout_s=30)  # fmt: skip
+    argv = downstream_argv(spec, python=sys.executable, launch_file="l.yaml", weights=tmp_path / "final")
+    assert argv[-1] == str(tmp_path / "final")
+    ok = run_downstream(spec, argv, cwd=tmp_path, env={})
+    assert ok.value == 4.5 and ok.error == "" and ok.wall_s > 0
+    failing = DownstreamSpec(command=["{python}", "-c", "import sys; sys.exit('no final weights')"], metric="perplexity")
+    bad = run_downstream(failing, downstream_argv(failing, python=sys.executable, launch_file="", weights=tmp_path),
+                         cwd=tmp_path, env={})  # fmt: skip
+    assert bad.value is None and bad.error.startswith("exit code 1: no final weights")
+    slow = DownstreamSpec(command=["{python}", "-c", "import time; time.sleep(5)"], metric="m", timeout_s=0.5)
+    late = run_downstream(slow, downstream_argv(slow, python=sys.executable, launch_file="", weights=tmp_path),
+                          cwd=tmp_path, env={})  # fmt: skip
+    assert late.value is None and late.error == "timed out after 0.5s"
+
+
+def test_the_launcher_tells_verify_runs_where_to_save_and_refuses_a_resume_without_a_checkpoint(tmp_path):
+    from infrarsi_services.launcher.service import LauncherService, Refused
+
+    contract = Contract.model_validate(_contract({"checkpoint_restart": {"at_step": 4},
+                                                  "downstream": {"command": ["x"], "metric": "m"}}))  # fmt: skip
+    launcher = LauncherService(data_dir=tmp_path)
+    tdir = launcher.state_root / "t1"
+
+    def proposed(**kwargs: object) -> ev.TrialProposed:
+        return ev.TrialProposed(candidate=CAND, candidate_key=CAND.key(), origin="verify", **kwargs)  # type: ignore[arg-type]
+
+    told = launcher._verify_checkpoints(proposed(kind="verify", steps=20), contract, tdir)
+    assert (told.checkpoint_dir, told.checkpoint_step, told.final_weights_dir) == (tdir / "checkpoint", 4, tdir / "final")
+    assert launcher._verify_checkpoints(proposed(kind="search"), contract, tdir).checkpoint_dir is None
+    with pytest.raises(Refused, match="trial t0 left no checkpoint to resume from"):
+        launcher._verify_checkpoints(proposed(kind="verify", resume_from="t0"), contract, tdir)
+    (launcher.state_root / "t0" / "checkpoint").mkdir(parents=True)
+    resume = launcher._verify_checkpoints(proposed(kind="verify", resume_from="t0"), contract, tdir)
+    assert resume.resume_from == launcher.state_root / "t0" / "checkpoint" and resume.final_weights_dir is None
