@@ -245,3 +245,40 @@ def test_the_launcher_tells_verify_runs_where_to_save_and_refuses_a_resume_witho
     (launcher.state_root / "t0" / "checkpoint").mkdir(parents=True)
     resume = launcher._verify_checkpoints(proposed(kind="verify", resume_from="t0"), contract, tdir)
     assert resume.resume_from == launcher.state_root / "t0" / "checkpoint" and resume.final_weights_dir is None
+
+
+# --------------------------------------------------------------------------------------------------
+# The report: the contract's settings and each verdict's row with its evidence
+# --------------------------------------------------------------------------------------------------
+
+
+def test_the_report_shows_the_settings_and_a_row_per_new_invariant(tmp_path):
+    import duckdb
+    from infrarsi.report import build_report, render_markdown
+    from infrarsi.report.source import load_events
+    from support.synthetic_study import synthetic_study, write_workload
+
+    restart_row = ev.InvariantResult(name="checkpoint.restart", ok=False, detail="resumed from its own run's "
+                                     "checkpoint after 60 steps: 61 steps compared, largest gap 5.58 ε", observed=5.58,
+                                     tolerance=1.0)  # fmt: skip
+    downstream_row = ev.InvariantResult(name="downstream", ok=True, detail="perplexity 76.63 vs baseline 76.63",
+                                        observed=0.0, tolerance=0.77)  # fmt: skip
+    events = []
+    for event in synthetic_study("s1", write_workload(tmp_path / "workload"), seed=3):
+        match event.payload:
+            case ev.StudyCreated() as created:
+                contract = {**created.contract, "verify": {**created.contract["verify"],
+                            "checkpoint_restart": {"at_step": 60}, "downstream": PPL.model_dump()}}  # fmt: skip
+                event = msgspec.structs.replace(event, payload=msgspec.structs.replace(created, contract=contract))
+            case ev.VerifyCompleted() as done:
+                rows = [*done.invariants, restart_row, downstream_row]
+                event = msgspec.structs.replace(event, payload=msgspec.structs.replace(done, invariants=rows))
+        events.append(event)
+    con = duckdb.connect(str(tmp_path / "analyst.duckdb"))
+    load_events(con, list(enumerate(events, start=1)))
+    md = render_markdown(build_report(con, "s1"), tmp_path / "r.md")[0].read_text()
+    con.close()
+    assert "checkpoint restart (verify)" in md and "after 60 steps" in md
+    assert "downstream (verify)" in md and "perplexity (lower is better), at most 1.00% worse" in md
+    assert "| checkpoint.restart | FAIL | resumed from its own run's checkpoint after 60 steps" in md
+    assert "| downstream | ok | perplexity 76.63 vs baseline 76.63" in md
