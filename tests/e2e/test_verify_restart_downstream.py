@@ -17,6 +17,7 @@ The HF Trainer example does the same through the Trainer's own ``resume_from_che
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from typing import Any
 import pytest
 import yaml
 from infrarsi import events as ev
+from infrarsi import verification as vf
 from support.tiny_verify import run_verification, verify_candidates
 
 RESTART_BUG, DOWNSTREAM_BUG, GENUINE, SAME_FORMAT = (
@@ -65,6 +67,12 @@ async def test_verify_rejects_a_broken_restart_and_a_worse_downstream_model_each
     rows = {i.name: i for i in genuine.invariants}
     assert rows["checkpoint.restart"].ok and rows["downstream"].ok
     assert "checkpoint.across_change" not in rows
+
+    # Telemetry measures the restart trials on the steps they owe (after the checkpoint), not as violations.
+    restarts = {vf.restart_trial_id_for(v.verify_id, 1, "candidate") for v in verdicts.values()}
+    measured = {m["trial_id"]: m["status"] for line in (tmp_path / "data" / "logs" / "telemetry.log").read_text().splitlines()
+                if '"trial measured"' in line and (m := json.loads(line))["trial_id"] in restarts}  # fmt: skip
+    assert measured == dict.fromkeys(restarts, "ok"), measured
 
 
 @pytest.mark.slow
