@@ -9,6 +9,8 @@ streams from a fixed random Markov chain whose next token is one of a few likely
 falls from ln(vocab) towards the chain's entropy and every run draws the same sequences.
 
 The one line for InfraRSI is ``callbacks=[InfraRSICallback()]``; run by hand, the callback does nothing.
+``resume_from_checkpoint=resume_checkpoint()`` lets verify restart the run from a mid-run checkpoint
+(``verify.checkpoint_restart``); ``evaluate.py`` is the downstream evaluation (``verify.downstream``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import sys
 from dataclasses import dataclass, field
 
 import torch
-from infrarsi.probe.integrations.hf import InfraRSICallback
+from infrarsi.probe.integrations.hf import InfraRSICallback, resume_checkpoint
 from transformers import GPT2Config, GPT2LMHeadModel, HfArgumentParser, Trainer, TrainingArguments
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded: the model is built from its config
@@ -86,7 +88,7 @@ def main() -> int:
         eval_dataset=MarkovText(data_args, data_args.eval_sequences, seed=2),
         callbacks=[InfraRSICallback()],
     )
-    trainer.train()
+    trainer.train(resume_from_checkpoint=resume_checkpoint())  # None unless verify resumes this run mid-way
     return 0
 
 

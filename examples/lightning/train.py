@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
-from infrarsi.probe.integrations.lightning import InfraRSICallback
+from infrarsi.probe.integrations.lightning import InfraRSICallback, resume_checkpoint
 from torch import nn
 
 
@@ -93,17 +95,41 @@ class MarkovData(pl.LightningDataModule):
         self.train_ids = self._sequences(self.hparams.train_sequences, seed=1)
         self.val_ids = self._sequences(self.hparams.val_sequences, seed=2)
 
-    def _loader(self, ids: torch.Tensor) -> torch.utils.data.DataLoader:
+    def _loader(self, ids: torch.Tensor, loader: type[torch.utils.data.DataLoader]) -> torch.utils.data.DataLoader:
         rows = [{"input_ids": row[:-1], "labels": row[1:]} for row in ids]
-        return torch.utils.data.DataLoader(
-            rows, batch_size=self.hparams.batch_size, shuffle=False, num_workers=self.hparams.num_workers
-        )
+        return loader(rows, batch_size=self.hparams.batch_size, shuffle=False, num_workers=self.hparams.num_workers)
 
     def train_dataloader(self) -> torch.utils.data.DataLoader:
-        return self._loader(self.train_ids)
+        return self._loader(self.train_ids, ResumableLoader)
 
     def val_dataloader(self) -> torch.utils.data.DataLoader:
-        return self._loader(self.val_ids)
+        return self._loader(self.val_ids, torch.utils.data.DataLoader)
+
+
+class ResumableLoader(torch.utils.data.DataLoader):
+    """A loader Lightning can resume mid-epoch: it restores a loader's position from a checkpoint only through
+    ``state_dict``/``load_state_dict``, and without them restarts the epoch's data from its first batch (a
+    resumed run then trains on other sequences than the interrupted one would have). The state is the number
+    of batches the training loop has taken this epoch; a resumed iteration skips that many."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._taken = 0
+        self._skip = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        skip, self._skip = self._skip, 0
+        self._taken = skip
+        for i, batch in enumerate(super().__iter__()):
+            if i >= skip:
+                self._taken += 1
+                yield batch
+
+    def state_dict(self) -> dict[str, int]:
+        return {"batches_taken": self._taken}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self._skip = state["batches_taken"]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -147,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         enable_model_summary=False,
         callbacks=[InfraRSICallback()],
     )
-    trainer.fit(model, datamodule=data)
+    trainer.fit(model, datamodule=data, ckpt_path=resume_checkpoint())  # None unless verify resumes mid-way
     return 0
 
 

@@ -66,7 +66,7 @@ COMMAND_PLACEHOLDERS = frozenset({"python", "launch_file", "probe_dir"})
 
 INVARIANT_NAMES = (
     "scope", "work.optimizer_steps", "work.tokens", "work.eval", "loss", "loss.trend", "loss.parity",
-    "parity.deterministic", "timing",
+    "parity.deterministic", "timing", "checkpoint.restart", "checkpoint.across_change", "downstream",
 )
 """Names of ``events.InvariantResult``; a reward-hack patch's ``breaks`` must be one of them."""
 
@@ -822,6 +822,76 @@ class DoctorSpec(_Model):
     """Baseline runs; at least 2 to measure run-to-run noise."""
 
 
+DOWNSTREAM_PLACEHOLDERS = frozenset({"python", "launch_file", "weights"})
+"""The only ``{...}`` names allowed in ``verify.downstream.command``; the launcher fills them per run."""
+
+
+class CheckpointRestartSpec(_Model):
+    """Checkpoint restart at verify (invariants ``checkpoint.restart``, ``checkpoint.across_change``).
+
+    Every verify run is told to save a checkpoint after ``at_step`` optimiser steps (``INFRARSI_CHECKPOINT_DIR``,
+    ``INFRARSI_CHECKPOINT_STEP``) and goes on uninterrupted. After the first pair of a round, a fresh process of
+    the candidate resumes from the candidate run's checkpoint (``INFRARSI_RESUME_FROM``) and runs to the verify
+    horizon; its loss at every step must stay within the loss invariant's ε of the uninterrupted run's."""
+
+    at_step: int | None = Field(default=None, ge=1)
+    """Optimiser steps done when the checkpoint is saved; ``None``: half the verify horizon. Must be below
+    ``workload.verify_steps``."""
+    across_change: bool = False
+    """Also resume the *baseline* run's checkpoint under the candidate's code and knobs
+    (``checkpoint.across_change``): for jobs whose checkpoints must survive the change (a production job
+    switched in flight). Off by default: a change may legitimately alter the checkpoint's format (``fused-qkv``
+    renames three weights into one)."""
+
+    def step_for(self, verify_steps: int) -> int:
+        return self.at_step if self.at_step is not None else max(1, verify_steps // 2)
+
+
+class DownstreamSpec(_Model):
+    """A downstream evaluation at verify (invariant ``downstream``): a command run on the final weights of every
+    verify run (baseline and candidate), whose metric the candidate must not worsen beyond a tolerance.
+
+    The job is told where to save its final weights (``INFRARSI_FINAL_WEIGHTS_DIR``); after it exits ok the
+    launcher runs ``command`` in the run's worktree (no shell) and reads the metric from the last line of its
+    standard output that is a JSON object."""
+
+    command: list[str] = Field(min_length=1)
+    """argv; placeholders ``{python}``, ``{launch_file}`` (the run's launch file), ``{weights}`` (the final
+    weights directory). Runs with the workload's environment."""
+    metric: str = Field(min_length=1)
+    """Key of the metric in the JSON object the command prints, e.g. ``perplexity``."""
+    higher_is_better: bool = False
+    """``False``: lower is better (perplexity, loss); ``True``: higher is better (accuracy)."""
+    tolerance: float = Field(default=0.01, ge=0)
+    """How much worse than the paired baseline's the candidate's metric may be."""
+    mode: Literal["relative", "absolute"] = "relative"
+    """``relative``: a fraction of the baseline's metric; ``absolute``: in the metric's units."""
+    timeout_s: float = Field(default=600.0, gt=0)
+    """The command is killed after this long and the run's downstream result names the timeout."""
+
+    @field_validator("command")
+    @classmethod
+    def _known_placeholders(cls, command: list[str]) -> list[str]:
+        for arg in command:
+            try:
+                fields = list(string.Formatter().parse(arg))
+            except ValueError as exc:
+                raise ValueError(f"bad braces in {arg!r}: {exc}") from None
+            for _literal, name, _spec, _conversion in fields:
+                if name is not None and name not in DOWNSTREAM_PLACEHOLDERS:
+                    allowed = ", ".join(sorted(DOWNSTREAM_PLACEHOLDERS))
+                    raise ValueError(f"unknown placeholder {{{name}}} in {arg!r} (allowed: {allowed})")
+        return command
+
+    def allowed(self, baseline_metric: float) -> float:
+        return self.tolerance * abs(baseline_metric) if self.mode == "relative" else self.tolerance
+
+    def worse_by(self, baseline_metric: float, candidate_metric: float) -> float:
+        """How much worse the candidate is (negative: better)."""
+        diff = candidate_metric - baseline_metric
+        return -diff if self.higher_is_better else diff
+
+
 class VerifySpec(_Model):
     """Re-running the best candidates against the baseline."""
 
@@ -832,6 +902,11 @@ class VerifySpec(_Model):
     passes_required: int = Field(default=2, ge=1)
     """Verification rounds a candidate must pass (every invariant on every run, CI lower bound > 1) to be
     promotable; a failed round ends its verification."""
+    checkpoint_restart: CheckpointRestartSpec | None = None
+    """Resume from a mid-run checkpoint in a fresh process and compare (docs/stages.md); ``None``: not checked."""
+    downstream: DownstreamSpec | None = None
+    """Evaluate the final weights of both arms with a user command and compare (docs/stages.md); ``None``: not
+    checked."""
 
 
 class AgentSpec(_Model):
@@ -903,6 +978,16 @@ class Contract(_Model):
     approval by role ``owner``."""
 
     _source: Path | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _checkpoint_inside_the_verify_horizon(self) -> Contract:
+        restart, horizon = self.verify.checkpoint_restart, self.workload.verify_steps
+        if restart is not None and restart.step_for(horizon) >= horizon:
+            raise ValueError(
+                f"verify.checkpoint_restart.at_step {restart.at_step} leaves nothing to resume: it must be below "
+                f"workload.verify_steps {horizon}"
+            )
+        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -1191,7 +1276,7 @@ class PatchInfo(_Model):
     breaks: (
         Literal[
             "scope", "work.optimizer_steps", "work.tokens", "work.eval", "loss", "loss.trend", "loss.parity",
-            "parity.deterministic", "timing",
+            "parity.deterministic", "timing", "checkpoint.restart", "checkpoint.across_change", "downstream",
         ]
         | None
     ) = None

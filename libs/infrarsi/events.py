@@ -113,11 +113,13 @@ class LossPoint(msgspec.Struct, frozen=True, array_like=True):
 
 InvariantName = Literal[
     "scope", "work.optimizer_steps", "work.tokens", "work.eval", "loss", "loss.trend", "loss.parity",
-    "parity.deterministic", "timing",
+    "parity.deterministic", "timing", "checkpoint.restart", "checkpoint.across_change", "downstream",
 ]
 """``loss.trend``, ``loss.parity`` and ``parity.deterministic`` are judged at verify only: the trend of the loss
 gap over the verify horizon, the contract's numeric parity mode, and whether a run under ``bitwise`` parity kept
-torch's deterministic algorithms on."""
+torch's deterministic algorithms on. So are ``checkpoint.restart`` / ``checkpoint.across_change`` (a fresh process
+resumed from a mid-run checkpoint continues the uninterrupted run) and ``downstream`` (the contract's evaluation
+of the final weights, against the paired baseline's)."""
 
 
 class InvariantResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -303,6 +305,9 @@ class TrialProposed(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     verify_id: str | None = None
     retry_of: str | None = None
     """The trial this one runs again (an infrastructure failure, or a timing verdict taken under interference)."""
+    resume_from: str | None = None
+    """Verify's checkpoint restart: a fresh process resumes from the checkpoint that trial saved
+    (``verify.checkpoint_restart``); ``None`` = a run from step zero."""
 
 
 class TrialLaunched(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -345,6 +350,17 @@ class TrialStep(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     deterministic: bool | None = None
     """Whether torch's deterministic algorithms were on at the end of this step
     (``torch.are_deterministic_algorithms_enabled()``); ``None`` from probes that do not say."""
+
+
+class DownstreamResult(msgspec.Struct, frozen=True, kw_only=True):
+    """What the contract's downstream command measured on one run's final weights (``verify.downstream``)."""
+
+    metric: str
+    value: float | None = None
+    """``None``: no value (the command failed, timed out, or printed no JSON object with ``metric``)."""
+    error: str = ""
+    """Why there is no value, with the end of the command's output."""
+    wall_s: float = 0.0
 
 
 class TrialFinished(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -392,6 +408,8 @@ class TrialFinished(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """Coarse measurement only: the step times the job printed on its step lines (``time 81.2ms``,
     ``| 812.3 ms``), in order, with when each line became visible: held against the launcher's clock (the
     timing invariant)."""
+    downstream: DownstreamResult | None = None
+    """Verify runs under ``verify.downstream``: the evaluation command's result on this run's final weights."""
 
 
 class TrialStopRequested(msgspec.Struct, frozen=True, kw_only=True, tag=True):

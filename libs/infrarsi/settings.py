@@ -148,6 +148,14 @@ class JobEnv(_FromEnv):
     deterministic: bool | None = None
     """Verify under ``invariants.parity: bitwise``: the probe turns torch's deterministic algorithms on when the
     job creates it (``Probe.from_env``), and reports at every step whether they stayed on."""
+    checkpoint_dir: Path | None = None
+    """Verify under ``verify.checkpoint_restart``: save a checkpoint here after ``checkpoint_step`` steps."""
+    checkpoint_step: int | None = Field(default=None, ge=1)
+    resume_from: Path | None = None
+    """Resume from the checkpoint saved here (the next step is the one after the checkpoint's) instead of
+    starting at step zero."""
+    final_weights_dir: Path | None = None
+    """Verify under ``verify.downstream``: save the final weights here for the downstream command."""
     sim_scenario: str | None = None
     sim_step_s: float | None = Field(default=None, ge=0)
     sim_seed: int | None = None

@@ -13,6 +13,11 @@ Owns the pure logic of the verify stage (ARCHITECTURE.md §1, §7):
   no gap to the baseline that grows towards ε over the horizon (``loss.trend``, ``TrendRule``), same
   optimiser steps and tokens, same eval work) — and the round verdict: passed if every invariant holds
   on every run and the CI lower bound is above 1. Promotable after ``passes_required`` passed rounds.
+- ``plan_restarts`` / ``restart_check`` (``verify.checkpoint_restart``): after a round's first pair, the
+  candidate resumed in a fresh process from that pair's mid-run checkpoint (its own: ``checkpoint.restart``;
+  the baseline's: ``checkpoint.across_change``) must continue the uninterrupted candidate run within ε.
+- ``downstream_check`` (``verify.downstream``): the contract's evaluation of each pair's final weights, the
+  candidate no more than the tolerance worse than its paired baseline.
 - ``select_candidates``: the top-K search candidates to verify.
 
 No I/O and no bus here: the verifier service (``infrarsi_services.verifier``) and ``infrarsi verify`` call it.
@@ -31,9 +36,11 @@ from scipy import stats
 from infrarsi import events as ev
 
 if TYPE_CHECKING:
-    from infrarsi.contract import Contract, Invariants
+    from infrarsi.contract import Contract, DownstreamSpec, Invariants
 
 Arm = Literal["baseline", "candidate"]
+RestartSource = Literal["candidate", "baseline"]
+"""Whose checkpoint a restart trial resumes under the candidate: its own run's, or the paired baseline run's."""
 CiMethod = Literal["percentile", "bca", "auto"]
 
 BOOTSTRAP_RESAMPLES = 2000
@@ -57,6 +64,10 @@ def trial_id_for(verify_id: str, round_no: int, pair: int, arm: Arm) -> str:
     return ev.derived_id(verify_id, f"round{round_no}", f"pair{pair}", arm)
 
 
+def restart_trial_id_for(verify_id: str, round_no: int, source: RestartSource) -> str:
+    return ev.derived_id(verify_id, f"round{round_no}", "restart", source)
+
+
 @dataclass(frozen=True)
 class PlannedTrial:
     """One run of a verification plan: the ``TrialProposed`` to publish and where it sits in the plan."""
@@ -67,6 +78,8 @@ class PlannedTrial:
     pair: int
     arm: Arm
     payload: ev.TrialProposed
+    resumes: RestartSource | None = None
+    """A restart trial (the candidate resumed from this source's checkpoint), not a run of a pair."""
 
 
 def plan_round(
@@ -105,6 +118,35 @@ def plan_round(
     return plan
 
 
+def plan_restarts(
+    verify_id: str,
+    candidate: ev.Candidate,
+    *,
+    round_no: int,
+    sources: dict[RestartSource, str],
+    steps: int | None,
+) -> list[PlannedTrial]:
+    """Round ``round_no``'s restart trials: the candidate, in a fresh process, resumed from the checkpoint the
+    trial ``sources[source]`` saved mid-run (``TrialProposed.resume_from``), run to the verify horizon."""
+    key = candidate.key()
+    plan = []
+    for source, from_trial in sources.items():
+        payload = ev.TrialProposed(
+            candidate=candidate,
+            candidate_key=key,
+            kind="verify",
+            origin="verify",
+            reason=f"verify {key} round {round_no}: resume the {source} run's checkpoint under the candidate",
+            repeat=round_no - 1,
+            steps=steps,
+            verify_id=verify_id,
+            resume_from=from_trial,
+        )
+        trial_id = restart_trial_id_for(verify_id, round_no, source)
+        plan.append(PlannedTrial(trial_id, verify_id, round_no, 0, "candidate", payload, resumes=source))
+    return plan
+
+
 # --------------------------------------------------------------------------------------------------
 # Measurements
 # --------------------------------------------------------------------------------------------------
@@ -135,6 +177,8 @@ class RunMeasurement:
     """Invariants telemetry could not check on this run."""
     deterministic: bool | None = None
     """Torch's deterministic algorithms on at every step the probe reported (``None``: not said)."""
+    downstream: ev.DownstreamResult | None = None
+    """The downstream evaluation of this run's final weights (``verify.downstream``), from its ``TrialFinished``."""
 
     @property
     def usable(self) -> bool:
@@ -162,7 +206,7 @@ class RunMeasurement:
 
     @classmethod
     def from_finished(cls, trial_id: str, arm: Arm, pair: int, f: ev.TrialFinished) -> RunMeasurement:
-        return cls(trial_id=trial_id, arm=arm, pair=pair, status=f.status, reason=f.reason)
+        return cls(trial_id=trial_id, arm=arm, pair=pair, status=f.status, reason=f.reason, downstream=f.downstream)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -556,6 +600,109 @@ def _num(value: int | None) -> float | None:
     return None if value is None else float(value)
 
 
+@dataclass(frozen=True)
+class ExtraChecks:
+    """Verify's checks beyond the pairs' own: ``verify.checkpoint_restart`` and ``verify.downstream``."""
+
+    restart_at: int | None = None
+    """Optimiser steps in the mid-run checkpoint the restart trials resume from; ``None``: no restart check."""
+    across_change: bool = False
+    """Also resume the baseline run's checkpoint under the candidate (``checkpoint.across_change``)."""
+    downstream: DownstreamSpec | None = None
+
+    def restart_sources(self) -> tuple[RestartSource, ...]:
+        if self.restart_at is None:
+            return ()
+        return ("candidate", "baseline") if self.across_change else ("candidate",)
+
+
+RESTART_INVARIANT: dict[RestartSource, ev.InvariantName] = {"candidate": "checkpoint.restart", "baseline": "checkpoint.across_change"}
+
+
+def restart_check(
+    source: RestartSource, uninterrupted: RunMeasurement, resumed: RunMeasurement | None, rule: LossRule, at_step: int
+) -> ev.InvariantResult:
+    """A restart trial against the uninterrupted candidate run it continues: it must start at the checkpoint's
+    step and report every later step the uninterrupted run did (train and eval), each within the loss
+    invariant's ε. ``observed`` is the largest gap in units of ε (``tolerance`` 1.0)."""
+    name = RESTART_INVARIANT[source]
+    whose = "its own run's" if source == "candidate" else "the baseline run's"
+    where = f"resumed from {whose} checkpoint after {at_step} steps"
+
+    def failed(detail: str, observed: float | None = None) -> ev.InvariantResult:
+        return ev.InvariantResult(name=name, ok=False, detail=f"{where}: {detail}", observed=observed, tolerance=1.0)
+
+    if resumed is None:
+        return failed("no restart run reported")
+    # Telemetry's verdicts on the restart trial (its steps owed, its timing) are not its restart verdict: an
+    # ``invariant_violation`` there still leaves its curve to compare here.
+    if resumed.status not in ("ok", "invariant_violation"):
+        return failed(f"the resumed run ended {resumed.status}: {resumed.reason or 'no reason given'}")
+    steps = sorted(p.step for p in resumed.loss_curve)
+    if not steps:
+        return failed("the resumed run reported no loss")
+    if steps[0] != at_step:
+        return failed(f"its first step is {steps[0]}, not {at_step}: it did not continue from the checkpoint")
+    worst, worst_at, compared, missing, beyond = 0.0, "", 0, [], []
+    for what, reference, curve in (
+        ("train", uninterrupted.loss_curve, resumed.loss_curve),
+        ("eval", uninterrupted.eval_curve, resumed.eval_curve),
+    ):
+        got = {p.step: p.loss for p in curve}
+        for point in reference:
+            if point.step < at_step:
+                continue
+            if point.step not in got:
+                missing.append(f"{what} {point.step}")
+                continue
+            gap = abs(got[point.step] - point.loss)
+            allowed = rule.allowed(point.loss)
+            ratio = gap / allowed if allowed > 0 and math.isfinite(gap) else (0.0 if gap == 0 else math.inf)
+            compared += 1
+            if ratio > 1.0:
+                beyond.append((point.step, what))
+            if ratio > worst or not worst_at:
+                worst = ratio
+                worst_at = f"{what} loss at step {point.step}: {got[point.step]:.6g} vs {point.loss:.6g} uninterrupted"
+    if missing:
+        return failed(f"the resumed run lacks steps the uninterrupted run has ({', '.join(missing[:5])})")
+    if compared == 0:
+        return failed("no step after the checkpoint to compare")
+    detail = f"{where}: {compared} steps compared, largest gap {worst:.3g} ε ({worst_at})"
+    if beyond:
+        step, what = min(beyond)
+        detail += f"; {len(beyond)} beyond ε, the first at {what} step {step}"
+    return ev.InvariantResult(name=name, ok=worst <= 1.0, detail=detail, observed=worst, tolerance=1.0)
+
+
+def downstream_check(baseline: RunMeasurement, candidate: RunMeasurement, spec: DownstreamSpec) -> ev.InvariantResult:
+    """The candidate's downstream metric against its paired baseline run's, within ``spec``'s tolerance.
+    ``observed`` is how much worse the candidate is (negative: better), ``tolerance`` what is allowed."""
+    results = {"candidate": candidate.downstream, "baseline": baseline.downstream}
+    for arm, result in results.items():
+        if result is None:
+            return ev.InvariantResult(name="downstream", ok=False,
+                                      detail=f"the {arm} run's final weights were not evaluated (no result)")  # fmt: skip
+        if result.value is None:
+            return ev.InvariantResult(name="downstream", ok=False,
+                                      detail=f"the {arm} run's evaluation gave no {spec.metric}: {result.error}")  # fmt: skip
+    b, c = baseline.downstream, candidate.downstream
+    assert b is not None and c is not None and b.value is not None and c.value is not None  # checked above
+    worse = spec.worse_by(b.value, c.value)
+    allowed = spec.allowed(b.value)
+    better = "higher" if spec.higher_is_better else "lower"
+    relative = f" ({worse / abs(b.value):+.2%} of it)" if b.value else ""
+    limit = f"{spec.tolerance:.2%} relative" if spec.mode == "relative" else f"{spec.tolerance:g} absolute"
+    return ev.InvariantResult(
+        name="downstream",
+        ok=worse <= allowed,
+        detail=f"{spec.metric} {c.value:.6g} vs baseline {b.value:.6g}: worse by {worse:.4g}{relative}, "
+        f"allowed {limit} ({better} is better)",
+        observed=worse,
+        tolerance=allowed,
+    )
+
+
 # Telemetry judges a verify *baseline* run against the study's trial-horizon baseline; of those verdicts
 # only the ones about the measurement itself (timing, scope) say something about a baseline run.
 _BASELINE_ARM_INVARIANTS = frozenset({"timing", "scope"})
@@ -575,10 +722,17 @@ class Round:
     round_no: int
     repeats: int
     runs: dict[str, RunMeasurement] = field(default_factory=dict)
-    """By trial id."""
+    """By trial id (the pairs' runs)."""
+    restarts_expected: int = 0
+    """Restart trials planned (``plan_restarts``) once the first pair was in."""
+    restarts: dict[RestartSource, RunMeasurement] = field(default_factory=dict)
+    """The restart trials' runs, by whose checkpoint they resumed."""
 
     def complete(self) -> bool:
-        return len(self.runs) >= 2 * self.repeats
+        return len(self.runs) >= 2 * self.repeats and len(self.restarts) >= self.restarts_expected
+
+    def first_pair(self) -> dict[Arm, RunMeasurement]:
+        return {run.arm: run for run in self.runs.values() if run.pair == 0}
 
 
 def decide(
@@ -587,6 +741,7 @@ def decide(
     passes_before: int,
     passes_required: int,
     loss_rule: LossRule,
+    checks: ExtraChecks = ExtraChecks(),
     resamples: int = BOOTSTRAP_RESAMPLES,
     seed: int = BOOTSTRAP_SEED,
 ) -> ev.VerifyCompleted:
@@ -635,12 +790,14 @@ def decide(
         if base is None or cand is None or not (base.usable and cand.usable):
             continue
         assert base.step_time_s is not None and cand.step_time_s is not None  # both usable
-        checks = pair_invariants(base, cand, loss_rule)
-        for result in checks:
+        paired = pair_invariants(base, cand, loss_rule)
+        if checks.downstream is not None:
+            paired.append(downstream_check(base, cand, checks.downstream))
+        for result in paired:
             note(f"pair {pair + 1}", result)
         compares_loss = not (base.coarse or cand.coarse) or (base.loss_from_log and cand.loss_from_log)
         if loss_rule.trend is not None and compares_loss:
-            if not any(r.name == "loss.trend" for r in checks):
+            if not any(r.name == "loss.trend" for r in paired):
                 unchecked.add("loss.trend")  # too few compared steps to fit a trend
         a_times.append(base.step_time_s)
         b_times.append(cand.step_time_s)
@@ -648,6 +805,18 @@ def decide(
             a_mfu.append(base.mfu)
         if cand.mfu is not None:
             b_mfu.append(cand.mfu)
+
+    first_pair = round_.first_pair()
+    for source in checks.restart_sources():
+        name = RESTART_INVARIANT[source]
+        uninterrupted, origin = first_pair.get("candidate"), first_pair.get(source)
+        if uninterrupted is None or origin is None or not (uninterrupted.usable and origin.usable):
+            continue  # a run of the first pair failed: named as run.<status>, nothing was resumed
+        if uninterrupted.coarse:
+            unchecked.add(name)  # no loss curve to continue
+            continue
+        assert checks.restart_at is not None  # restart_sources() is empty without it
+        note("pair 1", restart_check(source, uninterrupted, round_.restarts.get(source), loss_rule, checks.restart_at))
 
     invariants = []
     failed: list[str] = []
@@ -746,6 +915,10 @@ class VerifyCost:
     """The doctor's robust step time of the untouched baseline."""
     accelerators: int
     """Devices one run holds (nodes × devices per node)."""
+    restarts: int = 0
+    """Restart trials per round (``verify.checkpoint_restart``: 1, or 2 ``across_change``)."""
+    restart_steps: int = 0
+    """Steps a restart trial runs: from the checkpoint to the verify horizon."""
 
     @property
     def runs(self) -> int:
@@ -753,12 +926,17 @@ class VerifyCost:
 
     @property
     def accelerator_s(self) -> float:
-        return self.runs * self.steps * self.step_time_s * self.accelerators
+        restart_steps = self.candidates * self.rounds * self.restarts * self.restart_steps
+        return (self.runs * self.steps + restart_steps) * self.step_time_s * self.accelerators
 
     def line(self) -> str:
+        runs = (f"{self.candidates} candidate(s) × {self.rounds} round(s) × {self.repeats} pair(s) × 2 runs × "
+                f"{self.steps} steps")  # fmt: skip
+        if self.restarts:
+            runs = (f"({runs} + {self.candidates} candidate(s) × {self.rounds} round(s) × {self.restarts} restart "
+                    f"run(s) × {self.restart_steps} steps)")  # fmt: skip
         return (
-            f"verify cost (predicted, at most): {self.candidates} candidate(s) × {self.rounds} round(s) × "
-            f"{self.repeats} pair(s) × 2 runs × {self.steps} steps × {self.step_time_s * 1e3:.1f} ms/step (doctor)"
+            f"verify cost (predicted, at most): {runs} × {self.step_time_s * 1e3:.1f} ms/step (doctor)"
             f" × {self.accelerators} accelerator(s) = {self.accelerator_s:,.0f} accelerator-s"
         )
 
@@ -768,6 +946,7 @@ def predicted_verify_cost(
 ) -> VerifyCost:
     """``VerifyCost`` of verifying ``candidates`` (default ``verify.top_k``) under ``contract``."""
     launcher = contract.workload.launcher
+    restart, horizon = contract.verify.checkpoint_restart, contract.workload.verify_steps
     return VerifyCost(
         candidates=contract.verify.top_k if candidates is None else candidates,
         rounds=contract.verify.passes_required,
@@ -775,6 +954,8 @@ def predicted_verify_cost(
         steps=contract.workload.verify_steps,
         step_time_s=step_time_s,
         accelerators=launcher.nnodes * launcher.nproc_per_node,
+        restarts=0 if restart is None else 2 if restart.across_change else 1,
+        restart_steps=0 if restart is None else horizon - restart.step_for(horizon),
     )
 
 

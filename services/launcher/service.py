@@ -70,6 +70,7 @@ from infrarsi.settings import JobEnv, Settings, env_var
 from infrarsi.subjects import PROBE, TELEMETRY_STREAM, step_msg_id, telemetry_subject
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from .downstream import downstream_argv, run_downstream
 from .output import GrowingFile, OutputSteps, OutputTail
 
 log = get_logger(__name__)
@@ -100,6 +101,16 @@ class Study:
     agent_patches: dict[str, str] = field(default_factory=dict)
     """Diffs the study's language model proposed and the proposer's checks accepted (``AgentAnswered``), by
     patch id: patches of this study beside the library, applied with the same checks."""
+
+
+@dataclass(frozen=True)
+class JobCheckpoints:
+    """The checkpoint and weight paths a verify run is told (``JobEnv``'s fields of the same names)."""
+
+    checkpoint_dir: Path | None = None
+    checkpoint_step: int | None = None
+    resume_from: Path | None = None
+    final_weights_dir: Path | None = None
 
 
 class Refused(Exception):
@@ -424,12 +435,14 @@ class LauncherService(Service):
                                    else yaml.safe_dump(launch.launch_file, sort_keys=False))  # fmt: skip
         shutil.rmtree(probe_dir, ignore_errors=True)
         probe_dir.mkdir(parents=True)
+        checkpoints = self._verify_checkpoints(proposed, contract, tdir)
         spec = JobSpec(
             name=event.trial_id or "",
             argv=launch.argv,
             workdir=worktree,
             env=self._job_env(event, study, probe_dir, launch.env, retry_of=proposed.retry_of,
-                              deterministic=proposed.kind == "verify" and contract.invariants.parity == "bitwise"),
+                              deterministic=proposed.kind == "verify" and contract.invariants.parity == "bitwise",
+                              checkpoints=checkpoints),
             state_dir=tdir,
             launcher=contract.workload.launcher.kind,
             nnodes=contract.workload.launcher.nnodes,
@@ -462,6 +475,14 @@ class LauncherService(Service):
         if written and finished.status not in ("scope_violation", "cancelled"):
             finished = msgspec.structs.replace(finished, status="scope_violation", reason=(
                 "the trial changed its read-only inputs: " + "; ".join(written[:5])))  # fmt: skip
+        downstream = contract.verify.downstream
+        if checkpoints.final_weights_dir is not None and downstream is not None and finished.status == "ok":
+            argv = downstream_argv(downstream, python=sys.executable, launch_file=str(launch_path),
+                                   weights=checkpoints.final_weights_dir)
+            evaluated = await asyncio.to_thread(run_downstream, downstream, argv, cwd=worktree, env=spec.env)
+            log.info("downstream evaluated", metric=evaluated.metric, value=evaluated.value,
+                     error=evaluated.error[:200])  # fmt: skip
+            finished = msgspec.structs.replace(finished, downstream=evaluated)
         return finished
 
     @staticmethod
@@ -486,6 +507,34 @@ class LauncherService(Service):
             inputs.link_inputs(workload.repo, worktree, workload.inputs)
         except (inputs.InputError, OSError) as exc:
             raise Refused("crash", f"the job's inputs could not be placed in the trial: {exc}") from None
+
+    def _verify_checkpoints(self, proposed: ev.TrialProposed, contract: Contract, tdir: Path) -> JobCheckpoints:
+        """What a verify run is told to save or resume (``verify.checkpoint_restart``, ``verify.downstream``).
+
+        A run from step zero saves its checkpoint under its state directory (which outlives its worktree), so a
+        later restart trial can resume from it; a restart trial resumes from the named trial's checkpoint and
+        saves nothing. Only runs from step zero are evaluated downstream."""
+        if proposed.kind != "verify":
+            return JobCheckpoints()
+        restart, downstream = contract.verify.checkpoint_restart, contract.verify.downstream
+        if proposed.resume_from is not None:
+            source = self.state_root / proposed.resume_from / "checkpoint"
+            if restart is None:
+                raise Refused("scope_violation", "a restart trial under a contract without verify.checkpoint_restart")
+            if not source.is_dir():
+                raise Refused("crash", f"trial {proposed.resume_from} left no checkpoint to resume from ({source})")
+            return JobCheckpoints(resume_from=source)
+        horizon = proposed.steps if proposed.steps is not None else contract.workload.verify_steps
+        save = restart is not None and restart.step_for(horizon) < horizon
+        final = tdir / "final" if downstream is not None else None
+        for made in (tdir / "checkpoint", final):
+            if made is not None:
+                shutil.rmtree(made, ignore_errors=True)
+        return JobCheckpoints(
+            checkpoint_dir=tdir / "checkpoint" if save else None,
+            checkpoint_step=restart.step_for(horizon) if save and restart is not None else None,
+            final_weights_dir=final,
+        )
 
     async def _reattach(
         self, submitted: dict[str, Any], candidate: ev.Candidate, study: Study, tdir: Path
@@ -597,7 +646,8 @@ class LauncherService(Service):
         return paths
 
     def _job_env(self, event: ev.Event, study: Study, probe_dir: Path, workload_env: dict[str, str], *,
-                 retry_of: str | None = None, deterministic: bool = False) -> dict[str, str]:  # fmt: skip
+                 retry_of: str | None = None, deterministic: bool = False,
+                 checkpoints: JobCheckpoints | None = None) -> dict[str, str]:  # fmt: skip
         env = {k: v for k, v in os.environ.items() if not k.startswith(SETTINGS_PREFIX)}
         if self.settings.log_level is not None:
             env[env_var("log_level")] = self.settings.log_level
@@ -612,6 +662,7 @@ class LauncherService(Service):
             peak_flops=float(study.cluster.peak_flops) if study.cluster.peak_flops else None,
             retry_of=retry_of,
             deterministic=True if deterministic else None,
+            **dataclasses.asdict(checkpoints or JobCheckpoints()),
         )
         env.update(job.to_env())
         if deterministic:  # cuBLAS reads it when it starts, perhaps before the probe can set it

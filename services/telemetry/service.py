@@ -309,6 +309,12 @@ class TelemetryService(Service):
             horizon = (proposed.steps if proposed and proposed.steps else None) or study.steps
             is_baseline = defines_work(kind, proposed, coarse=study.coarse)
             reference = None if is_baseline else study.baselines.get(horizon, (None, None))[1]
+            if proposed is not None and proposed.resume_from is not None and trial.steps:
+                # A restart trial (verify.checkpoint_restart) begins at its checkpoint's step: it owes the steps
+                # after it, and its curve is the verifier's to judge against the run it continues, not the
+                # baseline's from step zero (which it would fail by design, and be counted a violation).
+                horizon -= min(step for _rank, step in trial.steps)
+                reference = None
             series: stats.Series | None = None
             if study.coarse:
                 measured = stats.measure_coarse(

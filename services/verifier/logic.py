@@ -22,16 +22,28 @@ Flow per candidate of a ``VerifyRequested``: round 1's interleaved plan (``verif
 collect a ``TrialMeasured`` (or a failed ``TrialFinished``) per planned trial → ``verification.decide`` →
 ``VerifyCompleted`` (one per round) → if the round passed and fewer than ``passes_required`` rounds have
 passed, plan the next round; a failed round ends the verification (pass twice *in a row* to be promotable).
+Under ``verify.checkpoint_restart`` the round also plans its restart trials once both runs of its first pair
+are in (``verification.plan_restarts``: ``TrialProposed.resume_from``) and is decided only when they are in too.
+Under ``verify.downstream`` the metric of each ok run comes from its ``TrialFinished`` (kept until its
+``TrialMeasured``, which follows it on the stream).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from infrarsi import events as ev
 from infrarsi import verification as vf
-from infrarsi.contract import Contract, ContractError, VerifySpec, locked_contract
+from infrarsi.contract import (
+    CheckpointRestartSpec,
+    Contract,
+    ContractError,
+    DownstreamSpec,
+    VerifySpec,
+    locked_contract,
+)
 from infrarsi.logs import get_logger
 from infrarsi.service import Emission, Fold
 
@@ -49,6 +61,8 @@ class StudyRules:
     repeats: int = _VERIFY_DEFAULTS.repeats
     verify_steps: int | None = None
     loss_rule: vf.LossRule = vf.LossRule()
+    restart: CheckpointRestartSpec | None = None
+    downstream: DownstreamSpec | None = None
 
     @classmethod
     def from_contract(cls, contract: Contract) -> StudyRules:
@@ -57,7 +71,18 @@ class StudyRules:
             repeats=contract.verify.repeats,
             verify_steps=contract.workload.verify_steps,
             loss_rule=vf.loss_rule_of(contract.invariants),
+            restart=contract.verify.checkpoint_restart,
+            downstream=contract.verify.downstream,
         )
+
+    def checks_at(self, steps: int | None) -> vf.ExtraChecks:
+        """The restart and downstream checks of a verification at horizon ``steps`` (the launcher saves the
+        checkpoint at the same step: ``CheckpointRestartSpec.step_for`` of the run's horizon)."""
+        restart_at = None
+        if self.restart is not None and steps is not None and self.restart.step_for(steps) < steps:
+            restart_at = self.restart.step_for(steps)
+        across = self.restart is not None and self.restart.across_change
+        return vf.ExtraChecks(restart_at=restart_at, across_change=across, downstream=self.downstream)
 
 
 @dataclass
@@ -71,6 +96,7 @@ class Verification:
     steps: int | None
     rules: StudyRules
     round: vf.Round
+    checks: vf.ExtraChecks = vf.ExtraChecks()
     plan: dict[str, vf.PlannedTrial] = field(default_factory=dict)
     """Planned trials of the current round, by trial id."""
     passes: int = 0
@@ -88,6 +114,8 @@ class VerifierLogic(Fold):
         self.rules: dict[str, StudyRules] = {}
         self.verifications: dict[str, Verification] = {}
         self._trial_to_verify: dict[str, str] = {}
+        self._downstream: dict[str, ev.DownstreamResult] = {}
+        """Downstream results of ok verify runs, from their ``TrialFinished`` (which precedes ``TrialMeasured``)."""
 
     # ---------------------------------------------------------------- entry point
 
@@ -102,12 +130,17 @@ class VerifierLogic(Fold):
             case ev.VerifyRequested() as request:
                 out = self._on_request(event, request)
             case ev.TrialMeasured() as measured:
-                out = self._on_result(event, lambda t, a, p: vf.RunMeasurement.from_measured(t, a, p, measured))
+                downstream = self._downstream.get(event.trial_id or "")
+                out = self._on_result(event, lambda t, a, p: dataclasses.replace(
+                    vf.RunMeasurement.from_measured(t, a, p, measured), downstream=downstream))
             case ev.StudyCancelled():
                 out = self._on_cancelled(event.study_id)
             case ev.TrialFinished(status=status) as finished if status != "ok":
                 # A run that died has no TrialMeasured (or a late one); its failure is the result.
                 out = self._on_result(event, lambda t, a, p: vf.RunMeasurement.from_finished(t, a, p, finished))
+            case ev.TrialFinished(downstream=downstream) if downstream is not None and event.trial_id:
+                self._downstream[event.trial_id] = downstream  # telemetry's TrialMeasured of this run comes next
+                out = []
             case _:
                 out = []
         return out
@@ -131,6 +164,7 @@ class VerifierLogic(Fold):
                 steps=steps,
                 rules=rules,
                 round=vf.Round(verify_id, candidate, 1, repeats),
+                checks=rules.checks_at(steps),
             )
             self.verifications[verify_id] = verification
             out += self._plan(verification, 1)
@@ -157,20 +191,29 @@ class VerifierLogic(Fold):
             return []  # not a verify run
         verification = self.verifications[verify_id]
         planned = verification.plan.get(trial_id)
-        if verification.done or planned is None or trial_id in verification.round.runs:
+        round_ = verification.round
+        if verification.done or planned is None or trial_id in round_.runs:
             return []  # late (round already decided) or a second report of the same run
-        verification.round.runs[trial_id] = make(trial_id, planned.arm, planned.pair)
-        if not verification.round.complete():
-            return []
+        out: list[Emission] = []
+        if planned.resumes is not None:
+            if planned.resumes in round_.restarts:
+                return []
+            round_.restarts[planned.resumes] = make(trial_id, planned.arm, planned.pair)
+        else:
+            round_.runs[trial_id] = make(trial_id, planned.arm, planned.pair)
+            out += self._plan_restarts(verification)
+        if not round_.complete():
+            return out
         done = vf.decide(
-            verification.round,
+            round_,
             passes_before=verification.passes,
             passes_required=verification.rules.passes_required,
             loss_rule=verification.rules.loss_rule,
+            checks=verification.checks,
         )
         verification.history.append(done)
         verification.passes = done.passes
-        out = [Emission(done, verification.study_id, None, f"{verify_id}:round{verification.round.round_no}")]
+        out += [Emission(done, verification.study_id, None, f"{verify_id}:round{verification.round.round_no}")]
         if vf.is_final(done):
             verification.done = True
         else:
@@ -184,6 +227,25 @@ class VerifierLogic(Fold):
             if verification.study_id == study_id and not verification.done:
                 verification.done = verification.cancelled = True
         return []
+
+    def _plan_restarts(self, verification: Verification) -> list[Emission]:
+        """Once both runs of the round's first pair are in: a restart trial per checkpoint to resume (the
+        candidate's own; the baseline's too under ``across_change``) whose source run finished ok."""
+        round_ = verification.round
+        sources = verification.checks.restart_sources()
+        first = round_.first_pair()
+        if not sources or round_.restarts_expected or len(first) < 2:
+            return []
+        from_trials = {source: first[source].trial_id for source in sources if first[source].status == "ok"}
+        if not from_trials:
+            return []
+        plan = vf.plan_restarts(verification.verify_id, verification.candidate, round_no=round_.round_no,
+                                sources=from_trials, steps=verification.steps)  # fmt: skip
+        round_.restarts_expected = len(plan)
+        for planned in plan:
+            verification.plan[planned.trial_id] = planned
+            self._trial_to_verify[planned.trial_id] = verification.verify_id
+        return [Emission(p.payload, verification.study_id, p.trial_id, p.trial_id) for p in plan]
 
     # ---------------------------------------------------------------- status
 

@@ -31,7 +31,10 @@ TINY = {
 }
 
 
-def tiny_contract(tmp_path: Path, *, add_patches: list[str], invariants: dict[str, Any] | None = None) -> Path:
+def tiny_contract(
+    tmp_path: Path, *, add_patches: list[str], invariants: dict[str, Any] | None = None,
+    verify: dict[str, Any] | None = None,
+) -> Path:  # fmt: skip
     repo = tmp_path / "workload"
     shutil.copytree(WORKLOAD, repo, ignore=shutil.ignore_patterns("__pycache__", ".infrarsi"))
     launch = repo / "launch" / "dense-1node.yaml"
@@ -48,21 +51,32 @@ def tiny_contract(tmp_path: Path, *, add_patches: list[str], invariants: dict[st
     micro["choices"] = [m for m in micro["choices"] if TINY["run"]["global_batch_size"] % m == 0]
     contract["search_space"]["patches"] += [p for p in add_patches if p not in contract["search_space"]["patches"]]
     contract["invariants"].update(invariants or {})
-    contract["verify"] = {"top_k": 1, "repeats": 1, "passes_required": 1}
+    contract["verify"] = {"top_k": 1, "repeats": 1, "passes_required": 1, **(verify or {})}
     path = tmp_path / "dense-verify.yaml"
     path.write_text(yaml.safe_dump(contract, sort_keys=False))
     return path
 
 
 async def verify_candidates(
-    tmp_path: Path, patches: list[str], *, invariants: dict[str, Any] | None = None, timeout_s: float = 800.0
+    tmp_path: Path, patches: list[str], *, invariants: dict[str, Any] | None = None, timeout_s: float = 800.0,
+    verify: dict[str, Any] | None = None,
 ) -> dict[str, ev.VerifyCompleted]:
     candidates = [ev.Candidate(patches=[p]) for p in patches]
+    contract = tiny_contract(tmp_path, add_patches=patches, invariants=invariants, verify=verify)
+    verdicts = await run_verification(tmp_path, contract, candidates, timeout_s=timeout_s)
+    return {v.candidate.patches[0]: v for v in verdicts}
+
+
+async def run_verification(
+    tmp_path: Path, contract: Path, candidates: list[ev.Candidate], *, timeout_s: float = 800.0
+) -> list[ev.VerifyCompleted]:
+    """Start the stack, create the study of ``contract``, request one verification of ``candidates`` and return
+    each candidate's final ``VerifyCompleted`` (in the order of ``candidates``; fewer on a timeout)."""
     data_dir = tmp_path / "data"
     stack = await asyncio.to_thread(Stack.start, data_dir)
     verdicts: dict[str, ev.VerifyCompleted] = {}
     try:
-        prepared = prepare_study(tiny_contract(tmp_path, add_patches=patches, invariants=invariants), data_dir)
+        prepared = prepare_study(contract, data_dir)
         bus = await Bus.connect(stack.url, service="admin", data_dir=data_dir)  # the stack turned auth on
         try:
             await bus.publish(study_created_event(prepared))
@@ -72,7 +86,7 @@ async def verify_candidates(
             ))
             for _ in range(int(timeout_s)):
                 events, _ = await read_study(bus, prepared.study_id)
-                verdicts = {e.payload.candidate.patches[0]: e.payload for e in events
+                verdicts = {e.payload.candidate_key: e.payload for e in events
                             if isinstance(e.payload, ev.VerifyCompleted)}
                 if len(verdicts) == len(candidates):
                     break
@@ -81,8 +95,9 @@ async def verify_candidates(
             await bus.close()
     finally:
         await asyncio.to_thread(stack.stop)
-    for patch_id, verdict in sorted(verdicts.items()):  # for the log of a -s run
-        print(f"verdict {patch_id}: promotable={verdict.promotable} failed={verdict.failed_invariants}")
+    ordered = [verdicts[c.key()] for c in candidates if c.key() in verdicts]
+    for verdict in ordered:  # for the log of a -s run
+        print(f"verdict {verdict.candidate_key}: promotable={verdict.promotable} failed={verdict.failed_invariants}")
         for inv in verdict.invariants:
             print(f"  {inv.name}: ok={inv.ok} {inv.detail}")
-    return verdicts
+    return ordered

@@ -128,6 +128,7 @@ def run_workload(
     nnodes: int = 1,
     timeout: float = 180,
     check: bool = True,
+    env: dict[str, str] | None = None,
 ) -> Run:
     """Run train.py plainly (nproc=nnodes=1), under torchrun (nproc>1), or as ``nnodes`` torchrun agents
     on one host with a loopback c10d rendezvous."""
@@ -137,9 +138,11 @@ def run_workload(
     settings = {**TINY, **(overrides or {})}
     for key, value in settings.items():
         args += ["--set", f"{key}={value}"]
+    extra = env or {}
     env = {**os.environ, "INFRARSI_PROBE_DIR": str(probe_dir), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     for var in ("INFRARSI_NATS_URL", "INFRARSI_TRIAL", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
         env.pop(var, None)
+    env.update(extra)
     train = str(workdir / "train.py")
     if nnodes > 1:
         returncode, output = _run_agents(tmp, workdir, nnodes, nproc, [train, *args], env, timeout)

@@ -73,25 +73,35 @@ class MarkovCorpus:
 
 
 class StepBatches(torch.utils.data.Dataset):
-    """Item ``s`` = this rank's micro-batches of optimiser step ``s``: int64 (accum, micro, seq_len + 1)."""
+    """Item ``i`` = this rank's micro-batches of optimiser step ``first_step + i``: int64 (accum, micro, seq_len + 1).
+
+    ``first_step`` > 0 resumes mid-run from a checkpoint: the data position is the step, so the resumed run
+    reads exactly the sequences the uninterrupted one would have."""
 
     def __init__(
-        self, corpus: MarkovCorpus, global_batch: int, rank: int, world_size: int, micro_batch: int, steps: int
-    ) -> None:
+        self, corpus: MarkovCorpus, global_batch: int, rank: int, world_size: int, micro_batch: int, steps: int,
+        first_step: int = 0,
+    ) -> None:  # fmt: skip
         self.corpus = corpus
         self.global_batch = global_batch
         self.per_rank = global_batch // world_size
         self.rank = rank
         self.micro_batch = micro_batch
         self.steps = steps
+        self.first_step = first_step
 
     def __len__(self) -> int:
-        return self.steps
+        return self.steps - self.first_step
 
-    def __getitem__(self, step: int) -> torch.Tensor:
+    def __getitem__(self, index: int) -> torch.Tensor:
+        step = self.first_step + index
         start = step * self.global_batch + self.rank * self.per_rank
         seqs = self.corpus.sequences(start, self.per_rank)  # (per_rank, T+1)
         return torch.from_numpy(seqs).view(-1, self.micro_batch, self.corpus.seq_len + 1)
+
+
+HELDOUT_OFFSET = EVAL_OFFSET + (1 << 30)
+"""The downstream evaluation's held-out sequences (``evaluate.py``): neither training nor the in-run eval batch."""
 
 
 def eval_sequences(corpus: MarkovCorpus, eval_batch: int, rank: int, world_size: int) -> torch.Tensor:

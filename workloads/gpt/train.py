@@ -21,9 +21,11 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from checkpoint import load_checkpoint, save_checkpoint, save_final_weights
 from config import LaunchConfig, load_launch, parse_override
 from data import FLOP_SAMPLE_OFFSET, MarkovCorpus, StepBatches, eval_sequences
 from infrarsi.probe import Probe
+from infrarsi.probe.checkpointing import CheckpointRequest
 from model import GPT, ExpertParallel
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -206,11 +208,15 @@ def main(argv: list[str] | None = None) -> int:
     probe.attach(model=model, optimizer=None)
     train_model = wrap_model(cfg, model, world, device)
     optimizer = build_optimizer(cfg, train_model)
+    checkpoints = CheckpointRequest.from_env()  # verify's restart check and downstream evaluation
+    first_step = 0
+    if checkpoints.resume_from is not None:  # before the probe sees the optimiser: loading may step it once
+        first_step = load_checkpoint(checkpoints.resume_from, train_model, optimizer)
     probe.attach(optimizer=optimizer)
     params = [p for p in train_model.parameters()]
 
     loader = torch.utils.data.DataLoader(
-        StepBatches(corpus, run.global_batch_size, rank, world, knobs.micro_batch_size, run.steps),
+        StepBatches(corpus, run.global_batch_size, rank, world, knobs.micro_batch_size, run.steps, first_step),
         batch_size=None,
         shuffle=False,
         num_workers=knobs.dataloader_workers,
@@ -225,10 +231,10 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
 
-    for step in range(run.steps):
+    for step in range(first_step, run.steps):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(cfg, step)
-        with probe.step() as s:
+        with probe.step(step) as s:
             with s.phase("data"):
                 micro_batches = next(batches)  # (accum, micro, T+1)
             loss_sum = torch.zeros((), device=device)
@@ -252,11 +258,17 @@ def main(argv: list[str] | None = None) -> int:
             if (step + 1) % run.eval_every == 0 or step == run.steps - 1:
                 with s.evaluation() as ev:
                     ev.loss(evaluate(cfg, train_model, eval_batch, device, amp))
+            if checkpoints.saves_after(step + 1):
+                assert checkpoints.save_dir is not None  # saves_after says so
+                with s.phase("checkpoint"):  # inside the step, so the launcher's clock and the steps agree
+                    save_checkpoint(checkpoints.save_dir, train_model, optimizer, step + 1)
         if rank == 0:
             rec = probe.records[-1]
             evl = f" eval {rec.eval_loss:.4f}" if rec.eval_loss is not None else ""
             print(f"step {rec.step} loss {rec.loss:.6f} time {rec.step_time_s * 1e3:.1f}ms{evl}", flush=True)
 
+    if checkpoints.final_weights_dir is not None:
+        save_final_weights(checkpoints.final_weights_dir, train_model)
     probe.close()
     # Every rank reaches teardown together: gloo aborted one rank ("terminate called without an active
     # exception") when its peer was still in flight, and the peer then waited forever.

@@ -28,6 +28,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.backends.backend_pdf import PdfPages  # noqa: E402
 
 from infrarsi import verification as vf  # noqa: E402
+from infrarsi.contract import Contract  # noqa: E402
 from infrarsi.report.figures import FIGURES  # noqa: E402
 from infrarsi.report.model import OUTCOMES, Report, TrialRow  # noqa: E402
 
@@ -234,6 +235,8 @@ def outline(report: Report) -> list[Block]:
                                               f"{inv.parity_tight.max_rel:g}·|baseline| at every step"}[inv.parity]],
         ["work invariants", f"steps={inv.steps} tokens={inv.tokens} eval={inv.eval}; "
                             f"timing tolerance {inv.timing_tolerance}"],
+        ["checkpoint restart (verify)", _restart_line(c)],
+        ["downstream (verify)", _downstream_line(c)],
         ["budget", f"{c.budget.trials} trials, {c.budget.accelerator_hours} accelerator-hours"],
         ["verify", f"top {c.verify.top_k}, {c.verify.repeats} interleaved pairs, {c.verify.passes_required} passes"],
         ["verify cost (predicted)", "unknown until the doctor measures a step time" if report.doctor is None
@@ -490,3 +493,21 @@ def _loss_source(coarse: list[TrialRow]) -> str:
     return (f" The LOSS of {len(logged)} of these trials was READ FROM THE JOB'S LOG (its printed train/eval loss, "
             "matched by the default patterns or workload.measurement.loss_regex) and checked against the golden "
             "baseline's printed loss.")  # fmt: skip
+
+
+def _restart_line(c: Contract) -> str:
+    restart = c.verify.checkpoint_restart
+    if restart is None:
+        return "off"
+    across = "; also the baseline's checkpoint under the candidate (across_change)" if restart.across_change else ""
+    return (f"a fresh process resumes the candidate run's checkpoint after {restart.step_for(c.workload.verify_steps)} "
+            f"steps; its loss must stay within ε of the uninterrupted run{across}")
+
+
+def _downstream_line(c: Contract) -> str:
+    spec = c.verify.downstream
+    if spec is None:
+        return "off"
+    limit = f"{spec.tolerance:.2%}" if spec.mode == "relative" else f"{spec.tolerance:g} ({spec.mode})"
+    better = "higher" if spec.higher_is_better else "lower"
+    return f"`{' '.join(spec.command)}` → {spec.metric} ({better} is better), at most {limit} worse than the baseline"

@@ -295,6 +295,37 @@ NONDETERMINISTIC_ALGORITHMS: list[Edit] = [
     ),
 ]
 
+CHECKPOINT_WEIGHTS_ONLY: list[Edit] = [
+    (
+        "train.py",
+        """        first_step = load_checkpoint(checkpoints.resume_from, train_model, optimizer)
+""",
+        """        # PLANTED RESTART BUG: resume the weights only and skip AdamW's moments (two thirds of the checkpoint's
+        # bytes, "they re-warm in a few steps"). Runs from step zero never load a checkpoint, so no loss, work or
+        # timing invariant can see it; the resumed run is not the interrupted one, and checkpoint.restart fails.
+        first_step = load_checkpoint(checkpoints.resume_from, train_model, optimizer, with_optimizer=False)
+""",
+    ),
+]
+
+EVAL_MODE_EARLY_EXIT: list[Edit] = [
+    (
+        "model.py",
+        """        for block in self.blocks:
+            x, block_aux = block(x)
+            aux = aux + block_aux
+        logits""",
+        """        # PLANTED DOWNSTREAM DEGRADATION: an "inference fast path" that skips the last block in eval mode. Training
+        # (and the training loop's own eval, which never calls .eval()) is untouched, so loss, trend and work hold;
+        # the final weights served in eval mode are a worse model, and only the downstream evaluation sees it.
+        blocks = self.blocks if self.training or len(self.blocks) == 1 else self.blocks[:-1]
+        for block in blocks:
+            x, block_aux = block(x)
+            aux = aux + block_aux
+        logits""",
+    ),
+]
+
 PATCHES_BY_ID: dict[str, list[Edit]] = {
     "fused-qkv": FUSED_QKV,
     "moe-index-dispatch": MOE_INDEX_DISPATCH,
@@ -311,6 +342,8 @@ PATCHES_BY_ID: dict[str, list[Edit]] = {
     "slow-loss-drift": SLOW_LOSS_DRIFT,
     "float64-cross-entropy": FLOAT64_CROSS_ENTROPY,
     "nondeterministic-algorithms": NONDETERMINISTIC_ALGORITHMS,
+    "checkpoint-weights-only": CHECKPOINT_WEIGHTS_ONLY,
+    "eval-mode-early-exit": EVAL_MODE_EARLY_EXIT,
 }
 
 

@@ -27,6 +27,7 @@ from typing import Any, cast
 
 import torch
 
+from infrarsi.probe.checkpointing import CheckpointRequest
 from infrarsi.probe.core import EvalContext, Probe, StepContext, TokenCounter, count_tokens_default
 
 
@@ -90,11 +91,12 @@ class StepTracker:
         """The job is between steps from now on (the next step's clock starts here at the latest)."""
         self._idle_since = time.perf_counter()
 
-    def begin(self) -> StepContext:
-        """The framework started an optimiser step (its data already fetched)."""
+    def begin(self, index: int | None = None) -> StepContext:
+        """The framework started an optimiser step (its data already fetched); ``index``: the framework's own
+        count of the steps done before it (a run resumed from a checkpoint does not start at 0)."""
         self.flush()
         now = time.perf_counter()
-        s = self.probe.begin_step(started_at=self._idle_since)
+        s = self.probe.begin_step(index, started_at=self._idle_since)
         s.add_phase("data", max(0.0, now - self._idle_since))
         self._began, self._optimizer_at, self._micro_losses = now, None, []
         self.current = s
@@ -224,10 +226,13 @@ class ProbedCallback:
         self._count_tokens = count_tokens
         self.probe: Probe | None = None
         self.tracker: StepTracker | None = None
+        self.checkpoints = CheckpointRequest()
+        """What verify asks of this run (``verify.checkpoint_restart``, ``verify.downstream``), read at the start."""
 
     def _start(self, device: Any, attach: Callable[[Probe], None]) -> None:
         """Training starts on ``device``: take the probe, ``attach`` it to the framework's model and optimisers,
         then track its steps."""
+        self.checkpoints = CheckpointRequest.from_env()
         probe = self._given or Probe.launched(device=device, out_dir=self._out_dir)
         if probe is not None:
             attach(probe)

@@ -15,15 +15,26 @@ How a Trainer step maps onto the probe (transformers ≥ 5, ``Trainer._inner_tra
 - optimiser steps are counted by a hook on the torch optimiser under accelerate's wrapper, so a step the
   optimiser skipped is not counted.
 
+Verify's checkpoint restart goes through the Trainer's own mechanism: asked to save after k steps, the callback
+sets ``control.should_save`` at step k (whatever ``save_strategy`` says), and on that save copies the Trainer's
+``checkpoint-k`` folder (weights, optimiser, scheduler, RNG and ``trainer_state.json``) to where the launcher
+asked; a resumed run passes ``resume_checkpoint()`` to ``trainer.train(resume_from_checkpoint=...)``, and the
+Trainer restores the state and skips the data already seen. Steps are reported by the Trainer's
+``global_step``, so a resumed run's first step is k. Asked for final weights, ``on_train_end`` writes them
+with ``save_pretrained``.
+
 Outside InfraRSI (no ``INFRARSI_TRIAL``/``INFRARSI_PROBE_DIR``) the callback does nothing at all.
 """
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
 
+from infrarsi.probe.checkpointing import CheckpointRequest, mark_saved
 from infrarsi.probe.core import Probe
 from infrarsi.probe.integrations._steps import ProbedCallback, innermost_optimizer
 
@@ -51,7 +62,7 @@ class InfraRSICallback(ProbedCallback, TrainerCallback):
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.tracker is not None:
-            self.tracker.begin()
+            self.tracker.begin(state.global_step)
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.tracker is not None:
@@ -59,6 +70,8 @@ class InfraRSICallback(ProbedCallback, TrainerCallback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         # DefaultFlowCallback ran first (the Trainer puts it first) and set what follows this step
+        if self.checkpoints.saves_after(state.global_step):
+            control.should_save = True
         if self.tracker is not None:
             self.tracker.end(loss_follows=control.should_log, eval_follows=control.should_evaluate)
 
@@ -71,8 +84,24 @@ class InfraRSICallback(ProbedCallback, TrainerCallback):
             self.tracker.close_evaluation((metrics or {}).get("eval_loss"))
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        save_dir = self.checkpoints.save_dir
+        if save_dir is not None and self.checkpoints.saves_after(state.global_step) and state.is_world_process_zero:
+            saved = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            shutil.copytree(saved, save_dir, dirs_exist_ok=True)
+            mark_saved(save_dir, state.global_step)
         if self.tracker is not None:
             self.tracker.idle()  # a checkpoint is not part of the next step
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        final = self.checkpoints.final_weights_dir
+        model = kwargs.get("model")
+        if final is not None and model is not None and state.is_world_process_zero:
+            model.save_pretrained(final)
         self._finish()
+
+
+def resume_checkpoint() -> str | None:
+    """``trainer.train(resume_from_checkpoint=resume_checkpoint())``: the checkpoint verify asks this run to
+    resume from (a Trainer ``checkpoint-k`` folder the callback saved), else ``None`` (start at step zero)."""
+    resume_from = CheckpointRequest.from_env().resume_from
+    return None if resume_from is None else str(resume_from)

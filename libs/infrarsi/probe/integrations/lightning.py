@@ -17,6 +17,12 @@ How a Lightning step maps onto the probe (lightning 2.x, automatic or manual opt
   when its validation ends, or when training ends. The sanity check before training is not an evaluation;
 - optimiser steps are counted by a hook on each of ``trainer.optimizers``.
 
+Verify's checkpoint restart goes through Lightning's own mechanism: asked to save after k optimiser steps, the
+callback calls ``trainer.save_checkpoint`` (``CHECKPOINT_FILE`` in the directory the launcher named) when step k
+ends; a resumed run passes ``resume_checkpoint()`` as ``trainer.fit(..., ckpt_path=...)``. Steps are reported by
+``trainer.global_step``, so a resumed run's first step is k. Asked for final weights, ``on_train_end`` writes the
+weights with ``trainer.save_checkpoint(..., weights_only=True)`` as ``FINAL_WEIGHTS_FILE``.
+
 Outside InfraRSI (no ``INFRARSI_TRIAL``/``INFRARSI_PROBE_DIR``) the callback does nothing at all.
 """
 
@@ -28,8 +34,20 @@ from typing import Any
 
 from lightning.pytorch import Callback
 
+from infrarsi.probe.checkpointing import CheckpointRequest, mark_saved
 from infrarsi.probe.core import Probe, TokenCounter, count_tokens_default, model_inputs
 from infrarsi.probe.integrations._steps import ProbedCallback, innermost_optimizer
+
+CHECKPOINT_FILE = "lightning.ckpt"
+FINAL_WEIGHTS_FILE = "model.ckpt"
+"""Lightning's own format (weights and hyper-parameters): ``LightningModule.load_from_checkpoint`` reads it."""
+
+
+def resume_checkpoint() -> str | None:
+    """``trainer.fit(..., ckpt_path=resume_checkpoint())``: the checkpoint verify asks this run to resume from,
+    else ``None`` (start at step zero)."""
+    resume_from = CheckpointRequest.from_env().resume_from
+    return None if resume_from is None else str(resume_from / CHECKPOINT_FILE)
 
 
 def as_call(batch: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -73,7 +91,7 @@ class InfraRSICallback(ProbedCallback, Callback):
         tracker = self.tracker
         if tracker is None:
             return
-        step = tracker.current or tracker.begin()
+        step = tracker.current or tracker.begin(trainer.global_step)
         call = as_call(batch)
         step.add_tokens(*self._count_tokens(*call))
         tracker.probe.saw_inputs(model_inputs(*call))
@@ -90,6 +108,12 @@ class InfraRSICallback(ProbedCallback, Callback):
         ready = batch_idx + 1
         if ready % trainer.accumulate_grad_batches == 0 or ready == trainer.num_training_batches:
             tracker.end(hold=True)  # Lightning decides whether to validate after this hook
+            save_dir = self.checkpoints.save_dir
+            if save_dir is not None and self.checkpoints.saves_after(trainer.global_step):
+                trainer.save_checkpoint(save_dir / CHECKPOINT_FILE)
+                if trainer.is_global_zero:
+                    mark_saved(save_dir, trainer.global_step)
+                tracker.idle()  # a checkpoint is not part of the next step
 
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         if self.tracker is not None and not trainer.sanity_checking:
@@ -106,4 +130,7 @@ class InfraRSICallback(ProbedCallback, Callback):
             self.tracker.close_evaluation(trainer.callback_metrics.get(self.eval_metric))
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        final = self.checkpoints.final_weights_dir
+        if final is not None:  # every rank calls it; Lightning writes on rank 0
+            trainer.save_checkpoint(final / FINAL_WEIGHTS_FILE, weights_only=True)
         self._finish()
