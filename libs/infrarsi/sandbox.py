@@ -110,13 +110,15 @@ def _inside(path: Path, parent: Path) -> bool:
 
 
 def check(spec: SandboxSpec) -> None:
-    """Refuse a read-only input that contains a hidden path (``SandboxError``, naming both): binding it would hand
-    the job the launcher's state and the data directory's seeds."""
-    for source in spec.read_only:
+    """Refuse a bind that contains a hidden path (``SandboxError``, naming both): binding it would hand the job
+    the launcher's state and the data directory's seeds."""
+    binds = [("read-only input", p) for p in spec.read_only]
+    binds += [("writable directory", p) for p in (spec.workdir, *spec.writable)]
+    for kind, source in binds:
         resolved = source.resolve()
         for hidden in spec.hidden:
             if _inside(hidden.resolve(), resolved):
-                raise SandboxError(f"read-only input {source} contains {hidden}, which a trial must not see")
+                raise SandboxError(f"{kind} {source} contains {hidden}, which a trial must not see")
 
 
 def wrap(
