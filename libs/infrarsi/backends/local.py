@@ -263,7 +263,12 @@ class LocalBackend(Backend):
             return [inside(list(spec.argv))], shown
         if not self.netns:
             endpoint = f"127.0.0.1:{free_port()}"
-            return [inside(torchrun_argv(spec, node, endpoint)) for node in range(spec.nnodes)], shown
+            # Sandboxed agents each have their own PID namespace, so all have the same pid: the rendezvous tells
+            # nodes apart by address and pid, so each advertises its own loopback address (127.0.0.<node+1>).
+            return [
+                inside(torchrun_argv(spec, node, endpoint, local_addr=f"127.0.0.{node + 1}" if box and spec.nnodes > 1 else None))
+                for node in range(spec.nnodes)
+            ], shown
         if len(self.netns) < spec.nnodes:
             raise ValueError(f"job {spec.name}: {spec.nnodes} nodes but only {len(self.netns)} namespaces (backend.netns)")
         addresses = [netns.namespace_address(ns) for ns in self.netns[: spec.nnodes]]
