@@ -39,7 +39,7 @@ PROBE = textwrap.dedent(
         "state_listing": sorted(os.listdir(state)) if state.exists() else None,
         "job_listing": sorted(os.listdir(state / "job")) if (state / "job").exists() else None,
         "shadow_visible": Path("/etc/shadow").exists(),
-        "write_root": attempt(lambda: Path("/evil").write_text("x")),
+        "write_root": attempt(lambda: Path(os.environ.get("ROOT_TARGET", "/evil-irsi-sandbox")).write_text("x")),
         "tmp_private": not Path(os.environ["HOST_TMP_MARKER"]).exists(),
         "home": os.environ.get("HOME"),
         "pids": sum(1 for p in os.listdir("/proc") if p.isdigit()),
@@ -107,7 +107,7 @@ def test_a_sandboxed_rank_sees_only_its_binds(tmp_path, sandbox_ready, host_list
         # one node: no network but its own loopback; the agents of several nodes keep the host's
         assert (rank["host_port"] == "ok") == (nnodes > 1), rank
     assert sorted(p.name for p in (tmp_path / "work").glob("out*.txt")) == [f"out{r}.txt" for r in range(nnodes * nproc)]
-    assert not Path("/evil").exists()
+    assert not Path("/evil-irsi-sandbox").exists()
 
 
 def test_sandbox_asked_but_missing_is_refused_and_auto_runs_unisolated(tmp_path, host_listener, monkeypatch) -> None:
@@ -118,7 +118,8 @@ def test_sandbox_asked_but_missing_is_refused_and_auto_runs_unisolated(tmp_path,
         spec = sandboxed_spec(tmp_path, "python", 1, 1, host_listener)
         with pytest.raises(SubmitError, match=r"isolation: sandbox, but bubblewrap \(`bwrap`\) is not installed"):
             backend.submit(spec)
-        handle = backend.submit(JobSpec(**{**spec.__dict__, "isolation": "auto"}))
+        unisolated_env = {**spec.env, "ROOT_TARGET": str(tmp_path / "evil")}  # it would write there for real
+        handle = backend.submit(JobSpec(**{**spec.__dict__, "isolation": "auto", "env": unisolated_env}))
         assert handle.isolation == "none"
         result = run_to_end(backend, handle)
         assert result.exit_code == 0 and '"node0.log"' in result.output_tail, result.output_tail
@@ -134,6 +135,6 @@ def test_an_input_holding_the_launchers_state_is_refused(tmp_path, sandbox_ready
     leaky = JobSpec(**{**spec.__dict__, "read_only": [str(tmp_path)]})
     with pytest.raises(SubmitError, match=f"read-only input {tmp_path} contains {tmp_path / 'state'}"):
         backend.submit(leaky)
-    hidden = JobSpec(**{**spec.__dict__, "hidden": [str(tmp_path / "inputs")]})
-    with pytest.raises(SubmitError, match="contains"):
+    hidden = JobSpec(**{**spec.__dict__, "hidden": [str(tmp_path / "work" / "secrets")]})
+    with pytest.raises(SubmitError, match=f"writable directory {tmp_path / 'work'} contains"):
         backend.submit(hidden)
