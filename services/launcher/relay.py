@@ -27,6 +27,8 @@ from infrarsi.logs import get_logger
 from infrarsi.subjects import step_msg_id
 from nats.errors import Error as NatsError
 
+from .output import read_regular
+
 log = get_logger(__name__)
 
 RELAY_WAIT_S = 0.1
@@ -60,20 +62,6 @@ def probe_files(probe_dir: Path) -> list[Path]:
     return out
 
 
-def read_regular(path: Path, offset: int = 0) -> bytes:
-    """``path``'s bytes from ``offset``, opened without following a symlink and without blocking on a FIFO; ``b""``
-    when it is not a plain file."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return b""
-    with os.fdopen(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-            return b""
-        fh.seek(offset)
-        return fh.read()
-
-
 class StepRelay:
     """Follows every rank's probe file of one trial and publishes its own steps as they are written."""
 
@@ -92,7 +80,10 @@ class StepRelay:
         """Publish every complete line written since the last poll."""
         for path in probe_files(self.probe_dir):
             offset = self._offsets.get(path, 0)
-            chunk = await asyncio.to_thread(read_regular, path, offset)
+            try:
+                chunk = await asyncio.to_thread(read_regular, path, offset)
+            except FileNotFoundError:
+                continue
             if not chunk:
                 continue
             self._offsets[path] = offset + len(chunk)

@@ -65,7 +65,7 @@ from infrarsi.settings import PREFIX as SETTINGS_PREFIX
 from infrarsi.settings import JobEnv, Settings, env_var
 from infrarsi.subjects import TELEMETRY_STREAM, telemetry_subject
 
-from .output import GrowingFile, OutputSteps, OutputTail
+from .output import GrowingFile, OutputSteps, OutputTail, read_regular
 from .relay import StepRelay
 
 log = get_logger(__name__)
@@ -695,7 +695,11 @@ def _rank0_records(probe_dir: Path) -> list[ev.TrialStep]:
 
 
 def _decode_records(path: Path) -> list[ev.TrialStep]:
-    return [e.payload for e in ev.decode_each(path.read_bytes().splitlines()) if isinstance(e.payload, ev.TrialStep)]
+    try:
+        data = read_regular(path)  # the job's own file: never through a link, never blocking on a FIFO
+    except FileNotFoundError:
+        return []
+    return [e.payload for e in ev.decode_each(data.splitlines()) if isinstance(e.payload, ev.TrialStep)]
 
 
 def _last_error_line(output: str) -> str:
