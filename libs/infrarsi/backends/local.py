@@ -23,8 +23,10 @@ carries an emulated capacity, SIGKILLs the whole job the moment a rank exceeds i
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import shutil
 import socket
 import subprocess
 import time
@@ -251,6 +253,9 @@ class LocalBackend(Backend):
 
         def inside(argv: list[str], netns_name: str | None = None) -> list[str]:
             shown.append(netns.exec_argv(netns_name, argv) if netns_name else argv)
+            if box is not None and shutil.which(argv[0], path=spec.env.get("PATH")) is None:
+                # inside the sandbox bwrap would find out, after the launch; unsandboxed, Popen does it up front
+                raise FileNotFoundError(errno.ENOENT, "No such file or directory (not an executable)", argv[0])
             try:
                 boxed = sandbox.wrap(box, argv) if box is not None else argv
             except sandbox.SandboxError as exc:
