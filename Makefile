@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test test-slow test-all schemas lint bench clean slurm-deps slurm-up slurm-down bench-scheduling prometheus-deps browser-deps
+.PHONY: venv demo test test-slow test-all schemas lint bench clean slurm-deps slurm-up slurm-down bench-scheduling prometheus-deps browser-deps sandbox-deps
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (set PYTHON=/path/to/python3.11)"; exit 2; }
@@ -48,6 +48,12 @@ bench: $(STAMP)
 	$(BIN)/python bench/memory_model.py --json out/memory_model.json
 	$(BIN)/python bench/modeler_refit.py --json out/modeler_refit.json
 	$(BIN)/python bench/transfer.py --json out/transfer.json
+
+## bubblewrap from Debian (root): the local backend's trial sandbox (docs/security.md). The sandbox tests'
+## fixture does the same when it is missing.
+sandbox-deps:
+	command -v bwrap >/dev/null || \
+	  { apt-get -o DPkg::Lock::Timeout=600 update -q && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -q --no-install-recommends bubblewrap; }
 
 ## Slurm and munge from Debian (root). The slurm tests' fixture does the same when they are missing.
 slurm-deps:

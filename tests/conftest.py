@@ -288,3 +288,20 @@ def slurm_cluster(emulated_hosts):
         else:
             os.environ["SLURM_CONF"] = previous
         sc.down(remove_network=False)
+
+
+@pytest.fixture(scope="session")
+def sandbox_ready() -> str | None:
+    """The trial sandbox (bubblewrap) usable here: ``None``, or why not. Installs Debian's ``bubblewrap`` when it
+    is missing and this is root with apt-get (``make sandbox-deps``, the same step)."""
+    from infrarsi import sandbox
+
+    if sandbox.bwrap_path() is None:
+        if os.geteuid() != 0 or shutil.which("apt-get") is None or shutil.which("make") is None:
+            return "bubblewrap is not installed, and installing it needs root and apt-get"
+        proc = subprocess.run(["make", "-C", str(REPO_ROOT), "sandbox-deps"], capture_output=True, text=True,
+                              timeout=900)  # fmt: skip
+        if proc.returncode != 0:
+            return f"make sandbox-deps failed: {(proc.stderr or proc.stdout).strip()[-300:]}"
+        sandbox.unavailable_reason.cache_clear()
+    return sandbox.unavailable_reason()

@@ -429,6 +429,16 @@ class BackendSpec(_Model):
     netns: list[NetnsName] = []
     """For ``kind: local``: run node ``i``'s torchrun agent inside network namespace ``netns[i]`` (an emulated
     host with its own address; ``infrarsi.netns``), the rendezvous on the first one's address."""
+    isolation: Literal["auto", "sandbox", "none"] = "auto"
+    """For ``kind: local``: how a trial's job is kept from the rest of the host (docs/security.md, "Trials are
+    untrusted"). ``sandbox``: in bubblewrap — it sees its worktree, its probe directory, its read-only inputs and
+    a private ``/tmp``, holds no secret, and a one-node job has no network; a host without a working ``bwrap``
+    refuses the trial (``crash``, naming why). ``auto``: the sandbox where this host has it, else none.
+    ``none``: the job runs as the launcher does and can read what it can. ``TrialLaunched.isolation`` says what
+    each trial got."""
+    read_only: list[str] = []
+    """For ``kind: local``: absolute paths a sandboxed job may read besides its worktree and the Python
+    environment (data sets, caches). A path holding the launcher's data directory is refused."""
     partition: SlurmToken | None = None
     """For ``kind: slurm`` (sbatch ``--partition``)."""
     account: SlurmToken | None = None
@@ -467,6 +477,14 @@ class BackendSpec(_Model):
     image_python: str = "python3"
     """For ``kind: kubernetes``: the interpreter inside ``image`` (replaces the launcher's own in a rank's argv)."""
 
+    @field_validator("read_only")
+    @classmethod
+    def _absolute_inputs(cls, value: list[str]) -> list[str]:
+        for item in value:
+            if not item.startswith("/") or "\x00" in item:
+                raise ValueError(f"read_only: {item!r} is not an absolute path")
+        return value
+
     @field_validator("extra_sbatch")
     @classmethod
     def _sbatch_options(cls, value: list[str]) -> list[str]:
@@ -486,7 +504,7 @@ class BackendSpec(_Model):
             if k not in ("kind", "parallel", "timeout_s") and getattr(self, k) != f.get_default(call_default_factory=True)
         }  # fmt: skip
         allowed = {
-            "local": {"netns"},
+            "local": {"netns", "isolation", "read_only"},
             "sim": {"scenario"},
             "slurm": set(SLURM_FIELDS),
             "kubernetes": set(KUBERNETES_FIELDS),

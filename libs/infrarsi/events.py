@@ -318,6 +318,9 @@ class TrialLaunched(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     ranks: int
     host: str
     job_id: str
+    isolation: str = ""
+    """What kept the job from the host: ``bwrap`` (the local backend's sandbox), ``none`` (it ran as the
+    launcher does), ``""`` (a backend that does not say: a scheduler's node, a pod, the simulator)."""
 
 
 class TrialStep(msgspec.Struct, frozen=True, kw_only=True, tag=True):

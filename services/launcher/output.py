@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import time
 from pathlib import Path
 
@@ -90,6 +91,23 @@ class OutputSteps:
             self.feed_line(line, seen_s)
 
 
+def read_regular(path: Path, offset: int = 0) -> bytes:
+    """``path``'s bytes from ``offset``, opened without following a symlink and without blocking on a FIFO (a
+    trial's own files are the job's to make: a link to a seed, a FIFO that would hang the launcher); ``b""`` when
+    it is not a plain file. ``FileNotFoundError`` when it is not there."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise
+    except OSError:  # ELOOP: a symlink
+        return b""
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            return b""
+        fh.seek(offset)
+        return fh.read()
+
+
 class GrowingFile:
     """A file another process is appending to: each ``read_lines`` returns the lines completed since the
     last one, and when they became visible on the launcher's clock (s since ``t0``)."""
@@ -109,9 +127,7 @@ class GrowingFile:
             if os.stat(self.path).st_size == self.offset and not final:
                 self.read_any = True
                 return [], time.monotonic() - self.t0
-            with open(self.path, "rb") as fh:
-                fh.seek(self.offset)
-                data = fh.read()
+            data = read_regular(self.path, self.offset)
         except FileNotFoundError:
             return [], 0.0
         self.read_any = True

@@ -67,11 +67,12 @@ from infrarsi.logs import get_logger
 from infrarsi.service import Outbox, Service
 from infrarsi.settings import PREFIX as SETTINGS_PREFIX
 from infrarsi.settings import JobEnv, Settings, env_var
-from infrarsi.subjects import PROBE, TELEMETRY_STREAM, step_msg_id, telemetry_subject
+from infrarsi.subjects import TELEMETRY_STREAM, telemetry_subject
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from .downstream import downstream_argv, run_downstream
-from .output import GrowingFile, OutputSteps, OutputTail
+from .output import GrowingFile, OutputSteps, OutputTail, read_regular
+from .relay import StepRelay
 
 log = get_logger(__name__)
 
@@ -448,6 +449,10 @@ class LauncherService(Service):
             nnodes=contract.workload.launcher.nnodes,
             nproc_per_node=contract.workload.launcher.nproc_per_node,
             memory_capacity_bytes=_emulated_capacity(study.cluster),
+            isolation=contract.backend.isolation,
+            read_only=[*([str(launch_path)] if launch.launch_file is not None else []), *contract.backend.read_only],
+            writable=[str(probe_dir)],
+            hidden=[str(self.data_dir)],
         )
         stall_before = procs.cpu_stall_s()
         harness_before = procs.cpu_seconds(self._harness_pids())
@@ -466,7 +471,7 @@ class LauncherService(Service):
         await out.emit(
             ev.TrialLaunched(
                 backend=backend.name, workdir=str(worktree), command=handle.command, nodes=spec.nnodes,
-                ranks=spec.ranks, host=handle.host, job_id=handle.job_id,
+                ranks=spec.ranks, host=handle.host, job_id=handle.job_id, isolation=handle.isolation,
             )
         )  # fmt: skip
         finished = await self._follow_job(backend, handle, time.monotonic(), (stall_before, harness_before), candidate,
@@ -571,6 +576,8 @@ class LauncherService(Service):
         try:
             tail = ProbeTail(spec.state_dir / "probe" / "probe-rank0.jsonl", t0)
             tailing = asyncio.create_task(_follow(tail))
+            study_id = spec.env.get(env_var("study"), "")
+            relaying = asyncio.create_task(self._relay(spec.state_dir / "probe", study_id, spec.name).follow())
             output = _output_tail(study.contract, spec.state_dir, t0)
             # a coarse job's lines are timed as they appear (woken by inotify), not when the loop below polls
             # the job: at a 50 ms poll, 25 ms steps read as bursts and the printed times as 40 % off
@@ -584,6 +591,7 @@ class LauncherService(Service):
                 tailing.cancel()
                 if following is not None:
                     following.cancel()
+                relaying.cancel()
             tail.poll()
             job = await asyncio.to_thread(backend.collect, handle)
         finally:
@@ -652,11 +660,12 @@ class LauncherService(Service):
         if self.settings.log_level is not None:
             env[env_var("log_level")] = self.settings.log_level
         env.update(workload_env)
+        # No bus address and no seed: the job's probe writes its files, and the launcher relays its own steps
+        # (``relay.StepRelay``). A job holds no secret, whatever backend runs it (docs/security.md).
         job = JobEnv(
             study=event.study_id,
             trial=event.trial_id,
             probe_dir=probe_dir,
-            nats_url=self.nats_url(),
             cluster=study.cluster.cluster_id,
             traceparent=tracing.traceparent(),
             peak_flops=float(study.cluster.peak_flops) if study.cluster.peak_flops else None,
@@ -668,9 +677,7 @@ class LauncherService(Service):
         if deterministic:  # cuBLAS reads it when it starts, perhaps before the probe can set it
             env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         env["PYTHONUNBUFFERED"] = "1"
-        # The job reports as the probe, with the probe's rights only: a path to its seed, never the seed.
-        if (probe := credentials.stored(PROBE, self.data_dir)) is not None:
-            env[credentials.NKEY_FILE_ENV] = str(probe.seed_file)
+        env.pop(credentials.NKEY_FILE_ENV, None)
         return env
 
     def nats_url(self) -> str:
@@ -747,20 +754,24 @@ class LauncherService(Service):
             infrastructure=job.infrastructure_failure is not None or cut_short,
         )
 
-    async def _republish(self, probe_dir: Path, trial_id: str, study_id: str) -> None:
-        """Every probe record on the bus, with the probe's msg id: steps a killed job never sent arrive now."""
-        if not probe_dir.is_dir():
-            return
+    def _relay(self, probe_dir: Path, study_id: str, trial_id: str) -> StepRelay:
+        """The relay of one trial's probe records onto its own telemetry subject (nothing else)."""
         subject = telemetry_subject(study_id, trial_id)
-        for path in sorted(probe_dir.glob("probe-rank*.jsonl")):
-            rank = path.stem.removeprefix("probe-rank")
-            for line in path.read_bytes().splitlines():
-                record = ev.decode_or_none(line, (ev.TrialStep,))  # None: a torn last line of a killed job
-                if record is None or not isinstance(record.payload, ev.TrialStep):
-                    continue
-                await self.bus.publish_raw(
-                    subject, line, msg_id=step_msg_id(trial_id, rank, record.payload.step), stream=TELEMETRY_STREAM
-                )
+
+        async def publish(line: bytes, msg_id: str) -> object:
+            return await self.bus.publish_raw(subject, line, msg_id=msg_id, stream=TELEMETRY_STREAM)
+
+        return StepRelay(probe_dir, study_id, trial_id, publish)
+
+    async def _republish(self, probe_dir: Path, trial_id: str, study_id: str) -> None:
+        """Every probe record of this trial on the bus, with the probe's msg id: what the live relay has sent
+        is dropped by JetStream's dedup, steps it missed (a bus hiccup, a record written as the job died)
+        arrive now. Records of another study or trial are never published (``relay.own_step``)."""
+        relay = self._relay(probe_dir, study_id, trial_id)
+        await relay.poll()
+        if relay.refused:
+            log.warning("probe records not this trial's steps were not published", trial_id=trial_id,
+                        refused=relay.refused)  # fmt: skip
 
 
 def _output_tail(contract: Contract, tdir: Path, t0: float) -> OutputTail | None:
@@ -852,7 +863,11 @@ def _rank0_records(probe_dir: Path) -> list[ev.TrialStep]:
 
 
 def _decode_records(path: Path) -> list[ev.TrialStep]:
-    return [e.payload for e in ev.decode_each(path.read_bytes().splitlines()) if isinstance(e.payload, ev.TrialStep)]
+    try:
+        data = read_regular(path)  # the job's own file: never through a link, never blocking on a FIFO
+    except FileNotFoundError:
+        return []
+    return [e.payload for e in ev.decode_each(data.splitlines()) if isinstance(e.payload, ev.TrialStep)]
 
 
 def _last_error_line(output: str) -> str:

@@ -85,8 +85,8 @@ def test_stack_services_connect_with_their_credentials(tmp_path: Path) -> None:
 
 
 async def test_trial_job_publishes_steps_as_the_probe_only(server: EmbeddedServer) -> None:
-    """A job gets the probe's seed file (``$INFRARSI_NKEY_FILE``, set by the launcher): its steps land, and
-    the same connection cannot publish a lifecycle event."""
+    """A job run by hand with the probe's seed file (``$INFRARSI_NKEY_FILE``; the launcher hands trials none and
+    relays their steps): its steps land, and the same connection cannot publish a lifecycle event."""
     from infrarsi.probe.sinks import NatsPublisher
     from infrarsi.subjects import TELEMETRY_STREAM, step_msg_id, telemetry_subject
 

@@ -32,20 +32,27 @@ def rx_bytes(ns: str) -> int:
     return int(out.stdout)
 
 
-def test_two_node_job_runs_on_two_emulated_hosts(emulated_hosts, tmp_path) -> None:
+@pytest.mark.parametrize("isolation", ["none", "sandbox"])
+def test_two_node_job_runs_on_two_emulated_hosts(emulated_hosts, tmp_path, isolation, sandbox_ready) -> None:
+    """Unisolated, and each agent in the trial sandbox inside its namespace (``ip netns exec … bwrap …``)."""
     if isinstance(emulated_hosts, str):
         pytest.skip(f"no emulated hosts: {emulated_hosts}")
+    if isolation == "sandbox" and sandbox_ready is not None:
+        pytest.skip(f"no sandbox: {sandbox_ready}")
     first, second = emulated_hosts.hosts
     backend = LocalBackend(str(tmp_path / "state"), netns=[first.name, second.name])
-    (tmp_path / "job.py").write_text(JOB)
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "job.py").write_text(JOB)
     spec = JobSpec(
-        name="netns-job", argv=[sys.executable, str(tmp_path / "job.py")], workdir=tmp_path,
+        name="netns-job", argv=[sys.executable, str(work / "job.py")], workdir=work,
         env={**os.environ, "OMP_NUM_THREADS": "1"}, state_dir=tmp_path / "state" / "netns-job",
-        launcher="torchrun", nnodes=2, nproc_per_node=1,
+        launcher="torchrun", nnodes=2, nproc_per_node=1, isolation=isolation,  # type: ignore[arg-type]
     )  # fmt: skip
     rx_before = rx_bytes(second.name)
     handle = backend.submit(spec)
     assert handle.command[:4] == ["ip", "netns", "exec", first.name]
+    assert handle.isolation == ("bwrap" if isolation == "sandbox" else "none")
     deadline = time.monotonic() + 300
     while not backend.poll(handle):
         assert time.monotonic() < deadline, "the two-node job did not finish"

@@ -83,6 +83,16 @@ class JobSpec:
     nproc_per_node: int = 1
     memory_capacity_bytes: int | None = None
     """Per rank. Set on hosts whose devices do not enforce it themselves (CPU): the backend emulates it."""
+    isolation: Literal["auto", "sandbox", "none"] = "none"
+    """What the contract asks (``backend.isolation``; ``infrarsi.sandbox``): the local backend sandboxes the job
+    for ``sandbox`` (or refuses it, ``SubmitError``, where it cannot) and for ``auto`` where it can. Backends
+    whose jobs run elsewhere (a scheduler's nodes, pods) ignore it."""
+    read_only: list[str] = field(default_factory=list)
+    """Paths a sandboxed job may read (the Python environment, the launch file, the contract's inputs)."""
+    writable: list[str] = field(default_factory=list)
+    """Directories a sandboxed job may write besides ``workdir`` (its probe directory)."""
+    hidden: list[str] = field(default_factory=list)
+    """Paths a sandboxed job must never see (the data directory): a read-only input holding one is refused."""
 
     @property
     def ranks(self) -> int:
@@ -97,11 +107,15 @@ class JobHandle:
     spec: JobSpec
     host: str
     command: list[str]
-    """What was started (of node 0, for multi-node jobs), for the record."""
+    """What was started (of node 0, for multi-node jobs), for the record; without a sandbox's own prefix
+    (``bwrap …``), which ``isolation`` names."""
     started_at: float
     """Unix time of the submit."""
     private: Any = field(default=None, repr=False)
     """The backend's own state of the job."""
+    isolation: str = ""
+    """What kept the job from the host (``TrialLaunched.isolation``): ``bwrap``, ``none``, or ``""`` (the
+    backend does not say)."""
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,12 @@
   inside namespace ``i`` and advertises that namespace's address, the rendezvous is on the first one's
   address, and gloo uses the namespace's interface — the job's traffic crosses a real bridge.
 
+Where the spec asks for isolation (``JobSpec.isolation``: ``sandbox``, or ``auto`` on a host with bubblewrap),
+each process is started inside the trial sandbox (``infrarsi.sandbox``): its worktree, its probe directory and
+its read-only inputs, nothing else of the host; a one-node job gets no network, the agents of a multi-node job
+keep theirs (loopback, or their namespace's). ``sandbox`` on a host that cannot start one is refused
+(``SubmitError``, naming why); ``auto`` there runs unisolated, and the handle says so (``JobHandle.isolation``).
+
 Every process is started without a shell, in its own session, with the launch tag in its environment
 (``procs.LAUNCH_TAG_VAR``), its output in ``<state_dir>/node<i>.log``, and the pids it has spawned kept in
 ``<state_dir>/pids.json``. A ``MemoryWatchdog`` per job samples the tree every 50 ms and, when the spec
@@ -17,8 +23,10 @@ carries an emulated capacity, SIGKILLs the whole job the moment a rank exceeds i
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import shutil
 import socket
 import subprocess
 import time
@@ -27,12 +35,14 @@ from pathlib import Path
 
 import psutil
 
-from infrarsi import netns, procs
-from infrarsi.backends.base import Backend, JobHandle, JobResult, JobSpec, device_oom_detail
+from infrarsi import netns, procs, sandbox
+from infrarsi.backends.base import Backend, JobHandle, JobResult, JobSpec, SubmitError, device_oom_detail
 from infrarsi.embedded import free_port
+from infrarsi.logs import get_logger
 from infrarsi.settings import LAUNCH_TAG_VAR
 
 TAIL_BYTES = 6000
+log = get_logger(__name__)
 
 
 @dataclass
@@ -89,7 +99,8 @@ class LocalBackend(Backend):
         spec.state_dir.mkdir(parents=True, exist_ok=True)
         tag = f"{self.owner}|{spec.name}"
         env = {**spec.env, LAUNCH_TAG_VAR: tag}
-        commands = self._commands(spec)
+        isolation = self.isolation_for(spec)
+        commands, shown = self._commands(spec, sandboxed=isolation == sandbox.SANDBOXED)
         if spec.nnodes > 1:
             # Agents on loopback keep gloo there whatever the hostname resolves to; in namespaces, on the
             # namespace's own interface (the bridge), so the ranks' traffic crosses it.
@@ -143,9 +154,10 @@ class LocalBackend(Backend):
             job_id=f"local-{popens[0].pid}",
             spec=spec,
             host=socket.gethostname(),
-            command=commands[0],
+            command=shown[0],
             started_at=started,
             private=job,
+            isolation=isolation,
         )
         self._live[spec.name] = handle
         return handle
@@ -210,22 +222,67 @@ class LocalBackend(Backend):
 
     # ---------------------------------------------------------------- helpers
 
-    def _commands(self, spec: JobSpec) -> list[list[str]]:
+    def isolation_for(self, spec: JobSpec) -> str:
+        """``sandbox.SANDBOXED`` or ``sandbox.UNISOLATED`` for ``spec``; ``SubmitError`` when it asks for the
+        sandbox and this host cannot start one."""
+        if spec.isolation == "none":
+            return sandbox.UNISOLATED
+        reason = sandbox.unavailable_reason()
+        if reason is None:
+            return sandbox.SANDBOXED
+        if spec.isolation == "sandbox":
+            raise SubmitError(f"isolation: sandbox, but {reason}")
+        log.warning("trial runs unisolated: no sandbox on this host", trial_id=spec.name, reason=reason)
+        return sandbox.UNISOLATED
+
+    def _sandbox(self, spec: JobSpec, *, private_network: bool) -> sandbox.SandboxSpec:
+        return sandbox.SandboxSpec(
+            workdir=spec.workdir,
+            writable=tuple(Path(p) for p in spec.writable),
+            read_only=(*sandbox.python_inputs(), *(Path(p) for p in spec.read_only)),
+            private_network=private_network,
+            hidden=(Path(self.owner), *(Path(p) for p in spec.hidden)),
+        )
+
+    def _commands(self, spec: JobSpec, *, sandboxed: bool = False) -> tuple[list[list[str]], list[list[str]]]:
+        """Each node's command as started, and as shown (``JobHandle.command``: without the sandbox's ``bwrap``
+        prefix, which ``JobHandle.isolation`` stands for)."""
+        # One node: its own network namespace. Several: they need each other, on loopback or their namespaces.
+        box = self._sandbox(spec, private_network=spec.nnodes == 1) if sandboxed else None
+        shown: list[list[str]] = []
+
+        def inside(argv: list[str], netns_name: str | None = None) -> list[str]:
+            shown.append(netns.exec_argv(netns_name, argv) if netns_name else argv)
+            if box is not None and shutil.which(argv[0], path=spec.env.get("PATH")) is None:
+                # inside the sandbox bwrap would find out, after the launch; unsandboxed, Popen does it up front
+                raise FileNotFoundError(errno.ENOENT, "No such file or directory (not an executable)", argv[0])
+            try:
+                boxed = sandbox.wrap(box, argv) if box is not None else argv
+            except sandbox.SandboxError as exc:
+                raise SubmitError(str(exc)) from None
+            return netns.exec_argv(netns_name, boxed) if netns_name else boxed
+
         if spec.launcher == "python":
             if spec.ranks != 1:
                 raise ValueError(f"job {spec.name}: {spec.ranks} ranks need launcher torchrun")
-            return [list(spec.argv)]
+            return [inside(list(spec.argv))], shown
         if not self.netns:
             endpoint = f"127.0.0.1:{free_port()}"
-            return [torchrun_argv(spec, node, endpoint) for node in range(spec.nnodes)]
+            # Sandboxed agents each have their own PID namespace, so all have the same pid: the rendezvous tells
+            # nodes apart by address and pid, so each advertises its own loopback address (127.0.0.<node+1>).
+            return [
+                inside(torchrun_argv(spec, node, endpoint, local_addr=f"127.0.0.{node + 1}" if box and spec.nnodes > 1 else None))
+                for node in range(spec.nnodes)
+            ], shown
         if len(self.netns) < spec.nnodes:
             raise ValueError(f"job {spec.name}: {spec.nnodes} nodes but only {len(self.netns)} namespaces (backend.netns)")
         addresses = [netns.namespace_address(ns) for ns in self.netns[: spec.nnodes]]
         endpoint = f"{addresses[0]}:{free_port()}"
-        return [
-            netns.exec_argv(self.netns[node], torchrun_argv(spec, node, endpoint, local_addr=addresses[node]))
+        started = [
+            inside(torchrun_argv(spec, node, endpoint, local_addr=addresses[node]), self.netns[node])
             for node in range(spec.nnodes)
         ]
+        return started, shown
 
 
 
