@@ -113,6 +113,24 @@ class JobCheckpoints:
     resume_from: Path | None = None
     final_weights_dir: Path | None = None
 
+    def writable(self) -> list[str]:
+        """The directories the run saves into, made now: a sandboxed job sees only what is bound for it."""
+        made = [d for d in (self.checkpoint_dir, self.final_weights_dir) if d is not None]
+        for directory in made:
+            directory.mkdir(parents=True, exist_ok=True)
+        return [str(d) for d in made]
+
+    def read_only(self) -> list[str]:
+        """The checkpoint a restart trial resumes from (another trial's: read, never written)."""
+        return [str(self.resume_from)] if self.resume_from is not None else []
+
+
+def _input_paths(contract: Contract) -> list[str]:
+    """The workload's inputs outside git (``workload.inputs``) where the links in the trial's worktree point:
+    bound read-only into a sandboxed job, whose links would otherwise point at nothing."""
+    repo = Path(contract.workload.repo)
+    return [str((repo / rel).absolute()) for rel in contract.workload.inputs]
+
 
 class Refused(Exception):
     """A trial refused before anything ran: its status and reason."""
@@ -450,8 +468,9 @@ class LauncherService(Service):
             nproc_per_node=contract.workload.launcher.nproc_per_node,
             memory_capacity_bytes=_emulated_capacity(study.cluster),
             isolation=contract.backend.isolation,
-            read_only=[*([str(launch_path)] if launch.launch_file is not None else []), *contract.backend.read_only],
-            writable=[str(probe_dir)],
+            read_only=[*([str(launch_path)] if launch.launch_file is not None else []), *contract.backend.read_only,
+                       *_input_paths(contract), *checkpoints.read_only()],
+            writable=[str(probe_dir), *checkpoints.writable()],
             hidden=[str(self.data_dir)],
         )
         stall_before = procs.cpu_stall_s()
