@@ -10,7 +10,10 @@ CV of those runs (``study_model.noise_floor``); every tuner is told the runs (be
 
 Tuners, each given ``--budget`` runs (40):
 
-- ``race``: InfraRSI with racing (``SearchConfig()``, the default);
+- ``race``: InfraRSI with racing (``SearchConfig(race=True)``; racing is off by default);
+- ``race_end``: racing only when the budget's end or the search's stop leaves the open race the runs it needs
+  (``race_share=0``: no race runs interleaved during the search);
+- ``race_quarter``: racing at most a quarter of the runs after the initial design (``race_share=0.25``);
 - ``today``: InfraRSI as before racing (``SearchConfig(race=False)``, the confirmation before the stop);
 - ``tpe``: Optuna TPE; its choice is its best trial's measured value.
 
@@ -21,7 +24,7 @@ and the OOM share of the runs. InfraRSI may stop before the budget (``should_sto
 reported.
 
     nice -n 10 python bench/noise.py [--models 30] [--first-model 0] [--seeds 3] [--budget 40]
-                                     [--hosts cv2 cv5 cv10 cv15 drift] [--tuners race today tpe] [--jobs 1]
+                                     [--hosts cv2 cv5 cv10 cv15 drift] [--tuners race today race_end race_quarter tpe] [--jobs 1]
                                      [--json OUT.json]
 """
 
