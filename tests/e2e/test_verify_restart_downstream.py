@@ -95,23 +95,28 @@ HF_EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "hf-trainer"
 HF_RESTART_BUG = "hf-resume-weights-only"
 
 
-def _hf_contract(tmp_path: Path) -> Path:
-    """The HF Trainer example's contract at a 10-step horizon, the restart after 5 steps, its downstream on."""
-    repo = tmp_path / "hf-trainer"
-    shutil.copytree(HF_EXAMPLE, repo, ignore=shutil.ignore_patterns("__pycache__", "out", ".infrarsi"))
-    contract = yaml.safe_load((HF_EXAMPLE / "contract.yaml").read_text())
+def _example_contract(tmp_path: Path, example: Path, planted: str, ignore: tuple[str, ...]) -> Path:
+    """An example's contract at a 10-step horizon, the restart after 5 steps, its downstream on, ``planted`` in
+    the search space."""
+    repo = tmp_path / example.name
+    shutil.copytree(example, repo, ignore=shutil.ignore_patterns("__pycache__", ".infrarsi", *ignore))
+    contract = yaml.safe_load((example / "contract.yaml").read_text())
     contract["workload"]["repo"] = str(repo)
     contract["workload"]["steps"] = contract["workload"]["verify_steps"] = 10
-    contract["search_space"]["patches"].append(HF_RESTART_BUG)
+    contract["search_space"]["patches"].append(planted)
     contract["verify"] = {
         "top_k": 1, "repeats": 1, "passes_required": 1,
         "checkpoint_restart": {"at_step": 5},
         "downstream": {"command": ["{python}", "evaluate.py", "--weights", "{weights}"], "metric": "perplexity",
                        "tolerance": 0.01},
     }  # fmt: skip
-    path = tmp_path / "hf-verify.yaml"
+    path = tmp_path / f"{example.name}-verify.yaml"
     path.write_text(yaml.safe_dump(contract, sort_keys=False))
     return path
+
+
+def _hf_contract(tmp_path: Path) -> Path:
+    return _example_contract(tmp_path, HF_EXAMPLE, HF_RESTART_BUG, ("out",))
 
 
 @pytest.mark.slow
@@ -140,22 +145,7 @@ LIGHTNING_RESTART_BUG = "lightning-plain-loader"
 
 
 def _lightning_contract(tmp_path: Path) -> Path:
-    """The Lightning example's contract at a 10-step horizon, the restart after 5 steps, its downstream on."""
-    repo = tmp_path / "lightning"
-    shutil.copytree(LIGHTNING_EXAMPLE, repo, ignore=shutil.ignore_patterns("__pycache__", "lightning_logs", ".infrarsi"))
-    contract = yaml.safe_load((LIGHTNING_EXAMPLE / "contract.yaml").read_text())
-    contract["workload"]["repo"] = str(repo)
-    contract["workload"]["steps"] = contract["workload"]["verify_steps"] = 10
-    contract["search_space"]["patches"].append(LIGHTNING_RESTART_BUG)
-    contract["verify"] = {
-        "top_k": 1, "repeats": 1, "passes_required": 1,
-        "checkpoint_restart": {"at_step": 5},
-        "downstream": {"command": ["{python}", "evaluate.py", "--weights", "{weights}"], "metric": "perplexity",
-                       "tolerance": 0.01},
-    }  # fmt: skip
-    path = tmp_path / "lightning-verify.yaml"
-    path.write_text(yaml.safe_dump(contract, sort_keys=False))
-    return path
+    return _example_contract(tmp_path, LIGHTNING_EXAMPLE, LIGHTNING_RESTART_BUG, ("lightning_logs",))
 
 
 @pytest.mark.slow
