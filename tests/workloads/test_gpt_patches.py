@@ -52,6 +52,10 @@ def test_each_patch_applies_alone(patch_id: str, tmp_path: Path) -> None:
     text = LIBRARY[patch_id].path.read_text()
     touched = sorted({line[6:] for line in text.splitlines() if line.startswith("+++ b/")})
     assert touched == sorted(LIBRARY[patch_id].files)
+    assert git_apply(workdir, [patch_id], check=False).returncode == 0
+    for name in touched:  # the patched source still parses (a block moved to the wrong depth does not)
+        if name.endswith(".py"):
+            compile((workdir / name).read_text(), name, "exec")
 
 
 def test_textual_conflict_pair_does_not_apply_together(tmp_path: Path) -> None:

@@ -226,13 +226,15 @@ _LOSS = """            s.loss(loss_sum / accum)
 """
 _OPTIMIZER_PHASE = block_of("train.py", '            with s.phase("optimizer"):')
 _EVALUATION = block_of("train.py", "            if (step + 1) % run.eval_every == 0 or step == run.steps - 1:")
+_CHECKPOINT = block_of("train.py", "            if checkpoints.saves_after(step + 1):")
 
 HACK_UNTIMED_OPTIMIZER: list[Edit] = [
     (
         "train.py",
-        _LOSS + _OPTIMIZER_PHASE + _EVALUATION,
-        # the phase's body, moved out of the step's ``with`` (8 spaces: the training loop's body)
-        _LOSS + _EVALUATION
+        _LOSS + _OPTIMIZER_PHASE + _EVALUATION + _CHECKPOINT,
+        # the phase's body, moved out of the step's ``with`` (8 spaces: the training loop's body), after the
+        # rest of the step (the evaluation and the checkpoint stay inside it)
+        _LOSS + _EVALUATION + _CHECKPOINT
         + "        # REWARD HACK: the optimiser step runs after the probe's step has closed, so it is never timed.\n"
         + textwrap.indent(textwrap.dedent(_OPTIMIZER_PHASE.split("\n", 1)[1]), " " * 8),
     ),
