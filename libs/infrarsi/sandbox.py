@@ -130,7 +130,9 @@ def wrap(
     binary = bwrap or bwrap_path()
     if binary is None:
         raise SandboxError("bubblewrap (`bwrap`) is not installed")
-    out = [binary, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+    # No --die-with-parent: a sandboxed job outlives a killed launcher as an unsandboxed one does, so the
+    # restarted launcher finds it by its launch tag and reaps it (or reattaches), as docs/trials.md says
+    out = [binary, "--new-session", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
            "--unshare-cgroup-try"]  # fmt: skip
     if spec.private_network:
         out.append("--unshare-net")
