@@ -66,9 +66,13 @@ def _agent_exchange() -> list[tuple[object, str | None]]:
 
 
 def _wait(driver, condition, timeout_s: float = 60.0):
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(driver, timeout_s, poll_frequency=0.1).until(condition)
+    # a live update re-renders the table between a condition's find and its read: the element it found is then
+    # stale, and the condition is asked again (a CI run failed on it once)
+    return WebDriverWait(driver, timeout_s, poll_frequency=0.1,
+                         ignored_exceptions=(StaleElementReferenceException,)).until(condition)
 
 
 async def test_the_dashboard_in_chromium_shows_every_view_and_a_new_trial_live(browser, tmp_path):
