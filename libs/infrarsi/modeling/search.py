@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
-from scipy.special import log_ndtr
+from scipy.special import expit, log_ndtr, logit, ndtr
 
 from infrarsi.modeling.acquisition import (
     CostModel,
@@ -252,6 +252,15 @@ class SearchConfig:
     search proposes what it predicts lightest for its speed, so its proposals' peaks run above their predictions
     (the optimiser's curse); without this P(OOM) ran 3–14 points under the observed OOM share in every bin below
     0.35 on the shaped family (docs/modeling.md, "The mixture recalibrated on its own proposals")."""
+    oom_calibration: tuple[float, float, float, float] | None = (-0.8, 0.475, 0.5, 0.3)
+    """With a workload shape and ``memory_recalibrate``: (a, c, σ_a, σ_log c) of the P(OOM) calibration map,
+    logit P = a + c·logit p, p the memory predictive's P(OOM) (``None``: p itself). Fitted per study on its own
+    proposals — every new candidate's outcome, OOM or not, against the p the models before it gave it (a
+    prequential record, like the residuals) — as a posterior on a grid, priors N(a, σ_a²) on a and N(log c,
+    σ_log c²) on log c; P(OOM) is the posterior's mean of the map. The prior's centre is the map that fits the
+    shaped family's development models (0-29): the memory predictive is right on average but its P(OOM) is too
+    extreme at both ends (3.5% predicted OOM 10% of the time, 43% 28%), which no shift or scale of the peaks'
+    residuals corrects (docs/modeling.md, "P(OOM) calibrated on the study's own outcomes")."""
     memory_formula_floor: float = 0.0
     """The smallest weight any member of that average keeps (0: none). A floor keeps the outvoted models'
     means in the mixture's variance (it holds the spread of its means): where the formula is right and the
@@ -445,6 +454,11 @@ class Searcher:
         was an OOM (the residual then is the bound's: the peak lay above it) — ``SearchConfig.memory_recalibrate``."""
         self._memory_calibration = (0, 0.0, 1.0)
         """(residuals it was fitted on, shift b, scale s) of ``memory_calibration``."""
+        self._oom_outcomes: list[tuple[float, bool]] = []
+        """Per residual of ``_memory_residuals``: the P(OOM) the memory predictive (recalibrated on the residuals
+        before it) gave that candidate, and whether it ran out of memory (``SearchConfig.oom_calibration``)."""
+        self._oom_map: tuple[int, np.ndarray, np.ndarray, np.ndarray] | None = None
+        """(outcomes it was fitted on, the map's a and c at the grid points the posterior holds, their weights)."""
         self.invariants = InvariantModel({**self.kb.invariant, **{p.id: p.invariant_prior for p in space.patches}})
         self.cost_model = CostModel()
         self.capacity_bytes = capacity_bytes
@@ -625,6 +639,10 @@ class Searcher:
                 sds.append(np.array([sd]))
             if self.config.memory_recalibrate and not (j and np.all(xj[:j] == xj[j], axis=1).any()):
                 m, sd_m = mix_normals(list(weights), mus, sds)
+                b, s = self._calibrate(self._memory_residuals)  # the calibration as it stood before this peak
+                p = float(ndtr((float(m[0]) + b * float(sd_m[0]) - math.log(self.capacity_bytes))
+                               / (s * float(sd_m[0]))))
+                self._oom_outcomes.append((p, bool(cj[j])))
                 self._memory_residuals.append(((float(yj[j]) - float(m[0])) / float(sd_m[0]), bool(cj[j])))
 
     _CALIBRATION_GRID = (np.linspace(-1.5, 2.5, 41), np.exp(np.linspace(math.log(0.7), math.log(4.0), 36)))
@@ -638,20 +656,63 @@ class Searcher:
         if not self.config.memory_recalibrate or not res:
             return 0.0, 1.0
         if self._memory_calibration[0] != len(res):
-            bs, ss = self._CALIBRATION_GRID
-            b, s = bs[:, None, None], ss[None, :, None]
-            z = np.array([r for r, _ in res])[None, None, :]
-            oom = np.array([c for _, c in res])[None, None, :]
-            u = (z - b) / s
-            ll = np.where(oom, log_ndtr(-u), -0.5 * u * u - np.log(s))
-            post = np.maximum(ll, self._MEMORY_SCORE_FLOOR).sum(axis=2) - 0.5 * (b[..., 0] / 0.5) ** 2 \
-                - 0.5 * (np.log(s[..., 0]) / 0.5) ** 2
-            w = np.exp(post - post.max())
-            w /= w.sum()
-            mean_b = float((w * b[..., 0]).sum())
-            var = float((w * (s[..., 0] ** 2 + (b[..., 0] - mean_b) ** 2)).sum())
-            self._memory_calibration = (len(res), mean_b, math.sqrt(var))
+            self._memory_calibration = (len(res), *self._calibrate(res))
         return self._memory_calibration[1], self._memory_calibration[2]
+
+    def _calibrate(self, res: Sequence[tuple[float, bool]]) -> tuple[float, float]:
+        """``memory_calibration``'s (b, s) from the residuals ``res``; (0, 1) from none."""
+        if not res:
+            return 0.0, 1.0
+        bs, ss = self._CALIBRATION_GRID
+        b, s = bs[:, None, None], ss[None, :, None]
+        z = np.array([r for r, _ in res])[None, None, :]
+        oom = np.array([c for _, c in res])[None, None, :]
+        u = (z - b) / s
+        ll = np.where(oom, log_ndtr(-u), -0.5 * u * u - np.log(s))
+        post = np.maximum(ll, self._MEMORY_SCORE_FLOOR).sum(axis=2) - 0.5 * (b[..., 0] / 0.5) ** 2 \
+            - 0.5 * (np.log(s[..., 0]) / 0.5) ** 2
+        w = np.exp(post - post.max())
+        w /= w.sum()
+        mean_b = float((w * b[..., 0]).sum())
+        var = float((w * (s[..., 0] ** 2 + (b[..., 0] - mean_b) ** 2)).sum())
+        return mean_b, math.sqrt(var)
+
+    _OOM_MAP_GRID = (np.linspace(-3.0, 2.0, 26), np.exp(np.linspace(math.log(0.1), math.log(1.5), 15)))
+    """The P(OOM) calibration map's grid: a, and c (``SearchConfig.oom_calibration``)."""
+
+    def oom_map(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The posterior of ``SearchConfig.oom_calibration``'s map on its grid: (a, c, weight) at the points
+        that hold it (weight at least 1e-4 of the largest); ``None`` config: the identity."""
+        self.refit()
+        cal = self.config.oom_calibration
+        if cal is None or not self.memory_learned or not self.config.memory_recalibrate:
+            return np.zeros(1), np.ones(1), np.ones(1)
+        if self._oom_map is None or self._oom_map[0] != len(self._oom_outcomes):
+            a0, c0, sd_a, sd_c = cal
+            a, c = np.meshgrid(*self._OOM_MAP_GRID, indexing="ij")
+            a, c = a.ravel(), c.ravel()
+            post = -0.5 * ((a - a0) / sd_a) ** 2 - 0.5 * ((np.log(c) - math.log(c0)) / sd_c) ** 2
+            if self._oom_outcomes:
+                p = np.clip(np.array([q for q, _ in self._oom_outcomes]), 1e-6, 1 - 1e-6)
+                y = np.array([o for _, o in self._oom_outcomes])
+                eta = a[:, None] + c[:, None] * logit(p)[None, :]
+                post = post + np.where(y, -np.logaddexp(0.0, -eta), -np.logaddexp(0.0, eta)).sum(axis=1)
+            w = np.exp(post - post.max())
+            keep = w >= 1e-4
+            self._oom_map = (len(self._oom_outcomes), a[keep], c[keep], w[keep] / w[keep].sum())
+        return self._oom_map[1], self._oom_map[2], self._oom_map[3]
+
+    def _calibrated_p_oom(self, p: np.ndarray) -> np.ndarray:
+        """The posterior mean of the P(OOM) map at the memory predictive's P(OOM) ``p``."""
+        a, c, w = self.oom_map()
+        if a.size == 1 and a[0] == 0.0 and c[0] == 1.0:
+            return p
+        lp = logit(np.clip(p, 1e-6, 1 - 1e-6))
+        out = np.empty_like(lp)
+        for lo in range(0, lp.size, 4096):  # (grid points, rows) a block at a time
+            out[lo:lo + 4096] = w @ expit(a[:, None] + c[:, None] * lp[None, lo:lo + 4096])
+        raised: np.ndarray = np.maximum(p, out)
+        return raised
 
     def enqueue(self, candidates: Iterable[Candidate], origin: Origin, reason: str) -> None:
         """External suggestions (experience bank, LLM) proposed before model-driven ones, deduplicated."""
@@ -809,7 +870,7 @@ class Searcher:
         from scipy.special import ndtr
 
         mu, sd = self._memory_arrays(idx)
-        p = ndtr((mu - math.log(self.capacity_bytes)) / sd)
+        p = self._calibrated_p_oom(ndtr((mu - math.log(self.capacity_bytes)) / sd))
         return np.where(self._domination().mask[idx], 1.0, p)
 
     def _p_hold(self, idx: np.ndarray) -> np.ndarray:
