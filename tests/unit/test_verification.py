@@ -10,6 +10,7 @@ import pytest
 from infrarsi import events as ev
 from infrarsi.verdicts import verification as vf
 from infrarsi_services.verifier.logic import VerifierLogic
+from support.verified_study import locked_contract
 
 CAND = ev.Candidate(knobs={"micro_batch_size": 8}, patches=["fused-qkv"])
 STUDY = "study1"
@@ -189,15 +190,8 @@ def _measured(proposed: ev.TrialProposed, t: float, *, loss=None):
 
 def _contract():
     """A locked contract (what ``init`` puts in StudyCreated) whose verify rules are the ones under test."""
-    return {
-        "name": "s", "goal": "g",
-        "workload": {"repo": "/w", "command": ["{python}", "train.py", "{launch_file}"], "launch_file": "launch.yaml",
-                     "steps": 200, "verify_steps": 400},
-        "cluster": {"id": "local", "accelerator": "cpu", "memory_capacity_bytes": 2**30}, "scope": {"files": ["model.py"]},
-        "budget": {"trials": 4, "accelerator_hours": 1.0},
-        "verify": {"repeats": 3, "passes_required": 2, "top_k": 1},
-        "invariants": {"loss": {"tolerance": 0.02, "mode": "relative"}},
-    }
+    return locked_contract(steps=200, verify_steps=400, verify={"repeats": 3, "passes_required": 2, "top_k": 1},
+                           loss={"tolerance": 0.02, "mode": "relative"})
 
 
 def _study_created():
