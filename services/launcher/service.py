@@ -829,33 +829,21 @@ def _with_output_steps(finished: ev.TrialFinished, output: OutputTail, job: JobR
 async def _follow(tail: ProbeTail) -> None:
     """Read the probe file as soon as it grows: its arrival times are the launcher's own clock for the timing
     invariant. Woken by inotify where the kernel has it (a wake-up per record), else polled."""
-    watch = fswatch.DirectoryWatch.open(tail.file.path.parent)
-    try:
-        while True:
-            tail.poll()
-            if watch is not None:
-                await watch.changed(WATCH_TIMEOUT_S)
-            else:
-                await asyncio.sleep(tail.interval_s())
-    finally:
-        if watch is not None:
-            watch.close()
+
+    async def read() -> None:
+        tail.poll()
+
+    await fswatch.follow(tail.file.path.parent, read, wake_timeout_s=WATCH_TIMEOUT_S, poll_interval_s=tail.interval_s)
 
 
 async def _follow_output(output: OutputTail) -> None:
     """Read a coarse job's output as soon as it grows, so each line's time is the launcher's clock when it
     appeared (the job's Python runs unbuffered: ``PYTHONUNBUFFERED``). Woken by inotify, else polled."""
-    watch = fswatch.DirectoryWatch.open(output.file.path.parent)
-    try:
-        while True:
-            output.poll()
-            if watch is not None:
-                await watch.changed(WATCH_TIMEOUT_S)
-            else:
-                await asyncio.sleep(TAIL_S)
-    finally:
-        if watch is not None:
-            watch.close()
+
+    async def read() -> None:
+        output.poll()
+
+    await fswatch.follow(output.file.path.parent, read, wake_timeout_s=WATCH_TIMEOUT_S, poll_interval_s=lambda: TAIL_S)
 
 
 def _emulated_capacity(cluster: ev.ClusterInfo) -> int | None:
