@@ -248,7 +248,7 @@ class SlurmBackend(ScheduledBackend):
                 raise SubmitError(str(exc)) from None
         (spec.state_dir / "node-job.json").write_text(json.dumps(node_job(spec, isolation, self.owner)))
         (spec.state_dir / "job.sh").write_text(self.job_script(spec))
-        for stale in spec.state_dir.glob("oom-node*.json"):
+        for stale in [*spec.state_dir.glob("oom-node*.json"), *spec.state_dir.glob("refused-node*.txt")]:
             stale.unlink()
         started = time.time()
         argv = self.sbatch_argv(spec)
@@ -298,7 +298,10 @@ class SlurmBackend(ScheduledBackend):
                 break
             time.sleep(0.2)
         logs = sorted(spec.state_dir.glob("node*.log")) + list(spec.state_dir.glob(f"slurm-{job.job_id}.out"))
-        output = tails_of(logs)
+        # a node's sandbox refusal goes last, where the launcher looks for the line that says why the job failed
+        # (after srun's own "task 0: Exited with exit code 126")
+        refusals = [p.read_text(errors="replace").strip() for p in sorted(spec.state_dir.glob("refused-node*.txt"))]
+        output = "\n".join([tails_of(logs), *refusals])
         state = record.state if record else (job.state or "UNKNOWN")
         raw_state = record.raw_state if record else state
         node_ooms = [read_json_record(p) for p in sorted(spec.state_dir.glob("oom-node*.json"))]

@@ -13,8 +13,8 @@ on the node:
    (``infrarsi.sandbox``, the local backend's ``job_sandbox``): its worktree and probe directory, its read-only
    inputs and the Python environment, a private ``/tmp``, nothing else of the shared data directory; a job of
    one node gets no network (its rendezvous on loopback), the agents of several keep the node's. A node that
-   cannot start the sandbox refuses the job (``SANDBOX_REFUSED``, the reason in the node's log): it never runs
-   unisolated under a record that says ``bwrap``. This process itself stays outside, so the node's log, memory
+   cannot start the sandbox refuses the job (``SANDBOX_REFUSED``, the reason in the node's log and in
+   ``refused-node<i>.txt`` for the backend): it never runs unisolated under a record that says ``bwrap``. This process itself stays outside, so the node's log, memory
    records and the signal handling below are out of the job's reach;
 3. a ``MemoryWatchdog`` samples the ranks and, with an emulated capacity (CPU hosts), kills the node's
    processes the moment a rank exceeds it, leaving ``oom-node<i>.json`` for the backend to read;
@@ -106,10 +106,10 @@ def main(job_file: Path) -> int:
         try:
             argv = in_sandbox(spec, argv)
         except sandbox.SandboxError as exc:
-            refusal = f"isolation: sandbox, refused on node {os.environ.get('SLURMD_NODENAME', '?')}: {exc}"
+            refusal = f"SandboxError: isolation: sandbox, refused on node {os.environ.get('SLURMD_NODENAME', '?')}: {exc}"
             with open(log_path, "a") as log:
                 log.write(refusal + "\n")
-            print(refusal, file=sys.stderr)
+            (spec.state_dir / f"refused-node{node_rank}.txt").write_text(refusal)
             return SANDBOX_REFUSED
     with open(log_path, "ab") as out:
         child = subprocess.Popen(
