@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from infrarsi.backends import JobSpec, make_backend
 from infrarsi.backends.kubernetes import KubernetesBackend
-from infrarsi.contract import BackendSpec
+from infrarsi.study.contract import BackendSpec
 from support.backend_jobs import run_to_end
 from support.kube_api import Cluster, PodEnd, Story, kube_api
 
@@ -225,7 +225,7 @@ async def test_a_trials_pods_mount_only_its_own_paths_of_the_data_directory(
     """Through the launcher service, with the data directory on a volume claim: every pod's mounts of the claim, as
     the API received them, are the trial's own worktree, probe directory and launch file, at their launcher
     paths; nothing of ``creds/`` (the services' seeds), the analyst database or the other trial's directory."""
-    from infrarsi import credentials
+    from infrarsi.bus import credentials
     from infrarsi_services.launcher.service import LauncherService
     from test_launcher_helpers import make_workload, serving
 

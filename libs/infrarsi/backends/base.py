@@ -84,8 +84,8 @@ class JobSpec:
     memory_capacity_bytes: int | None = None
     """Per rank. Set on hosts whose devices do not enforce it themselves (CPU): the backend emulates it."""
     isolation: Literal["auto", "sandbox", "none"] = "none"
-    """What the contract asks (``backend.isolation``; ``infrarsi.sandbox``): the local backend sandboxes the job
-    for ``sandbox`` (or refuses it, ``SubmitError``, where it cannot) and for ``auto`` where it can; the Slurm
+    """What the contract asks (``backend.isolation``; ``infrarsi.trial.sandbox``): the local backend sandboxes the
+    job for ``sandbox`` (or refuses it, ``SubmitError``, where it cannot) and for ``auto`` where it can; the Slurm
     backend has each node do the same (``slurm_node``). The Kubernetes backend ignores it: a pod is its own
     boundary, and mounts only the trial's paths of the volume claim."""
     read_only: list[str] = field(default_factory=list)

@@ -20,7 +20,7 @@ emulated-capacity kill or a CUDA OOM in the output → ``oom``; ``TIMEOUT`` → 
 ``NODE_FAIL``/``PREEMPTED``/``BOOT_FAIL`` → ``infrastructure_failure`` (the launcher: ``cancelled``,
 ``infrastructure``: it costs, the candidate is run again).
 
-Isolation (``JobSpec.isolation``, ``infrarsi.sandbox``) is settled here, at submit, so ``JobHandle.isolation``
+Isolation (``JobSpec.isolation``, ``infrarsi.trial.sandbox``) is settled here, at submit, so ``JobHandle.isolation``
 (``TrialLaunched.isolation``) is what the job gets: ``sandbox`` → ``bwrap``, and a node that cannot start the
 sandbox refuses the job (``slurm_node``); ``auto`` → ``bwrap`` where the launcher's host can start one (the nodes
 run the launcher's own Python environment from the shared filesystem, so they are taken to be the same install,
@@ -41,7 +41,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from infrarsi import sandbox
 from infrarsi.backends.base import (
     JobHandle,
     JobResult,
@@ -52,8 +51,9 @@ from infrarsi.backends.base import (
     read_json_record,
 )
 from infrarsi.backends.local import TAIL_BYTES, job_sandbox, tails_of
-from infrarsi.contract import BackendSpec
-from infrarsi.logs import get_logger
+from infrarsi.runtime.logs import get_logger
+from infrarsi.study.contract import BackendSpec
+from infrarsi.trial import sandbox
 
 POLL_EVERY_S = 0.25
 TERMINAL = {

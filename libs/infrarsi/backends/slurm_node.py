@@ -10,7 +10,7 @@ on the node:
    job id; this node advertises its own ``NodeAddr`` and gloo uses the interface holding it;
 2. the torchrun agent (or the single python process) runs as a child, its output in ``node<i>.log``; with
    isolation ``sandbox`` (the backend settled ``auto`` at submit) the child is started inside the trial sandbox
-   (``infrarsi.sandbox``, the local backend's ``job_sandbox``): its worktree and probe directory, its read-only
+   (``infrarsi.trial.sandbox``, the local backend's ``job_sandbox``): its worktree and probe directory, its read-only
    inputs and the Python environment, a private ``/tmp``, nothing else of the shared data directory; a job of
    one node gets no network (its rendezvous on loopback), the agents of several keep the node's. A node that
    cannot start the sandbox refuses the job (``SANDBOX_REFUSED``, the reason in the node's log and in
@@ -34,9 +34,9 @@ from pathlib import Path
 
 import psutil
 
-from infrarsi import procs, sandbox
 from infrarsi.backends.base import JobSpec
 from infrarsi.backends.local import job_sandbox, torchrun_argv
+from infrarsi.trial import procs, sandbox
 
 RDZV_PORT_BASE = 29600
 RDZV_PORT_SPAN = 2000
