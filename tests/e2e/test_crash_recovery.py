@@ -3,7 +3,9 @@ the simulator backend, and while a search trial runs every process of the stack 
 stop anything. The next ``infrarsi up`` over the same data directory carries the study to its end: the interrupted
 trial is recorded once, ``cancelled`` as the harness's failure with the accelerator time it ran up, its candidate
 is run again (``retry_of``) outside the budget, no trial is launched twice, and the study passes its stages to
-``StudyFinished``. Nothing has to be resumed by hand: ``infrarsi resume`` then refuses the finished study."""
+``StudyFinished``. Nothing has to be resumed by hand: ``infrarsi resume`` then refuses the finished study. Then the
+same during a verification (``infrarsi verify``): the lost run is run again in its place in the round, and the
+verdict is decided by the runs, not by the crash."""
 
 from __future__ import annotations
 
@@ -21,8 +23,9 @@ import pytest
 import yaml
 from infrarsi import events as ev
 from infrarsi.backends.sim import write_sim_workload
-from infrarsi.bus import Bus
+from infrarsi.bus.client import Bus
 from infrarsi.commands.study_log import read_study
+from infrarsi.verdicts import verification as vf
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -75,7 +78,7 @@ async def _until(data: Path, study: str, check, timeout_s: float, what: str):
         found = check(await _events(data, study))
         if found:
             return found
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.1)
     raise AssertionError(f"timed out waiting for {what}")
 
 
@@ -90,8 +93,8 @@ def _running_search_trial(events: list[ev.Event]) -> str | None:
 async def test_a_study_goes_on_after_its_whole_stack_is_killed_mid_trial(tmp_path: Path) -> None:
     data, log = tmp_path / "data", tmp_path / "up.log"
     contract = write_sim_workload(tmp_path / "workload", "dense7b_h100x64", knobs=["tp", "micro_batch", "recompute"],
-                                  restrict={"micro_batch": [1, 2, 4]}, steps=8, trials=3, parallel=1)
-    contract["workload"]["env"]["INFRARSI_SIM_STEP_S"] = "0.4"  # 8 steps: a trial runs ~4 s, long enough to kill in
+                                  restrict={"micro_batch": [1, 2, 4]}, steps=12, trials=3, parallel=1)
+    contract["workload"]["env"]["INFRARSI_SIM_STEP_S"] = "0.4"  # a trial runs seconds: long enough to be killed in
     contract["verify"] = {"top_k": 1, "repeats": 1, "passes_required": 1}
     (tmp_path / "contract.yaml").write_text(yaml.safe_dump(contract))
 
@@ -104,10 +107,12 @@ async def test_a_study_goes_on_after_its_whole_stack_is_killed_mid_trial(tmp_pat
         assert doctor.returncode == 0, doctor.stderr
         assert _cli(data, "run", study, "--no-wait").returncode == 0
 
-        interrupted = await _until(data, study, _running_search_trial, 240, "a search trial to run")
-        await asyncio.sleep(1.5)  # steps under way
-        before = await _events(data, study)
-        assert not any(e.trial_id == interrupted and e.type == "TrialFinished" for e in before)
+        def stepping(events: list[ev.Event]) -> str | None:  # a search trial running, its steps under way
+            trial = _running_search_trial(events)
+            probe = data / "launcher" / "trials" / str(trial) / "probe" / "probe-rank0.jsonl"
+            return trial if trial and probe.exists() and probe.read_text().strip() else None
+
+        interrupted = await _until(data, study, stepping, 240, "a search trial to run its first steps")
         _kill_everything(stack, data)
 
         stack = _up(data, log)
@@ -117,7 +122,7 @@ async def test_a_study_goes_on_after_its_whole_stack_is_killed_mid_trial(tmp_pat
         # the interrupted trial: one record, the harness's failure, its cost kept
         [cut] = [e.payload for e in events if e.trial_id == interrupted and isinstance(e.payload, ev.TrialFinished)]
         assert cut.status == "cancelled" and cut.infrastructure and "killed mid-trial" in cut.reason
-        assert cut.accelerator_s > 0 and cut.wall_s > 0
+        assert cut.accelerator_s > 0 and cut.wall_s > 0 and 1 <= cut.steps_completed < 12  # cut short
 
         # its candidate run again, once, to an outcome of its own
         [rerun] = [e for e in events if isinstance(e.payload, ev.TrialProposed) and e.payload.retry_of == interrupted]
@@ -147,6 +152,33 @@ async def test_a_study_goes_on_after_its_whole_stack_is_killed_mid_trial(tmp_pat
         assert row["outcomes"].get("cancelled") == 1
         refused = _cli(data, "resume", study)
         assert refused.returncode == 2 and "it is finished" in refused.stderr
+
+        # once more during a verification: the lost run is run again in its place, and the verdict is the runs'
+        assert _cli(data, "verify", study, "--top", "1", "--repeats", "1", "--no-wait").returncode == 0
+
+        def verify_stepping(events: list[ev.Event]) -> str | None:
+            verify = {e.trial_id for e in events if isinstance(e.payload, ev.TrialProposed) and e.payload.kind == "verify"}
+            finished = {e.trial_id for e in events if e.type == "TrialFinished"}
+            running = sorted(t for t in verify - finished if t is not None
+                             and (data / "launcher" / "trials" / t / "probe" / "probe-rank0.jsonl").exists()
+                             and (data / "launcher" / "trials" / t / "probe" / "probe-rank0.jsonl").read_text().strip())
+            return running[0] if running else None
+
+        lost = await _until(data, study, verify_stepping, 240, "a verification run to run its first steps")
+        _kill_everything(stack, data)
+        stack = _up(data, log)
+        events = await _until(data, study, lambda es: es if any(isinstance(e.payload, ev.VerifyCompleted)
+                                                                and vf.is_final(e.payload) for e in es) else None,
+                              300, "the verification's verdict after the restart")
+        [lost_done] = [e.payload for e in events if e.trial_id == lost and isinstance(e.payload, ev.TrialFinished)]
+        assert lost_done.status == "cancelled" and lost_done.infrastructure and lost_done.accelerator_s > 0
+        [again] = [e for e in events if isinstance(e.payload, ev.TrialProposed) and e.payload.retry_of == lost]
+        assert again.payload.kind == "verify"
+        [verdict] = [e.payload for e in events if isinstance(e.payload, ev.VerifyCompleted)]
+        assert "run.cancelled" not in verdict.failed_invariants, verdict
+        assert again.trial_id in verdict.trial_ids and lost not in verdict.trial_ids
+        launched = [e.trial_id for e in events if e.type == "TrialLaunched"]
+        assert len(launched) == len(set(launched))
     finally:
         with contextlib.suppress(psutil.NoSuchProcess, subprocess.TimeoutExpired):
             stack.terminate()
