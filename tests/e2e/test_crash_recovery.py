@@ -114,6 +114,9 @@ async def test_a_study_goes_on_after_its_whole_stack_is_killed_mid_trial(tmp_pat
 
         interrupted = await _until(data, study, stepping, 240, "a search trial to run its first steps")
         _kill_everything(stack, data)
+        probe = (data / "launcher" / "trials" / interrupted / "probe" / "probe-rank0.jsonl").read_text()
+        records = [json.loads(line) for line in probe.splitlines() if line.endswith("}")]  # none torn by the kill
+        played_s = sum(r["payload"]["step_time_s"] for r in records)  # the steps it played, in real time
 
         stack = _up(data, log)
         events = await _until(data, study, lambda es: es if any(e.type == "StudyFinished" for e in es) else None,
@@ -122,7 +125,8 @@ async def test_a_study_goes_on_after_its_whole_stack_is_killed_mid_trial(tmp_pat
         # the interrupted trial: one record, the harness's failure, its cost kept
         [cut] = [e.payload for e in events if e.trial_id == interrupted and isinstance(e.payload, ev.TrialFinished)]
         assert cut.status == "cancelled" and cut.infrastructure and "killed mid-trial" in cut.reason
-        assert cut.accelerator_s > 0 and cut.wall_s > 0 and 1 <= cut.steps_completed < 12  # cut short
+        assert 1 <= cut.steps_completed == len(records) < 12  # cut short
+        assert cut.wall_s >= 0.9 * played_s and cut.accelerator_s == pytest.approx(cut.wall_s)  # one rank
 
         # its candidate run again, once, to an outcome of its own
         [rerun] = [e for e in events if isinstance(e.payload, ev.TrialProposed) and e.payload.retry_of == interrupted]
