@@ -256,9 +256,17 @@ class LauncherService(Service):
             with contextlib.suppress(workspace.WorkspaceError, OSError):
                 _remove_worktree(tdir / "worktree")
             job = read_json_record(tdir / "job.json")
-            started = float(job.get("started_at", time.time())) if job else time.time()
+            now = time.time()
+            if job is not None:  # a process of its own: it ran on, orphaned, until reaped now
+                started, ended = float(job.get("started_at", now)), now
+            elif submitted is not None:
+                # a job that died with the launcher (the simulator's threads): it ran until it last wrote its probe
+                started = float(submitted.get("started_at", now))
+                ended = max([started, *(p.stat().st_mtime for p in (tdir / "probe").glob("*") if p.is_file())])
+            else:
+                started = ended = now
             (tdir / "abandoned.json").write_text(
-                json.dumps({"wall_s": max(0.0, time.time() - started), "launched": job is not None})
+                json.dumps({"wall_s": max(0.0, ended - started), "launched": job is not None or submitted is not None})
             )
         return killed
 
