@@ -50,11 +50,18 @@ from typing import Any
 
 import msgspec
 import yaml
-from infrarsi import credentials, fswatch, inputs, metrics, procs, stats, tracing, workspace
 from infrarsi import events as ev
 from infrarsi.backends import Backend, JobHandle, JobResult, JobSpec, SubmitError, backend_class, make_backend
 from infrarsi.backends.base import read_json_record
-from infrarsi.contract import (
+from infrarsi.bus import credentials
+from infrarsi.bus.subjects import TELEMETRY_STREAM, telemetry_subject
+from infrarsi.runtime import metrics, tracing
+from infrarsi.runtime.logs import get_logger
+from infrarsi.runtime.service import Outbox, Service
+from infrarsi.runtime.settings import PREFIX as SETTINGS_PREFIX
+from infrarsi.runtime.settings import JobEnv, Settings, env_var
+from infrarsi.study import inputs
+from infrarsi.study.contract import (
     BackendSpec,
     Contract,
     ContractError,
@@ -62,12 +69,9 @@ from infrarsi.contract import (
     load_patch_library,
     locked_contract,
 )
-from infrarsi.launch import LaunchValueError
-from infrarsi.logs import get_logger
-from infrarsi.service import Outbox, Service
-from infrarsi.settings import PREFIX as SETTINGS_PREFIX
-from infrarsi.settings import JobEnv, Settings, env_var
-from infrarsi.subjects import TELEMETRY_STREAM, telemetry_subject
+from infrarsi.trial import fswatch, procs, workspace
+from infrarsi.trial.launch import LaunchValueError
+from infrarsi.verdicts import stats
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from .downstream import downstream_argv, run_downstream
@@ -98,7 +102,7 @@ class Study:
     locked_files: dict[str, str]
     cluster: ev.ClusterInfo
     locked_inputs: dict[str, str] = field(default_factory=dict)
-    """The fingerprints of the workload's inputs outside git at ``init`` (``infrarsi.inputs``)."""
+    """The fingerprints of the workload's inputs outside git at ``init`` (``infrarsi.study.inputs``)."""
     agent_patches: dict[str, str] = field(default_factory=dict)
     """Diffs the study's language model proposed and the proposer's checks accepted (``AgentAnswered``), by
     patch id: patches of this study beside the library, applied with the same checks."""
@@ -230,7 +234,7 @@ class LauncherService(Service):
         """One backend per kind and options (two studies on different Slurm partitions get two)."""
         key = options.model_dump_json(exclude={"parallel", "timeout_s"})
         if key not in self.backends:
-            backend = make_backend(options.kind, self.state_root, options, self.settings)
+            backend = make_backend(options.kind, self.state_root, options, self.settings, data_dir=self.data_dir)
             backend.open()
             self.backends[key] = backend
         return self.backends[key]
@@ -252,9 +256,17 @@ class LauncherService(Service):
             with contextlib.suppress(workspace.WorkspaceError, OSError):
                 _remove_worktree(tdir / "worktree")
             job = read_json_record(tdir / "job.json")
-            started = float(job.get("started_at", time.time())) if job else time.time()
+            now = time.time()
+            if job is not None:  # a process of its own: it ran on, orphaned, until reaped now
+                started, ended = float(job.get("started_at", now)), now
+            elif submitted is not None:
+                # a job that died with the launcher (the simulator's threads): it ran until it last wrote its probe
+                started = float(submitted.get("started_at", now))
+                ended = max([started, *(p.stat().st_mtime for p in (tdir / "probe").glob("*") if p.is_file())])
+            else:
+                started = ended = now
             (tdir / "abandoned.json").write_text(
-                json.dumps({"wall_s": max(0.0, time.time() - started), "launched": job is not None})
+                json.dumps({"wall_s": max(0.0, ended - started), "launched": job is not None or submitted is not None})
             )
         return killed
 
@@ -633,8 +645,8 @@ class LauncherService(Service):
         """The harness's processes on this host, where the embedded stack runs here: the services, the bus and
         the command that started them (``stack.json``, ``nats-server.json`` under the data directory); none
         when the stack runs elsewhere (containers, a cluster)."""
-        from infrarsi.embedded import server_state
-        from infrarsi.stack import stack_state
+        from infrarsi.bus.embedded import server_state
+        from infrarsi.runtime.stack import stack_state
 
         pids: set[int] = set()
         if (record := stack_state(self.data_dir).read()) is not None:
@@ -825,33 +837,21 @@ def _with_output_steps(finished: ev.TrialFinished, output: OutputTail, job: JobR
 async def _follow(tail: ProbeTail) -> None:
     """Read the probe file as soon as it grows: its arrival times are the launcher's own clock for the timing
     invariant. Woken by inotify where the kernel has it (a wake-up per record), else polled."""
-    watch = fswatch.DirectoryWatch.open(tail.file.path.parent)
-    try:
-        while True:
-            tail.poll()
-            if watch is not None:
-                await watch.changed(WATCH_TIMEOUT_S)
-            else:
-                await asyncio.sleep(tail.interval_s())
-    finally:
-        if watch is not None:
-            watch.close()
+
+    async def read() -> None:
+        tail.poll()
+
+    await fswatch.follow(tail.file.path.parent, read, wake_timeout_s=WATCH_TIMEOUT_S, poll_interval_s=tail.interval_s)
 
 
 async def _follow_output(output: OutputTail) -> None:
     """Read a coarse job's output as soon as it grows, so each line's time is the launcher's clock when it
     appeared (the job's Python runs unbuffered: ``PYTHONUNBUFFERED``). Woken by inotify, else polled."""
-    watch = fswatch.DirectoryWatch.open(output.file.path.parent)
-    try:
-        while True:
-            output.poll()
-            if watch is not None:
-                await watch.changed(WATCH_TIMEOUT_S)
-            else:
-                await asyncio.sleep(TAIL_S)
-    finally:
-        if watch is not None:
-            watch.close()
+
+    async def read() -> None:
+        output.poll()
+
+    await fswatch.follow(output.file.path.parent, read, wake_timeout_s=WATCH_TIMEOUT_S, poll_interval_s=lambda: TAIL_S)
 
 
 def _emulated_capacity(cluster: ev.ClusterInfo) -> int | None:

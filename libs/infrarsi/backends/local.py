@@ -4,12 +4,12 @@
 - ``torchrun`` jobs: ``nnodes`` torchrun agents (``python -m torch.distributed.run``), each with
   ``--nnodes N --node-rank i --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:<free port>`` — one agent is a
   single node with several ranks; two agents on loopback are a two-node job;
-- bare-metal multi-node (``netns``: one network namespace per node, ``infrarsi.netns``): agent ``i`` runs
+- bare-metal multi-node (``netns``: one network namespace per node, ``infrarsi.trial.netns``): agent ``i`` runs
   inside namespace ``i`` and advertises that namespace's address, the rendezvous is on the first one's
   address, and gloo uses the namespace's interface — the job's traffic crosses a real bridge.
 
 Where the spec asks for isolation (``JobSpec.isolation``: ``sandbox``, or ``auto`` on a host with bubblewrap),
-each process is started inside the trial sandbox (``infrarsi.sandbox``): its worktree, its probe directory and
+each process is started inside the trial sandbox (``infrarsi.trial.sandbox``): its worktree, its probe directory and
 its read-only inputs, nothing else of the host; a one-node job gets no network, the agents of a multi-node job
 keep theirs (loopback, or their namespace's). ``sandbox`` on a host that cannot start one is refused
 (``SubmitError``, naming why); ``auto`` there runs unisolated, and the handle says so (``JobHandle.isolation``).
@@ -35,11 +35,11 @@ from pathlib import Path
 
 import psutil
 
-from infrarsi import netns, procs, sandbox
 from infrarsi.backends.base import Backend, JobHandle, JobResult, JobSpec, SubmitError, device_oom_detail
-from infrarsi.embedded import free_port
-from infrarsi.logs import get_logger
-from infrarsi.settings import LAUNCH_TAG_VAR
+from infrarsi.bus.embedded import free_port
+from infrarsi.runtime.logs import get_logger
+from infrarsi.runtime.settings import LAUNCH_TAG_VAR
+from infrarsi.trial import netns, procs, sandbox
 
 TAIL_BYTES = 6000
 log = get_logger(__name__)
@@ -235,20 +235,11 @@ class LocalBackend(Backend):
         log.warning("trial runs unisolated: no sandbox on this host", trial_id=spec.name, reason=reason)
         return sandbox.UNISOLATED
 
-    def _sandbox(self, spec: JobSpec, *, private_network: bool) -> sandbox.SandboxSpec:
-        return sandbox.SandboxSpec(
-            workdir=spec.workdir,
-            writable=tuple(Path(p) for p in spec.writable),
-            read_only=(*sandbox.python_inputs(), *(Path(p) for p in spec.read_only)),
-            private_network=private_network,
-            hidden=(Path(self.owner), *(Path(p) for p in spec.hidden)),
-        )
-
     def _commands(self, spec: JobSpec, *, sandboxed: bool = False) -> tuple[list[list[str]], list[list[str]]]:
         """Each node's command as started, and as shown (``JobHandle.command``: without the sandbox's ``bwrap``
         prefix, which ``JobHandle.isolation`` stands for)."""
         # One node: its own network namespace. Several: they need each other, on loopback or their namespaces.
-        box = self._sandbox(spec, private_network=spec.nnodes == 1) if sandboxed else None
+        box = job_sandbox(spec, private_network=spec.nnodes == 1, hidden=(Path(self.owner),)) if sandboxed else None
         shown: list[list[str]] = []
 
         def inside(argv: list[str], netns_name: str | None = None) -> list[str]:
@@ -284,6 +275,18 @@ class LocalBackend(Backend):
         ]
         return started, shown
 
+
+def job_sandbox(spec: JobSpec, *, private_network: bool, hidden: tuple[Path, ...] = ()) -> sandbox.SandboxSpec:
+    """What a sandboxed job of ``spec`` sees, on whichever host starts it (this backend's, or a Slurm node's
+    ``slurm_node``): its worktree, its writable directories, the Python environment of the interpreter asking
+    and the spec's read-only inputs; ``hidden`` adds paths no bind may hold to the spec's own."""
+    return sandbox.SandboxSpec(
+        workdir=spec.workdir,
+        writable=tuple(Path(p) for p in spec.writable),
+        read_only=(*sandbox.python_inputs(), *(Path(p) for p in spec.read_only)),
+        private_network=private_network,
+        hidden=(*hidden, *(Path(p) for p in spec.hidden)),
+    )
 
 
 def torchrun_argv(spec: JobSpec, node_rank: int | None, endpoint: str, *, local_addr: str | None = None) -> list[str]:

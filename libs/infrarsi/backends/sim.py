@@ -42,11 +42,11 @@ import yaml
 
 from infrarsi import events as ev
 from infrarsi.backends.base import Backend, JobHandle, JobResult, JobSpec
-from infrarsi.credentials import NKEY_FILE_ENV
+from infrarsi.bus.credentials import NKEY_FILE_ENV
+from infrarsi.bus.subjects import step_msg_id, telemetry_subject
 from infrarsi.modeling.space import Candidate
-from infrarsi.settings import JobEnv, env_var
-from infrarsi.study_space import SIM_SCENARIO_ENV
-from infrarsi.subjects import step_msg_id, telemetry_subject
+from infrarsi.runtime.settings import JobEnv, env_var
+from infrarsi.study.space import SIM_SCENARIO_ENV
 
 SIM_LABEL = "SIMULATOR"
 SOURCE = "sim"
@@ -261,7 +261,8 @@ class SimBackend(Backend):
         # fitted on accelerator-seconds, so a wall-time cost made the study's course depend on the host's load
         # (two runs of one study parted after 17 trials). Scaled seconds, like the steps.
         played = trial.steps[: job.steps_written]
-        accelerator_s = ranks * (trial.startup_s + sum(s.step_time_s for s in played))
+        # plain floats: the scenario computes in numpy, and msgspec encodes no numpy scalar into TrialFinished
+        accelerator_s = float(ranks * (trial.startup_s + sum(s.step_time_s for s in played)))
         return JobResult(
             exit_code=exit_code,
             wall_s=ended - handle.started_at,
