@@ -131,3 +131,28 @@ def test_the_mixture_is_recalibrated_on_peaks_it_mispredicts_and_a_rerun_adds_no
     again = run(scattered(0.25, 0.2), capacity, [*SCATTER_MEASURED, SCATTER_MEASURED[-1], SCATTER_MEASURED[-2]])
     again.memory_calibration()
     assert len(again._memory_residuals) == before
+
+
+def test_p_oom_is_raised_where_the_studys_own_proposals_ran_out_of_memory_more_often_than_predicted() -> None:
+    capacity = 2.0 * formula(c_(16, 3))
+
+    def mapped(outcomes: list[tuple[float, bool]], config: SearchConfig | None = None) -> np.ndarray:
+        s = run(scattered(0.25, 0.2), capacity, SCATTER_MEASURED, config)
+        s.memory_calibration()  # its own outcomes recorded, then replaced by the ones given
+        s._oom_outcomes[:] = outcomes
+        return s._calibrated_p_oom(np.array([0.001, 0.03, 0.4]))
+
+    # the record is prequential: one outcome per scored new peak, the P(OOM) the models before it gave it
+    s = run(scattered(0.25, 0.2), capacity, [*SCATTER_MEASURED, c_(16, 0)])
+    s.memory_calibration()
+    assert len(s._oom_outcomes) == len(s._memory_residuals) > 0
+    assert [oom for _, oom in s._oom_outcomes] == [oom for _, oom in s._memory_residuals]
+    assert all(0.0 <= p <= 1.0 for p, _ in s._oom_outcomes)
+    # 30 proposals at a predicted 3% of which 9 ran out of memory: 3% is raised well beyond the prior's
+    bitten = mapped([(0.03, i < 9) for i in range(30)])
+    prior = mapped([])
+    spared = mapped([(0.03, False) for _ in range(30)])
+    assert bitten[1] > 0.15 and bitten[1] > prior[1] > spared[1] >= 0.03, (bitten, prior, spared)
+    assert prior[2] == spared[2] == 0.4 <= bitten[2]  # raised only: a P(OOM) above the map's keeps its value
+    off = mapped([(0.03, i < 9) for i in range(30)], SearchConfig(oom_calibration=None))
+    assert list(off) == [0.001, 0.03, 0.4]

@@ -689,8 +689,8 @@ class Searcher:
             return np.zeros(1), np.ones(1), np.ones(1)
         if self._oom_map is None or self._oom_map[0] != len(self._oom_outcomes):
             a0, c0, sd_a, sd_c = cal
-            a, c = np.meshgrid(*self._OOM_MAP_GRID, indexing="ij")
-            a, c = a.ravel(), c.ravel()
+            grid_a, grid_c = np.meshgrid(*self._OOM_MAP_GRID, indexing="ij")
+            a, c = grid_a.ravel(), grid_c.ravel()
             post = -0.5 * ((a - a0) / sd_a) ** 2 - 0.5 * ((np.log(c) - math.log(c0)) / sd_c) ** 2
             if self._oom_outcomes:
                 p = np.clip(np.array([q for q, _ in self._oom_outcomes]), 1e-6, 1 - 1e-6)
