@@ -257,10 +257,12 @@ class SearchConfig:
     logit P = a + c·logit p, p the memory predictive's P(OOM) (``None``: p itself). Fitted per study on its own
     proposals — every new candidate's outcome, OOM or not, against the p the models before it gave it (a
     prequential record, like the residuals) — as a posterior on a grid, priors N(a, σ_a²) on a and N(log c,
-    σ_log c²) on log c; P(OOM) is the posterior's mean of the map. The prior's centre is the map that fits the
-    shaped family's development models (0-29): the memory predictive is right on average but its P(OOM) is too
-    extreme at both ends (3.5% predicted OOM 10% of the time, 43% 28%), which no shift or scale of the peaks'
-    residuals corrects (docs/modeling.md, "P(OOM) calibrated on the study's own outcomes")."""
+    σ_log c²) on log c; P(OOM) is the larger of p and the posterior's mean of the map at p: the map only raises.
+    The prior's centre is the map that fits the shaped family's development models (0-29): there candidates the
+    predictive put at 2-5% ran out of memory 9-11% of the time, which no shift or scale of the peaks' residuals
+    corrects (the residuals are heavier-tailed than a normal). Raising only: a two-sided map also lowered the
+    high P(OOM)s, and the candidates it then admitted ran out of memory 70% of the time at a predicted 41%
+    (docs/modeling.md, "P(OOM) calibrated on the study's own outcomes")."""
     memory_formula_floor: float = 0.0
     """The smallest weight any member of that average keeps (0: none). A floor keeps the outvoted models'
     means in the mixture's variance (it holds the spread of its means): where the formula is right and the
