@@ -57,15 +57,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "libs"))
 
 import numpy as np  # noqa: E402
 from _common import pool_for  # noqa: E402
-from infrarsi.agent.answers import (  # noqa: E402
-    MIN_RISK,
-    RISK_KINDS,
-    invariant_overrides,
-    prior_from_answer,
-    prior_overrides,
-)
+from infrarsi.agent.answers import MIN_RISK, RISK_KINDS, prior_from_answer  # noqa: E402
 from infrarsi.agent.prior_check import TIMED, judge  # noqa: E402
-from infrarsi.bank.adapt import with_priors  # noqa: E402
+from infrarsi.modeling.adapt import invariant_overrides, prior_overrides, with_priors  # noqa: E402
 from infrarsi.modeling.priors import default_knowledge_base  # noqa: E402
 from infrarsi.modeling.search import Observation, Searcher  # noqa: E402
 from infrarsi.modeling.space import Candidate, FeatureEncoder, SearchSpace  # noqa: E402

@@ -40,9 +40,9 @@ from pathlib import Path
 
 from infrarsi import eventlog
 from infrarsi import events as ev
-from infrarsi.bus import STREAMS, Bus
-from infrarsi.embedded import EmbeddedServer
-from infrarsi.stream_reader import read_stream
+from infrarsi.bus.client import STREAMS, Bus
+from infrarsi.bus.embedded import EmbeddedServer
+from infrarsi.bus.reader import read_stream
 from nats.js import api
 
 PHASES = ("data", "forward", "backward", "optimizer", "comm")

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from infrarsi import events as ev
-from infrarsi.contract import Contract
-from infrarsi.study_model import build_searcher
-from infrarsi.study_space import StudySpace
+from infrarsi.study.contract import Contract
+from infrarsi.study.model import build_searcher
+from infrarsi.study.space import StudySpace
 
 LAYOUTS: dict[str, dict[str, Any]] = {
     "golden": {},

@@ -47,15 +47,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from _common import write_json
+from _common import BenchSpace, write_json
 from infrarsi import events as ev
 from infrarsi.modeling.search import CandidatePool, SearchConfig
 from infrarsi.modeling.space import Candidate
 from infrarsi.sim.scenarios import SimOutcome
-from infrarsi.study_model import noise_floor
+from infrarsi.study.model import noise_floor
 from robust_family import FamilyModel, draw_model  # bench/ is the script's directory
 from robustness import bench_space
-from search_vs_peers import BenchSpace, Trial, doctor_baseline, run_infrarsi, run_optuna
+from search_vs_peers import Trial, doctor_baseline, run_infrarsi, run_optuna
 
 DRIFT_START, DRIFT_END, DRIFT_SLOWDOWN = 0.3, 0.65, 1.15
 """The drift host's slow stretch: runs from 30% to 65% of the study's runs are 15% slower."""

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 
 from infrarsi import events as ev
 from infrarsi.modeling.search import Searcher
-from infrarsi.service import Emission
-from infrarsi.study_model import StudiesFold, StudyModel
+from infrarsi.runtime.service import Emission
+from infrarsi.study.model import StudiesFold, StudyModel
 
 
 @dataclass

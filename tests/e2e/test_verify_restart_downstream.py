@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 from infrarsi import events as ev
-from infrarsi import verification as vf
+from infrarsi.verdicts import verification as vf
 from support.tiny_verify import EXAMPLE_DOWNSTREAM, example_contract, run_verification, verify_candidates
 
 RESTART_BUG, DOWNSTREAM_BUG, GENUINE, SAME_FORMAT = (

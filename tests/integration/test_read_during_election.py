@@ -16,10 +16,10 @@ from pathlib import Path
 import nats.errors
 import pytest
 from infrarsi import events as ev
-from infrarsi.bus import Bus
+from infrarsi.bus.client import Bus
+from infrarsi.bus.embedded import EmbeddedServer, free_port
+from infrarsi.bus.subjects import LIFECYCLE_STREAM
 from infrarsi.commands.study_log import read_study
-from infrarsi.embedded import EmbeddedServer, free_port
-from infrarsi.subjects import LIFECYCLE_STREAM
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

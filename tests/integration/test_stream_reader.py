@@ -15,11 +15,11 @@ from urllib.parse import urlparse
 
 import pytest
 from infrarsi import events as ev
-from infrarsi import stream_reader
-from infrarsi.bus import Bus, BusError
-from infrarsi.embedded import EmbeddedServer, free_port, nats_server_binary
-from infrarsi.stream_reader import StreamMessage, read_stream
-from infrarsi.subjects import LIFECYCLE_STREAM, TELEMETRY_STREAM, lifecycle_subject, telemetry_subject
+from infrarsi.bus import reader as stream_reader
+from infrarsi.bus.client import Bus, BusError
+from infrarsi.bus.embedded import EmbeddedServer, free_port, nats_server_binary
+from infrarsi.bus.reader import StreamMessage, read_stream
+from infrarsi.bus.subjects import LIFECYCLE_STREAM, TELEMETRY_STREAM, lifecycle_subject, telemetry_subject
 
 pytestmark = pytest.mark.integration
 

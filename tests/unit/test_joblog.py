@@ -7,9 +7,9 @@ import math
 
 import pytest
 from infrarsi import events as ev
-from infrarsi.contract import MeasurementSpec
-from infrarsi.joblog import LogPatterns, read_line
-from infrarsi.scaffold import default_step_regex
+from infrarsi.study.contract import MeasurementSpec
+from infrarsi.study.scaffold import default_step_regex
+from infrarsi.trial.joblog import LogPatterns, read_line
 from infrarsi_services.launcher.output import OutputSteps
 from pydantic import ValidationError
 

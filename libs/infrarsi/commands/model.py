@@ -52,7 +52,7 @@ def latest_update(events: list[ev.Event]) -> ev.ModelUpdated | None:
 
 
 def replay_update(events: list[ev.Event], study_id: str) -> ev.ModelUpdated | None:
-    from infrarsi.study_model import replay_model  # the modeler service's own fold
+    from infrarsi.study.model import replay_model  # the modeler service's own fold
 
     return replay_model(events, study_id)
 

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import duckdb
 
-from infrarsi.bus import Bus
+from infrarsi.bus.client import Bus
+from infrarsi.bus.reader import StreamMessage, StreamReadError, read_stream
 from infrarsi.eventlog.database import AnalystDB
 from infrarsi.eventlog.decoding import decode_batch_yielding
 from infrarsi.eventlog.schema import DEFAULT_BATCH, REPLAYED_STREAMS, AnalystDBError
-from infrarsi.logs import get_logger
-from infrarsi.stream_reader import StreamMessage, StreamReadError, read_stream
+from infrarsi.runtime.logs import get_logger
 
 log = get_logger(__name__)
 
