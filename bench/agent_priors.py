@@ -26,7 +26,7 @@ Per simulator scenario, the InfraRSI Searcher searches side by side over the sam
 
 The priors enter exactly as the agent's do (``infrarsi.agent.answers.prior_from_answer`` — floored std, widened
 by ``agent.prior_weight``; invariant claims clamped — then ``StudySpace.with_agent``'s
-``bank.adapt.with_priors``), stated std 0.1, weight 0.5. The claims are built from the simulator's physics
+``modeling.adapt.with_priors``), stated std 0.1, weight 0.5. The claims are built from the simulator's physics
 (``sim.scenarios.enumerate_scenario``), apart from the search code they measure; the search sees only noisy
 trials. The model's answer is handled by the proposer's rule (``run``, services/proposer/logic.py): its knob
 vector takes the first trial, then its priors are on probation, hedged by a searcher without them that learns

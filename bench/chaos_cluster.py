@@ -138,7 +138,7 @@ async def faults(cluster: NatsCluster, bus: Bus, args: argparse.Namespace, done:
 
 async def stored_ids(bus: Bus) -> dict[str, set[str]]:
     """Per stream, the ``Nats-Msg-Id`` of every stored message (a pull consumer of nats-py's: the headers are
-    what this needs, and ``stream_reader`` hands out sequence, subject and data only)."""
+    what this needs, and ``bus.reader`` hands out sequence, subject and data only)."""
     out: dict[str, set[str]] = {}
     for spec in STREAMS:
         ids: set[str] = set()

@@ -5,7 +5,7 @@ baseline) measured on hosts of run-to-run CV 2, 5, 10 and 15% (lognormal per run
 whose speed steps ``DRIFT_SLOWDOWN`` slower for the runs from ``DRIFT_START`` to ``DRIFT_END`` of the study,
 counted over every run the study makes, the doctor's included). Each study first measures the golden baseline
 ``--doctor-runs`` times (what the doctor does), and InfraRSI's noise floor is what that doctor would report: the
-CV of those runs (``study_model.noise_floor``); every tuner is told the runs (bench/search_vs_peers.py,
+CV of those runs (``study.model.noise_floor``); every tuner is told the runs (bench/search_vs_peers.py,
 ``doctor_baseline``), none of them counts against the budget.
 
 Tuners, each given ``--budget`` runs (40):
@@ -104,7 +104,7 @@ class Measured:
 
 
 def doctor_floor(runs: Sequence[float]) -> float:
-    """The noise floor a study's doctor would give from these baseline step times (``study_model.noise_floor``
+    """The noise floor a study's doctor would give from these baseline step times (``study.model.noise_floor``
     of their run-to-run CV)."""
     t = np.asarray(runs, dtype=float)
     cv = float(t.std(ddof=1) / t.mean()) if t.size > 1 else 0.0

@@ -3,11 +3,11 @@ on this CPU host.
 
 Owns ``dense_1node_cpu()`` / ``bench_space()`` (a ``BenchSpace``) and ``RealTrials``, which runs the candidates a
 tuner asks for. The search space, baseline, priors and capacity are what InfraRSI itself builds from the contract
-(``init``'s ``prepare_study`` → ``study_space.load_study_space``). A trial goes the way ``infrarsi trial`` sends
+(``init``'s ``prepare_study`` → ``study.space.load_study_space``). A trial goes the way ``infrarsi trial`` sends
 it, minus NATS: the launcher service (scope checks, a git worktree of the golden baseline with the patches applied, the local
 backend with its emulated-capacity watchdog, timeout, cost accounting) and the telemetry service (warm-up,
 steady-state step time, invariants against the study's baseline) run in this process, and an in-memory bus
-hands each one the events it consumes, in publish order. ``trial_ledger.TrialLedger`` then pairs the
+hands each one the events it consumes, in publish order. ``study.ledger.TrialLedger`` then pairs the
 ``TrialFinished`` with its ``TrialMeasured`` into the outcome the modeler would see:
 
 - ``ok``: exited 0 and every invariant held; ``step_time_s`` is telemetry's steady-state median;

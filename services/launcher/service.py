@@ -234,7 +234,7 @@ class LauncherService(Service):
         """One backend per kind and options (two studies on different Slurm partitions get two)."""
         key = options.model_dump_json(exclude={"parallel", "timeout_s"})
         if key not in self.backends:
-            backend = make_backend(options.kind, self.state_root, options, self.settings)
+            backend = make_backend(options.kind, self.state_root, options, self.settings, data_dir=self.data_dir)
             backend.open()
             self.backends[key] = backend
         return self.backends[key]

@@ -20,7 +20,7 @@ no step samples: its trials are measured from ``TrialFinished`` alone (``stats.m
 it arrives, labelled ``coarse``, with the invariants that cannot be checked named in
 ``unchecked_invariants``.
 
-Stopping slow trials: on each rank-0 step of a running search trial, ``slow_trials.slow_verdict`` compares
+Stopping slow trials: on each rank-0 step of a running search trial, ``trial.slow.slow_verdict`` compares
 its steady steps with the study's incumbent (the fastest trial measured ``ok`` with every invariant held,
 kept from the ``TrialMeasured`` this service publishes) and the doctor's noise; a trial already ruled out
 gets one ``TrialStopRequested`` (id derived from the trial, so a replay or a redelivery adds none), which

@@ -136,12 +136,16 @@ class HostileStudy:
     victim_record_changed: bool
 
 
-async def run_hostile_study(tmp_path: Path, listener: Listener, isolation: str) -> HostileStudy:
-    """The baseline, then every attack and the honest patch, one trial each, in one study."""
+async def run_hostile_study(
+    tmp_path: Path, listener: Listener, isolation: str, *, backend: dict | None = None,
+    patches: tuple[str, ...] = (*ATTACKS, HONEST),
+) -> HostileStudy:  # fmt: skip
+    """The baseline, then each of ``patches`` (every attack and the honest patch), one trial each, in one study;
+    on the local backend with ``isolation``, or on ``backend``."""
     data_dir = (tmp_path / "data").absolute()
     server = EmbeddedServer.start(data_dir, authorize=True)
     write_analyst_db(data_dir)
-    contract = write_hostile_workload(tmp_path, listener_port=listener.port, isolation=isolation)
+    contract = write_hostile_workload(tmp_path, listener_port=listener.port, isolation=isolation, backend=backend)
     h = AuthorizedHarness(server.url, data_dir)
     await h.open()
     try:
@@ -152,7 +156,7 @@ async def run_hostile_study(tmp_path: Path, listener: Listener, isolation: str) 
         assert (await h.wait_for(base, "TrialMeasured", TRIAL_TIMEOUT_S)).status == "ok", h.events[base]
         victim_finished = (data_dir / "launcher" / "trials" / base / "finished.json").read_bytes()
         trials = {}
-        for name in [*ATTACKS, HONEST]:
+        for name in patches:
             trials[name] = await h.propose(study, patches=[name])
             await h.wait_for(trials[name], "TrialMeasured", TRIAL_TIMEOUT_S)
         lifecycle = {e.type async for e in h.bus.events(LIFECYCLE_STREAM, lifecycle_subject(study, "*"))}
@@ -223,3 +227,36 @@ async def test_without_the_sandbox_every_attack_gets_through(tmp_path, listener)
     finally:
         for trial in seen.trials.values():
             (Path("/tmp") / f"irsi-hostile-{trial}").unlink(missing_ok=True)
+
+
+SLURM_ATTACKS = ("read-seed", "write-outside", "read-analyst-db")
+
+
+@pytest.mark.slurm
+async def test_slurm_trials_cannot_read_creds_or_write_outside(tmp_path, sandbox_ready, slurm_cluster, listener) -> None:
+    """Through the tests' real Slurm cluster, isolation left at its default (``auto``): each node starts its job
+    in the sandbox, so the attack reading the seeds under ``creds/``, the one reading the analyst database and
+    the one writing outside its worktree get nothing the host can see, and each trial (the honest one too) is
+    still measured. Without the sandbox on the nodes (before it), each of them got through."""
+    if sandbox_ready is not None:
+        pytest.skip(f"no sandbox: {sandbox_ready}")
+    seen = await run_hostile_study(tmp_path, listener, "auto", backend={"kind": "slurm", "time_limit": "10"},
+                                   patches=(*SLURM_ATTACKS, HONEST))  # fmt: skip
+    assert "admin.nk" in seen.seeds and "probe.nk" in seen.seeds
+    for name, trial in seen.trials.items():
+        output = seen.outputs[name]
+        if name != HONEST:
+            assert f"ATTACK {name}: " in output, output[-3000:]  # the attack ran on the node
+        for seed_name, seed in seen.seeds.items():
+            assert seed not in output, f"{name}: the job printed {seed_name}"
+        assert ANALYST_SECRET not in output, f"{name}: the job read the analyst database"
+        assert not (Path("/tmp") / f"irsi-hostile-{trial}").exists()
+        launched = seen.events[trial]["TrialLaunched"]
+        finished, measured = seen.events[trial]["TrialFinished"], seen.events[trial]["TrialMeasured"]
+        assert launched.backend == "slurm" and launched.isolation == "bwrap", launched
+        assert finished.status == "ok", (name, finished.reason, finished.output_tail)
+        assert measured.status == "ok" and measured.steps == STEPS, (name, measured)
+    assert "blocked: no " in seen.outputs["read-seed"], seen.outputs["read-seed"][-2000:]
+    assert not (seen.data_dir / "PWNED").exists()
+    assert not seen.victim_record_changed
+    assert seen.events[seen.trials[HONEST]]["TrialMeasured"].invariants_ok

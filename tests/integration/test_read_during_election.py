@@ -3,7 +3,7 @@
 Three real nats-servers on loopback form a cluster (``cluster { routes }``, as deploy/nats/cluster); the lifecycle
 stream has three replicas. With two nodes killed, the survivor answers every JetStream request with "JetStream
 system temporarily unavailable" (or not at all). A CLI verb's read (``read_study``, through
-``stream_reader.read_stream``) started then must wait for the restarted node and the elections, and return
+``bus.reader.read_stream``) started then must wait for the restarted node and the elections, and return
 the whole study — before the reads asked again, it failed at once.
 """
 

@@ -1,4 +1,4 @@
-"""``stream_reader.read_stream`` against real nats-servers: its own protocol connection (``_RawReader``) and
+"""``bus.reader.read_stream`` against real nats-servers: its own protocol connection (``_RawReader``) and
 nats-py's ordered consumer read the same messages, whole or filtered, open or authenticated (nkeys as the
 stack runs, a token, a user and password), under backpressure, and a filter that matches nothing ends the
 read at once."""

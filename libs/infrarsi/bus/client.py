@@ -489,7 +489,7 @@ class Bus:
         start_seq: int = 1,
         owned_only: bool = False,
     ) -> AsyncIterator[list[tuple[int, ev.Event]]]:
-        """``stream_reader.read_stream`` decoded: per chunk read, the (stream sequence, event) of every message that
+        """``bus.reader.read_stream`` decoded: per chunk read, the (stream sequence, event) of every message that
         decodes and, given ``types``, has one of those payload types, up to where the stream ended when the read
         began. Dead letters and foreign bytes are skipped; ``owned_only`` also skips events their publisher may
         not own (``subjects.publisher_problem``)."""

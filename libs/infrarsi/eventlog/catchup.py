@@ -1,4 +1,4 @@
-"""Replay: each stream read from the DB's stored positions (``stream_reader.read_stream``), decoded and applied
+"""Replay: each stream read from the DB's stored positions (``bus.reader.read_stream``), decoded and applied
 batch by batch with a little read-ahead — ``replay``, ``catch_up``, ``backlog``, ``wait_until``. Must not publish
 or ack."""
 from __future__ import annotations

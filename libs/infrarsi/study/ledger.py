@@ -3,7 +3,7 @@
 Owns ``TrialLedger`` (per study: every trial's facts, each trial's ``TrialOutcome`` once its facts are complete,
 the accelerator-seconds spent) and the mapping from the event catalog's trial statuses to the modeling
 package's. Pure and idempotent: a repeated fact changes nothing. Must not: know the search space or the models
-(``study_model`` turns an outcome into an observation).
+(``study.model`` turns an outcome into an observation).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ Owns:
 - ``StudiesFold``: the skeleton the proposer's and the modeler's states share (a state per created study);
 - ``model_update``/``setting_effects``: per knob setting and patch, prior vs posterior effects on time and memory.
 
-Pure given the study's ``StudySpace``. Must not: read the disk (``study_space.load_study_space`` does), publish.
+Pure given the study's ``StudySpace``. Must not: read the disk (``study.space.load_study_space`` does), publish.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ Owns:
 Reads the disk only in ``load_study_space`` (the golden launch file and the patch library, both locked by
 ``init``, and which pairs of the library's patches apply together on the golden baseline: a pair that does not is
 never proposed, where before each candidate holding it cost a refused trial); everything else is pure. Must not: publish, change the modeling package's objects, or build a
-``Searcher`` (``study_model.build_searcher`` does; ``trial_ledger`` pairs a trial's facts).
+``Searcher`` (``study.model.build_searcher`` does; ``study.ledger`` pairs a trial's facts).
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ class StudySpace:
     kb: KnowledgeBase
     meta: TransformerMeta | None = None
     """Workload shape for the structured memory model: the scenario's for a simulated study; for a real one
-    the contract's ``workload.shape`` over the probe's reading (``study_shape``), once every field is known."""
+    the contract's ``workload.shape`` over the probe's reading (``study.shape``), once every field is known."""
     probed_shape: ev.WorkloadShape | None = None
     """The shape the probe reported with the study's first measured baseline (``with_shape``)."""
     scenario: str | None = None
