@@ -10,7 +10,6 @@ connected to. Each attacking trial is still measured (it trains after its attack
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import socket
 import threading
@@ -18,7 +17,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import msgspec
 import pytest
 from infrarsi import events as ev
 from infrarsi.bus import credentials
@@ -75,24 +73,10 @@ def listener() -> Iterator[Listener]:
 class AuthorizedHarness(Harness):
     """``Harness`` on a server with authorization: every party connects with its own seed of ``data_dir``."""
 
-    async def open(self) -> None:
-        self.bus = await Bus.connect(self.url, service=credentials.ADMIN, data_dir=self.data_dir)
+    own_service = credentials.ADMIN
 
-        async def on_msg(msg) -> None:
-            with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
-                event = ev.decode(msg.data)
-                if event.trial_id:
-                    self.events[event.trial_id][event.type] = event.payload
-                    self.arrived.set()
-
-        await self.bus.nc.subscribe("irsi.*.*", cb=on_msg)
-
-    async def serve(self, service) -> None:
-        from infrarsi.runtime.service import Runner
-
-        bus = await Bus.connect(self.url, service=service.name, data_dir=self.data_dir)
-        runner = Runner(service, bus, grace_s=5.0)
-        self.runners.append((runner, asyncio.create_task(runner.run()), bus))
+    async def connect(self, service: str) -> Bus:
+        return await Bus.connect(self.url, service=service, data_dir=self.data_dir)
 
 
 def write_analyst_db(data_dir: Path) -> Path:

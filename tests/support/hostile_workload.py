@@ -28,23 +28,14 @@ import textwrap
 from pathlib import Path
 
 import yaml
-from support.toy_job import toy_job_script
+from support.toy_job import TRACK_IMPORT, TRACKED_LOOP, toy_job_script
 
 STEPS = 6
 
 TRAIN = toy_job_script(
     flags={"hidden": 64},
-    imports="import attack  # noqa: F401 — the candidate's code runs first\nfrom infrarsi.probe.integrations.torch import track",
-    body="""
-    with track(model, opt) as tracked:
-
-        @tracked.step
-        def train_step(i):
-            return sgd_step(i)
-
-        for i in range(args.max_steps):
-            train_step(i)
-    """,
+    imports=f"import attack  # noqa: F401 — the candidate's code runs first\n{TRACK_IMPORT}",
+    body=TRACKED_LOOP,
 )
 
 _PRELUDE = """\
