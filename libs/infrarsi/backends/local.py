@@ -239,7 +239,8 @@ class LocalBackend(Backend):
         return sandbox.SandboxSpec(
             workdir=spec.workdir,
             writable=tuple(Path(p) for p in spec.writable),
-            read_only=(*sandbox.python_inputs(), *(Path(p) for p in spec.read_only)),
+            read_only=(*sandbox.python_inputs(), *sandbox.program_inputs(spec.argv),
+                       *(Path(p) for p in spec.read_only)),
             private_network=private_network,
             hidden=(Path(self.owner), *(Path(p) for p in spec.hidden)),
         )
