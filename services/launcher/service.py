@@ -45,12 +45,13 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import yaml
-from infrarsi import credentials, fswatch, inputs, metrics, procs, stats, tracing, workspace
+from infrarsi import credentials, fswatch, inputs, metrics, policy, procs, stats, tracing, workspace
 from infrarsi import events as ev
 from infrarsi.backends import Backend, JobHandle, JobResult, JobSpec, SubmitError, backend_class, make_backend
 from infrarsi.backends.base import read_json_record
@@ -523,10 +524,8 @@ class LauncherService(Service):
         if not workload.inputs:
             return
         drift = self._inputs_drift(study, contract)
-        if drift:
-            raise Refused("scope_violation", "data_change: the job's inputs changed since init, so the golden "
-                          "baseline's data is not this trial's (a data change needs a new study and the loss "
-                          "re-verified): " + "; ".join(drift[:5]))  # fmt: skip
+        if drift:  # the policy's data_change class: its rule says who may change data; the loss needs re-verifying
+            raise Refused("scope_violation", policy.data_change_refusal(contract.apply_policy, drift, datetime.now(UTC)))
         try:
             inputs.link_inputs(workload.repo, worktree, workload.inputs)
         except (inputs.InputError, OSError) as exc:
