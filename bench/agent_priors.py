@@ -26,7 +26,7 @@ Per simulator scenario, the InfraRSI Searcher searches side by side over the sam
 
 The priors enter exactly as the agent's do (``infrarsi.agent.answers.prior_from_answer`` — floored std, widened
 by ``agent.prior_weight``; invariant claims clamped — then ``StudySpace.with_agent``'s
-``bank.adapt.with_priors``), stated std 0.1, weight 0.5. The claims are built from the simulator's physics
+``modeling.adapt.with_priors``), stated std 0.1, weight 0.5. The claims are built from the simulator's physics
 (``sim.scenarios.enumerate_scenario``), apart from the search code they measure; the search sees only noisy
 trials. The model's answer is handled by the proposer's rule (``run``, services/proposer/logic.py): its knob
 vector takes the first trial, then its priors are on probation, hedged by a searcher without them that learns
@@ -57,15 +57,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "libs"))
 
 import numpy as np  # noqa: E402
 from _common import pool_for  # noqa: E402
-from infrarsi.agent.answers import (  # noqa: E402
-    MIN_RISK,
-    RISK_KINDS,
-    invariant_overrides,
-    prior_from_answer,
-    prior_overrides,
-)
+from infrarsi.agent.answers import MIN_RISK, RISK_KINDS, prior_from_answer  # noqa: E402
 from infrarsi.agent.prior_check import TIMED, judge  # noqa: E402
-from infrarsi.bank.adapt import with_priors  # noqa: E402
+from infrarsi.modeling.adapt import invariant_overrides, prior_overrides, with_priors  # noqa: E402
 from infrarsi.modeling.priors import default_knowledge_base  # noqa: E402
 from infrarsi.modeling.search import Observation, Searcher  # noqa: E402
 from infrarsi.modeling.space import Candidate, FeatureEncoder, SearchSpace  # noqa: E402

@@ -29,11 +29,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import sim_study  # noqa: E402
-from infrarsi.bus import Bus  # noqa: E402
-from infrarsi.credentials import ADMIN  # noqa: E402
-from infrarsi.embedded import EmbeddedServer  # noqa: E402
+from infrarsi.bus.client import Bus  # noqa: E402
+from infrarsi.bus.credentials import ADMIN  # noqa: E402
+from infrarsi.bus.embedded import EmbeddedServer  # noqa: E402
 from infrarsi.eventlog import analyst_db_path  # noqa: E402
-from infrarsi.stack import SERVICES, Stack  # noqa: E402
+from infrarsi.runtime.stack import SERVICES, Stack  # noqa: E402
 
 STUDY_ID = "01chaos0000000000000000000"
 

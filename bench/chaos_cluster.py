@@ -15,7 +15,7 @@ to ``TIMING_TOLERANCE``. Faults, triggered by the study's progress rather than t
 2. after half, the current leader (another node than the killed one if it is that one) is partitioned away
    (its link on the bridge down: connections hang, nothing is refused) for ``--down-s`` and healed.
 
-Every process that publishes through ``infrarsi.bus.Bus`` — the services, killed or not, and this script —
+Every process that publishes through ``infrarsi.bus.client.Bus`` — the services, killed or not, and this script —
 logs every ack it receives (``INFRARSI_ACK_JOURNAL``). Afterwards every acked message id is looked up in its
 stream: an acked write missing from the stream is a lost event. The same study then runs on one embedded
 server with no faults, and the two results are compared: the best candidate and the candidates sent to
@@ -42,11 +42,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import sim_study  # noqa: E402
-from infrarsi import credentials, netns  # noqa: E402
-from infrarsi.bus import STREAMS, AckJournal, Bus  # noqa: E402
+from infrarsi.bus import credentials  # noqa: E402
+from infrarsi.bus.client import STREAMS, AckJournal, Bus  # noqa: E402
+from infrarsi.bus.subjects import LIFECYCLE_STREAM  # noqa: E402
 from infrarsi.eventlog import analyst_db_path  # noqa: E402
-from infrarsi.stack import Stack  # noqa: E402
-from infrarsi.subjects import LIFECYCLE_STREAM  # noqa: E402
+from infrarsi.runtime.stack import Stack  # noqa: E402
+from infrarsi.trial import netns
 from nats.js import api  # noqa: E402
 from nats_cluster import NODES, NatsCluster  # noqa: E402
 
@@ -137,7 +138,7 @@ async def faults(cluster: NatsCluster, bus: Bus, args: argparse.Namespace, done:
 
 async def stored_ids(bus: Bus) -> dict[str, set[str]]:
     """Per stream, the ``Nats-Msg-Id`` of every stored message (a pull consumer of nats-py's: the headers are
-    what this needs, and ``stream_reader`` hands out sequence, subject and data only)."""
+    what this needs, and ``bus.reader`` hands out sequence, subject and data only)."""
     out: dict[str, set[str]] = {}
     for spec in STREAMS:
         ids: set[str] = set()

@@ -7,7 +7,7 @@ run, measures
 - raw consumption with nats-py, every message of the three streams, counting only, two ways: nats-py's own
   ordered push consumer (``js.subscribe(ordered_consumer=True)``) and its pull consumer (``fetch``, 4,096
   at a time). ``raw_consume_events_per_s`` is the faster of the two: the best a plain nats-py reader does;
-- ``replay_reader_events_per_s``: ``stream_reader.read_stream`` counting only (the reader replay uses: its own
+- ``replay_reader_events_per_s``: ``bus.reader.read_stream`` counting only (the reader replay uses: its own
   minimal connection parsing a push consumer's deliveries in bulk, faster than nats-py), so
   ``replay_over_reader`` says what decoding and writing cost on top of reading;
 - ``stages_without_nats``: the same log read into memory, then the replay's decode, DuckDB writes and final
@@ -40,9 +40,9 @@ from pathlib import Path
 
 from infrarsi import eventlog
 from infrarsi import events as ev
-from infrarsi.bus import STREAMS, Bus
-from infrarsi.embedded import EmbeddedServer
-from infrarsi.stream_reader import read_stream
+from infrarsi.bus.client import STREAMS, Bus
+from infrarsi.bus.embedded import EmbeddedServer
+from infrarsi.bus.reader import read_stream
 from nats.js import api
 
 PHASES = ("data", "forward", "backward", "optimizer", "comm")

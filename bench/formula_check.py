@@ -3,7 +3,7 @@ for a few layouts of the reference job, next to what the device measured.
 
 A real study on a GPU gets the model's shape from the probe with its first baseline (``TrialMeasured.shape``)
 and from then on predicts peaks with the structural formula calibrated on that baseline's peak
-(``StudySpace.with_shape``, ``study_shape.study_meta``). ``predict_peaks`` does exactly that — the study's own
+(``StudySpace.with_shape``, ``study.shape.study_meta``). ``predict_peaks`` does exactly that — the study's own
 ``build_searcher`` after the shape is adopted — so the comparison measures the formula as the search uses it.
 ``bench/gpu_check.py`` measures the peaks on a CUDA device and calls it; nothing here needs a device.
 
@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from infrarsi import events as ev
-from infrarsi.contract import Contract
-from infrarsi.study_model import build_searcher
-from infrarsi.study_space import StudySpace
+from infrarsi.study.contract import Contract
+from infrarsi.study.model import build_searcher
+from infrarsi.study.space import StudySpace
 
 LAYOUTS: dict[str, dict[str, Any]] = {
     "golden": {},

@@ -39,11 +39,11 @@ import msgspec  # noqa: E402
 import sim_study  # noqa: E402
 from conftest import sample_struct  # noqa: E402
 from infrarsi import events as ev  # noqa: E402
-from infrarsi import subjects  # noqa: E402
-from infrarsi.bus import MAX_EVENT_BYTES, Bus  # noqa: E402
-from infrarsi.credentials import ADMIN  # noqa: E402
-from infrarsi.stack import SERVICES, Stack, ping_services  # noqa: E402
-from infrarsi.stream_reader import read_stream  # noqa: E402
+from infrarsi.bus import subjects  # noqa: E402
+from infrarsi.bus.client import MAX_EVENT_BYTES, Bus  # noqa: E402
+from infrarsi.bus.credentials import ADMIN  # noqa: E402
+from infrarsi.bus.reader import read_stream  # noqa: E402
+from infrarsi.runtime.stack import SERVICES, Stack, ping_services  # noqa: E402
 
 STUDY_ID = "01fuzz00000000000000000000"
 KINDS = ("malformed", "truncated", "oversized", "wrong_typed", "deep", "wrong_owner")

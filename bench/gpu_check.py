@@ -62,8 +62,8 @@ def formula_vs_cuda(tmp: Path, env: dict[str, str], results: dict[str, object], 
     formula is the GPU study's either way — a CPU study uses it only with a stated shape.)"""
     import yaml
     from formula_check import LAYOUTS, compare, device_contract, predict_peaks, table
-    from infrarsi.contract import load_contract
     from infrarsi.probe import read_records
+    from infrarsi.study.contract import load_contract
 
     measured: dict[str, float] = {}
     shape = None

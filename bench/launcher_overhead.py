@@ -36,7 +36,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from infrarsi import fswatch, procs  # noqa: E402
+from infrarsi.trial import fswatch, procs  # noqa: E402
 from infrarsi_services.launcher.service import WATCH_TIMEOUT_S, ProbeTail  # noqa: E402
 
 JOB = textwrap.dedent(

@@ -9,7 +9,7 @@ between the routes and to clients, nkey authorization — is the deployed file's
 
 Faults: ``kill`` (SIGKILL, as a crashed host), ``start`` again over the same store, ``partition`` (the node's
 link on the bridge set down: no packet in or out, connections hang rather than close, as a cut cable) and
-``heal``. The namespaces come from ``infrarsi.netns.NetnsNetwork`` and are removed with it.
+``heal``. The namespaces come from ``infrarsi.trial.netns.NetnsNetwork`` and are removed with it.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infrarsi import credentials
-from infrarsi.embedded import answers_healthy, nats_server_binary
-from infrarsi.netns import Host, NetnsNetwork
+from infrarsi.bus import credentials
+from infrarsi.bus.embedded import answers_healthy, nats_server_binary
+from infrarsi.trial.netns import Host, NetnsNetwork
 
 SECURE = Path(__file__).resolve().parents[1] / "deploy" / "nats" / "secure"
 NODES = ("n1", "n2", "n3")

@@ -5,7 +5,7 @@ baseline) measured on hosts of run-to-run CV 2, 5, 10 and 15% (lognormal per run
 whose speed steps ``DRIFT_SLOWDOWN`` slower for the runs from ``DRIFT_START`` to ``DRIFT_END`` of the study,
 counted over every run the study makes, the doctor's included). Each study first measures the golden baseline
 ``--doctor-runs`` times (what the doctor does), and InfraRSI's noise floor is what that doctor would report: the
-CV of those runs (``study_model.noise_floor``); every tuner is told the runs (bench/search_vs_peers.py,
+CV of those runs (``study.model.noise_floor``); every tuner is told the runs (bench/search_vs_peers.py,
 ``doctor_baseline``), none of them counts against the budget.
 
 Tuners, each given ``--budget`` runs (40):
@@ -47,15 +47,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from _common import write_json
+from _common import BenchSpace, write_json
 from infrarsi import events as ev
 from infrarsi.modeling.search import CandidatePool, SearchConfig
 from infrarsi.modeling.space import Candidate
 from infrarsi.sim.scenarios import SimOutcome
-from infrarsi.study_model import noise_floor
+from infrarsi.study.model import noise_floor
 from robust_family import FamilyModel, draw_model  # bench/ is the script's directory
 from robustness import bench_space
-from search_vs_peers import BenchSpace, Trial, doctor_baseline, run_infrarsi, run_optuna
+from search_vs_peers import Trial, doctor_baseline, run_infrarsi, run_optuna
 
 DRIFT_START, DRIFT_END, DRIFT_SLOWDOWN = 0.3, 0.65, 1.15
 """The drift host's slow stretch: runs from 30% to 65% of the study's runs are 15% slower."""
@@ -104,7 +104,7 @@ class Measured:
 
 
 def doctor_floor(runs: Sequence[float]) -> float:
-    """The noise floor a study's doctor would give from these baseline step times (``study_model.noise_floor``
+    """The noise floor a study's doctor would give from these baseline step times (``study.model.noise_floor``
     of their run-to-run CV)."""
     t = np.asarray(runs, dtype=float)
     cv = float(t.std(ddof=1) / t.mean()) if t.size > 1 else 0.0

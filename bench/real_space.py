@@ -3,11 +3,11 @@ on this CPU host.
 
 Owns ``dense_1node_cpu()`` / ``bench_space()`` (a ``BenchSpace``) and ``RealTrials``, which runs the candidates a
 tuner asks for. The search space, baseline, priors and capacity are what InfraRSI itself builds from the contract
-(``init``'s ``prepare_study`` → ``study_space.load_study_space``). A trial goes the way ``infrarsi trial`` sends
+(``init``'s ``prepare_study`` → ``study.space.load_study_space``). A trial goes the way ``infrarsi trial`` sends
 it, minus NATS: the launcher service (scope checks, a git worktree of the golden baseline with the patches applied, the local
 backend with its emulated-capacity watchdog, timeout, cost accounting) and the telemetry service (warm-up,
 steady-state step time, invariants against the study's baseline) run in this process, and an in-memory bus
-hands each one the events it consumes, in publish order. ``trial_ledger.TrialLedger`` then pairs the
+hands each one the events it consumes, in publish order. ``study.ledger.TrialLedger`` then pairs the
 ``TrialFinished`` with its ``TrialMeasured`` into the outcome the modeler would see:
 
 - ``ok``: exited 0 and every invariant held; ``step_time_s`` is telemetry's steady-state median;
@@ -40,15 +40,16 @@ from typing import Any
 
 import msgspec
 import numpy as np
+from _common import BenchSpace
 from infrarsi import events as ev
 from infrarsi.commands.init import prepare_study
-from infrarsi.logs import setup_logging
 from infrarsi.modeling.search import CandidatePool
 from infrarsi.modeling.space import Candidate
-from infrarsi.service import Outbox, Service
+from infrarsi.runtime.logs import setup_logging
+from infrarsi.runtime.service import Outbox, Service
 from infrarsi.sim.scenarios import SimOutcome
-from infrarsi.study_space import StudySpace, load_study_space
-from infrarsi.trial_ledger import TrialLedger
+from infrarsi.study.ledger import TrialLedger
+from infrarsi.study.space import StudySpace, load_study_space
 from infrarsi_services.launcher.service import LauncherService
 from infrarsi_services.telemetry.service import TelemetryService
 
@@ -70,7 +71,7 @@ DEFAULT_TIMEOUT_S = 300.0
 
 
 class _MemoryBus:
-    """Stands in for ``infrarsi.bus.Bus``: keeps what is published and delivers it, in order, to every service
+    """Stands in for ``infrarsi.bus.client.Bus``: keeps what is published and delivers it, in order, to every service
     that consumes its type (what ``service.Runner`` does with durable consumers)."""
 
     def __init__(self, services: list[Service]) -> None:
@@ -240,14 +241,10 @@ class RealTrials:
 # --------------------------------------------------------------------------------------------------
 
 
-def bench_space(trials: RealTrials, name: str):  # -> search_vs_peers.BenchSpace
+def bench_space(trials: RealTrials, name: str) -> BenchSpace:
     """A ``BenchSpace`` over ``trials``' contract: InfraRSI's own search space, baseline, priors and capacity for it;
     ``evaluate`` is ``trials.measure`` (the rng is unused: the host supplies the noise). No oracle. Runs the
     baseline now, so no tuner's wall time includes it."""
-    # bench/ is on sys.path (the script's directory). Run as a script, the bench is ``__main__`` and this import
-    # loads a second copy of it: harmless, nothing checks a BenchSpace's type.
-    from search_vs_peers import BenchSpace
-
     study = trials.study
     try:
         trials.start()

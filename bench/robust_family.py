@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from infrarsi.contract import contract_from_dict
 from infrarsi.modeling.space import Candidate
 from infrarsi.sim.scenarios import SimOutcome
-from infrarsi.study_space import StudySpace
+from infrarsi.study.contract import contract_from_dict
+from infrarsi.study.space import StudySpace
 
 GB = 1e9
 STARTUP_S = 60.0

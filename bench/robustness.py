@@ -56,12 +56,13 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
+from _common import BenchSpace
 from infrarsi.modeling.memory_model import MemoryFit, MemoryModel
 from infrarsi.modeling.priors import KnowledgeBase
 from infrarsi.modeling.search import CandidatePool, SearchConfig, Searcher
 from infrarsi.modeling.space import Candidate
 from robust_family import FamilyModel, draw_model  # bench/ is the script's directory
-from search_vs_peers import TUNERS, BenchSpace, Trial, _cell, score
+from search_vs_peers import TUNERS, Trial, _cell, score
 from shaped_family import ShapedModel, shape_known_study
 from shaped_family import draw_model as draw_shaped_model
 

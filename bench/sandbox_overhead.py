@@ -31,8 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from infrarsi import sandbox  # noqa: E402
 from infrarsi.backends import JobSpec, LocalBackend  # noqa: E402
+from infrarsi.trial import sandbox  # noqa: E402
 
 START_JOB = "import time; print('STARTED', time.time(), flush=True)\n"
 

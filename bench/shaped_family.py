@@ -36,7 +36,7 @@ extra forward, a fused-attention speed-up, optimizer offload's host traffic, and
 Knob names are the spellings real launchers use (``micro_batch_size``, ``tensor_model_parallel_size``, ``zero``,
 ``recompute_granularity``...), so the study maps them to the formula's roles as it would a real contract.
 
-Must not: import ``infrarsi.sim``, ``infrarsi.modeling.memory_model`` or ``infrarsi.study_shape``, nor copy
+Must not: import ``infrarsi.sim``, ``infrarsi.modeling.memory_model`` or ``infrarsi.study.shape``, nor copy
 their formulas (the point of the family is independence). The harness (bench/robustness.py) builds the
 shape-known study through ``StudySpace.with_shape``, the product's path.
 """
@@ -50,8 +50,8 @@ from typing import Any
 
 import numpy as np
 from infrarsi import events as ev
-from infrarsi.contract import contract_from_dict
-from infrarsi.study_space import StudySpace
+from infrarsi.study.contract import contract_from_dict
+from infrarsi.study.space import StudySpace
 from robust_family import FamilyModel, _place_cliff  # bench/ is the script's directory
 
 GB = 1e9

@@ -23,12 +23,12 @@ import yaml
 from infrarsi import eventlog
 from infrarsi import events as ev
 from infrarsi.backends.sim import write_sim_workload
-from infrarsi.bus import Bus
+from infrarsi.bus.client import Bus
+from infrarsi.bus.credentials import ADMIN
+from infrarsi.bus.subjects import LIFECYCLE_STREAM, lifecycle_subject
 from infrarsi.commands.init import prepare_study, publish_study
-from infrarsi.credentials import ADMIN
-from infrarsi.logs import setup_logging
-from infrarsi.stack import Stack
-from infrarsi.subjects import LIFECYCLE_STREAM, lifecycle_subject
+from infrarsi.runtime.logs import setup_logging
+from infrarsi.runtime.stack import Stack
 
 SCENARIO = "dense7b_h100x64"
 KNOBS = ["tp", "pp", "dp", "micro_batch", "recompute", "flash_attention"]

@@ -111,7 +111,7 @@ def _rows(events: list[ev.Event]) -> list[TrialRow]:
 async def run_study(root: Path, url: str, data_dir: Path, *, bf16_factor: float, trials: int, steps: int,
                     step_s: float) -> StudyResult:
     """One study on the running stack: init → doctor → run --until searched, then its trials from the log."""
-    from infrarsi.bus import Bus
+    from infrarsi.bus.client import Bus
     from infrarsi.commands import doctor as doctor_cmd
     from infrarsi.commands import run as run_cmd
     from infrarsi.commands.demo import _stage_args
@@ -145,7 +145,7 @@ async def run_study(root: Path, url: str, data_dir: Path, *, bf16_factor: float,
 async def trap_vs_no_trap(work: Path, *, trials: int = 6, steps: int = 12, step_s: float = 0.3,
                           trap_factor: float = 10.0, fair_factor: float = 0.8) -> tuple[StudyResult, StudyResult]:
     """Both studies on one embedded stack under ``work`` (stopped on every path)."""
-    from infrarsi.stack import ensure_stack_for_verb
+    from infrarsi.runtime.stack import ensure_stack_for_verb
 
     data_dir = work / "data"
     url, stack = await ensure_stack_for_verb(None, data_dir)

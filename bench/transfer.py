@@ -39,16 +39,15 @@ import numpy as np  # noqa: E402
 from _common import pool_for  # noqa: E402
 from infrarsi import events as ev  # noqa: E402
 from infrarsi.bank import StudyFacts, TrialFact, bank_priors, bank_seeds, distil, explain_seeds  # noqa: E402
-from infrarsi.bank.adapt import (  # noqa: E402
+from infrarsi.bank.similarity import generation_of  # noqa: E402
+from infrarsi.bank.transfer import TransferConfig, searcher_priors  # noqa: E402
+from infrarsi.modeling.adapt import (  # noqa: E402
     adapter_for_space,
     knowledge_base_priors,
     searcher_effects,
-    searcher_priors,
     to_event_candidate,
     to_space_candidate,
 )
-from infrarsi.bank.similarity import generation_of  # noqa: E402
-from infrarsi.bank.transfer import TransferConfig  # noqa: E402
 from infrarsi.modeling.search import Observation, Searcher  # noqa: E402
 from infrarsi.modeling.space import Candidate  # noqa: E402
 from infrarsi.sim.scenarios import Scenario, get_scenario, oracle  # noqa: E402

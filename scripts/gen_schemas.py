@@ -1,7 +1,7 @@
 """Write the JSON Schemas of the wire format into ``schemas/`` (``make schemas``).
 
 - ``schemas/events.schema.json``   from ``infrarsi.events.json_schema()`` (the envelope and every payload);
-- ``schemas/contract.schema.json`` from ``infrarsi.contract.contract_json_schema()``, when that exists.
+- ``schemas/contract.schema.json`` from ``infrarsi.study.contract.contract_json_schema()``, when that exists.
 
 The files are generated, never edited: ``tests/unit/test_schemas.py`` renders them again in memory and
 fails when ``schemas/`` is stale. ``--check`` does the same from the command line (exit 1 when stale).
@@ -23,9 +23,9 @@ SCHEMA_DIR = ROOT / "schemas"
 
 def _contract_schema() -> Callable[[], dict[str, Any]] | None:
     try:
-        contract = importlib.import_module("infrarsi.contract")
+        contract = importlib.import_module("infrarsi.study.contract")
     except ModuleNotFoundError as exc:
-        if exc.name == "infrarsi.contract":
+        if exc.name == "infrarsi.study.contract":
             return None  # not part of this build
         raise
     return getattr(contract, "contract_json_schema", None)

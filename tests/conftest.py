@@ -23,9 +23,9 @@ from functools import cache
 from pathlib import Path
 
 import pytest
-from infrarsi.bus import Bus
-from infrarsi.embedded import EmbeddedServer
-from infrarsi.stack import start_logged
+from infrarsi.bus.client import Bus
+from infrarsi.bus.embedded import EmbeddedServer
+from infrarsi.runtime.stack import start_logged
 
 NATS_IMAGE = "nats:2.12"
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -150,7 +150,7 @@ def spawn_service(tmp_path: Path) -> Iterator[SpawnService]:
 
 async def wait_until_answering(bus: Bus, *handles: ServiceHandle, timeout_s: float = 30.0) -> dict[int, dict]:
     """Ping until every handle's process answers; returns the replies by pid."""
-    from infrarsi.stack import ping_services
+    from infrarsi.runtime.stack import ping_services
 
     deadline = time.monotonic() + timeout_s
     while True:
@@ -251,7 +251,7 @@ def emulated_hosts():
     """Two emulated hosts (network namespaces ``irsi-s1``, ``irsi-s2`` on bridge ``irsisbr0``, 10.213.0.0/24)
     for the whole session — the Slurm cluster's nodes and the local backend's bare-metal nodes — or the reason
     there are none (not root, no ``ip netns``)."""
-    from infrarsi import netns
+    from infrarsi.trial import netns
     from support.slurm_cluster import emulated_hosts as hosts
 
     reason = netns.unavailable_reason()
@@ -294,7 +294,7 @@ def slurm_cluster(emulated_hosts):
 def sandbox_ready() -> str | None:
     """The trial sandbox (bubblewrap) usable here: ``None``, or why not. Installs Debian's ``bubblewrap`` when it
     is missing and this is root with apt-get (``make sandbox-deps``, the same step)."""
-    from infrarsi import sandbox
+    from infrarsi.trial import sandbox
 
     if sandbox.bwrap_path() is None:
         if os.geteuid() != 0 or shutil.which("apt-get") is None or shutil.which("make") is None:

@@ -21,7 +21,7 @@ from pathlib import Path
 from types import ModuleType
 
 from infrarsi.errors import EXIT_INTERRUPTED, EXIT_USAGE
-from infrarsi.settings import Settings, SettingsError
+from infrarsi.runtime.settings import Settings, SettingsError
 
 
 @dataclass(frozen=True)
@@ -161,8 +161,8 @@ def _verb_in(argv: Sequence[str]) -> str | None:
 
 
 def _setup_observability(verbosity: int, settings: Settings) -> None:
-    from infrarsi import tracing
-    from infrarsi.logs import setup_logging
+    from infrarsi.runtime import tracing
+    from infrarsi.runtime.logs import setup_logging
 
     if verbosity >= 2:
         level = "debug"
@@ -180,7 +180,7 @@ def _user_error_lines(exc: BaseException, args: argparse.Namespace) -> list[str]
 
     if isinstance(exc, UserError):
         return exc.lines()
-    contract = sys.modules.get("infrarsi.contract")
+    contract = sys.modules.get("infrarsi.study.contract")
     if contract is not None and isinstance(exc, contract.ContractError):
         return [f"error: {line}" for line in exc.lines()]
     message = _user_error_message(exc, args)
@@ -192,21 +192,21 @@ def _user_error_message(exc: BaseException, args: argparse.Namespace) -> str | N
 
     Error classes are looked up only in modules already imported, so that this check imports nothing.
     """
-    bus = sys.modules.get("infrarsi.bus")
+    bus = sys.modules.get("infrarsi.bus.client")
     if bus is not None and isinstance(exc, bus.BusError):
         return str(exc)
     nats_errors = sys.modules.get("nats.errors")
     if nats_errors is not None and isinstance(exc, nats_errors.Error):
+        from infrarsi.bus.embedded import resolve_nats_url
         from infrarsi.commands import data_dir_of, nats_url_of
-        from infrarsi.embedded import resolve_nats_url
 
         url = resolve_nats_url(nats_url_of(args), data_dir_of(args)) or "(no server)"
         if isinstance(exc, nats_errors.NoServersError | nats_errors.ConnectionClosedError):
             return f"cannot reach NATS at {url}: {exc}"
         return f"NATS at {url}: {exc or type(exc).__name__}"
     for module_name, class_name in (
-        ("infrarsi.stack", "StackError"),
-        ("infrarsi.embedded", "EmbeddedServerError"),
+        ("infrarsi.runtime.stack", "StackError"),
+        ("infrarsi.bus.embedded", "EmbeddedServerError"),
     ):
         module = sys.modules.get(module_name)
         if module is not None and isinstance(exc, getattr(module, class_name, ())):
@@ -239,7 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     verb = VERBS_BY_NAME[args.verb]
     run = getattr(module, verb.run)
 
-    from infrarsi import tracing
+    from infrarsi.runtime import tracing
 
     _interrupt_on_termination()
     try:

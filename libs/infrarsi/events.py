@@ -4,7 +4,7 @@ This module is the single source of the wire format. Each payload is a ``msgspec
 its class name; all payloads form one union, ``Payload``; every message is one ``Event`` envelope.
 JSON Schema in ``schemas/`` is generated from here (``make schemas``), never written by hand.
 
-Which subject and stream each event travels on, and who publishes and consumes it: ``infrarsi.subjects``.
+Which subject and stream each event travels on, and who publishes and consumes it: ``infrarsi.bus.subjects``.
 
 This module owns the types and their encoding only; it must not do I/O.
 """
@@ -219,7 +219,7 @@ class StudyCreated(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     name: str
     goal: str
     contract: dict[str, Any]
-    """The validated, normalised contract (see ``infrarsi.contract``), as JSON."""
+    """The validated, normalised contract (see ``infrarsi.study.contract``), as JSON."""
     contract_sha256: str
     workload_dir: str
     """Absolute path of the workload's git repository that trials are materialised from."""
@@ -229,7 +229,7 @@ class StudyCreated(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """sha256 of every non-editable file of the workload, by repo-relative path."""
     locked_inputs: dict[str, str] = {}
     """The workload's inputs outside git (``workload.inputs``), by repo-relative path: each file's
-    ``sha256:…`` or, above ``workload.inputs_hash_limit_bytes``, ``size:…,mtime_ns:…`` (``infrarsi.inputs``)."""
+    ``sha256:…`` or, above ``workload.inputs_hash_limit_bytes``, ``size:…,mtime_ns:…`` (``infrarsi.study.inputs``)."""
     cluster: ClusterInfo
     bank_seeds: list[str] = []
     """Bank entry ids that will seed this study's priors."""
@@ -266,14 +266,14 @@ class DoctorCompleted(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     baseline_loss_curve: list[LossPoint] = []
     interfered_runs: list[int] = []
     """Baseline runs (0-based, in ``baseline_trial_ids`` order) left out of the noise estimate as interfered
-    with: their median step was ≥ 1.5× off the others' (``infrarsi.doctor.interfered_runs``)."""
+    with: their median step was ≥ 1.5× off the others' (``infrarsi.verdicts.doctor.interfered_runs``)."""
     harness_cpu_share: float | None = None
     """Mean over the baseline runs of the harness's CPU seconds (``TrialFinished.harness_cpu_s``) per second of
     trial wall time and core of the host: the share of the host's CPU InfraRSI itself took while the baseline
     was measured. ``None``: not measured (the stack runs elsewhere)."""
     host_native_dtypes: list[str] = []
     """Matmul dtypes the trials' host runs natively (a CPU host on the local backend: its instruction flags, as
-    capped by ``ONEDNN_MAX_CPU_ISA`` in the job's environment; ``infrarsi.doctor.native_matmul_dtypes``). Empty:
+    capped by ``ONEDNN_MAX_CPU_ISA`` in the job's environment; ``infrarsi.verdicts.doctor.native_matmul_dtypes``). Empty:
     not known (a GPU or a remote host). The search starts from it: bf16 autocast on a CPU without bf16 units is
     expected far slower, not faster (``KnowledgeBase.with_host``)."""
 
@@ -404,7 +404,7 @@ class TrialFinished(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     last), for a job without a probe."""
     output_losses: list[LossPoint] = []
     """Coarse measurement only: the train loss the job printed, by step count (the count its output showed
-    when the loss appeared; the last print of a step wins), read by ``infrarsi.joblog``'s patterns."""
+    when the loss appeared; the last print of a step wins), read by ``infrarsi.trial.joblog``'s patterns."""
     output_eval_losses: list[LossPoint] = []
     """Coarse measurement only: the eval loss the job printed, by step count."""
     output_step_times: list[PrintedStepTime] = []
@@ -672,7 +672,7 @@ class StudyResumed(msgspec.Struct, frozen=True, kw_only=True, tag=True):
 
 class PromotionFollowed(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """``infrarsi follow STUDY``: where a promoted branch stands against the workload repository's main line,
-    recorded when it changed since the last look (``infrarsi.promotions``)."""
+    recorded when it changed since the last look (``infrarsi.verdicts.promotions``)."""
 
     candidate_key: str
     branch: str

@@ -1,4 +1,4 @@
-from infrarsi.service import main
+from infrarsi.runtime.service import main
 
 from .service import LauncherService
 

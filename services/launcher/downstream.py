@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from infrarsi import events as ev
-from infrarsi.contract import DownstreamSpec
+from infrarsi.study.contract import DownstreamSpec
 
 OUTPUT_TAIL_CHARS = 600
 

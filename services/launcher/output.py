@@ -14,7 +14,7 @@ and noting when the step count went up, on the launcher's clock. The count rule 
 
 The count never goes down (a progress bar redrawn for another epoch does not undo steps). Each line is also
 read for the train and eval loss and, on a step line (the step pattern matched), the step time the job printed
-(``infrarsi.joblog``: its default patterns and the contract's); a loss belongs to the step count reached
+(``infrarsi.trial.joblog``: its default patterns and the contract's); a loss belongs to the step count reached
 with its line, the last print of a step winning. It derives no statistics: telemetry turns the counts,
 losses and printed times into a measurement.
 """
@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from infrarsi import events as ev
-from infrarsi.joblog import LogPatterns, read_line
+from infrarsi.trial.joblog import LogPatterns, read_line
 
 _LINE_END = re.compile(rb"[\r\n]")
 

@@ -21,10 +21,10 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from infrarsi import events as ev
-from infrarsi import fswatch
-from infrarsi.bus import BusError
-from infrarsi.logs import get_logger
-from infrarsi.subjects import step_msg_id
+from infrarsi.bus.client import BusError
+from infrarsi.bus.subjects import step_msg_id
+from infrarsi.runtime.logs import get_logger
+from infrarsi.trial import fswatch
 from nats.errors import Error as NatsError
 
 from .output import read_regular

@@ -51,11 +51,18 @@ from typing import Any
 
 import msgspec
 import yaml
-from infrarsi import credentials, fswatch, inputs, metrics, policy, procs, stats, tracing, workspace
 from infrarsi import events as ev
 from infrarsi.backends import Backend, JobHandle, JobResult, JobSpec, SubmitError, backend_class, make_backend
 from infrarsi.backends.base import read_json_record
-from infrarsi.contract import (
+from infrarsi.bus import credentials
+from infrarsi.bus.subjects import TELEMETRY_STREAM, telemetry_subject
+from infrarsi.runtime import metrics, tracing
+from infrarsi.runtime.logs import get_logger
+from infrarsi.runtime.service import Outbox, Service
+from infrarsi.runtime.settings import PREFIX as SETTINGS_PREFIX
+from infrarsi.runtime.settings import JobEnv, Settings, env_var
+from infrarsi.study import inputs
+from infrarsi.study.contract import (
     BackendSpec,
     Contract,
     ContractError,
@@ -63,12 +70,9 @@ from infrarsi.contract import (
     load_patch_library,
     locked_contract,
 )
-from infrarsi.launch import LaunchValueError
-from infrarsi.logs import get_logger
-from infrarsi.service import Outbox, Service
-from infrarsi.settings import PREFIX as SETTINGS_PREFIX
-from infrarsi.settings import JobEnv, Settings, env_var
-from infrarsi.subjects import TELEMETRY_STREAM, telemetry_subject
+from infrarsi.trial import fswatch, procs, workspace
+from infrarsi.trial.launch import LaunchValueError
+from infrarsi.verdicts import policy, stats
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from .downstream import downstream_argv, run_downstream
@@ -99,7 +103,7 @@ class Study:
     locked_files: dict[str, str]
     cluster: ev.ClusterInfo
     locked_inputs: dict[str, str] = field(default_factory=dict)
-    """The fingerprints of the workload's inputs outside git at ``init`` (``infrarsi.inputs``)."""
+    """The fingerprints of the workload's inputs outside git at ``init`` (``infrarsi.study.inputs``)."""
     agent_patches: dict[str, str] = field(default_factory=dict)
     """Diffs the study's language model proposed and the proposer's checks accepted (``AgentAnswered``), by
     patch id: patches of this study beside the library, applied with the same checks."""
@@ -632,8 +636,8 @@ class LauncherService(Service):
         """The harness's processes on this host, where the embedded stack runs here: the services, the bus and
         the command that started them (``stack.json``, ``nats-server.json`` under the data directory); none
         when the stack runs elsewhere (containers, a cluster)."""
-        from infrarsi.embedded import server_state
-        from infrarsi.stack import stack_state
+        from infrarsi.bus.embedded import server_state
+        from infrarsi.runtime.stack import stack_state
 
         pids: set[int] = set()
         if (record := stack_state(self.data_dir).read()) is not None:

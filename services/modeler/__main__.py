@@ -1,6 +1,6 @@
 """`python -m infrarsi_services.modeler` (also `infrarsi serve modeler`)."""
 
-from infrarsi.service import main
+from infrarsi.runtime.service import main
 
 from .service import ModelerService
 

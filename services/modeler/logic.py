@@ -9,7 +9,7 @@ Priors: the built-in knowledge base and patch metadata, overridden by the experi
 ``init`` resolved and recorded in ``StudyCreated.bank`` (``StudySpace.with_bank``) — never read from the bank
 stream, so a replay of the lifecycle stream alone gives the same models.
 
-Per study it keeps a ``study_model.StudyModel`` (the same fold ``infrarsi model --replay`` runs): the
+Per study it keeps a ``study.model.StudyModel`` (the same fold ``infrarsi model --replay`` runs): the
 contract's ``StudySpace``, a ``TrialLedger`` (trial → candidate from ``TrialProposed``;
 an outcome once a failed ``TrialFinished``, or an ok one and its ``TrialMeasured``, have arrived) and one
 ``Searcher`` whose time and censored memory models are refitted on every outcome — search, doctor and verify
@@ -34,8 +34,8 @@ from dataclasses import dataclass
 
 from infrarsi import events as ev
 from infrarsi.modeling.search import Searcher
-from infrarsi.service import Emission
-from infrarsi.study_model import StudiesFold, StudyModel
+from infrarsi.runtime.service import Emission
+from infrarsi.study.model import StudiesFold, StudyModel
 
 
 @dataclass

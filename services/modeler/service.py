@@ -17,7 +17,7 @@ from infrarsi.events import (
     TrialMeasured,
     TrialProposed,
 )
-from infrarsi.service import Outbox, ReactiveService
+from infrarsi.runtime.service import Outbox, ReactiveService
 
 from .logic import ModelerState
 

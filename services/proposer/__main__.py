@@ -1,6 +1,6 @@
 """`python -m infrarsi_services.proposer` (also `infrarsi serve proposer`)."""
 
-from infrarsi.service import main
+from infrarsi.runtime.service import main
 
 from .service import ProposerService
 

@@ -45,9 +45,9 @@ from infrarsi.agent.prior_check import TIMED, judge
 from infrarsi.agent.prompts import proposal_messages, trial_row
 from infrarsi.modeling.search import Searcher
 from infrarsi.modeling.time_model import TimeModel
-from infrarsi.study_model import setting_effects
-from infrarsi.study_space import StudySpace
-from infrarsi.trial_ledger import TrialLedger, TrialOutcome
+from infrarsi.study.ledger import TrialLedger, TrialOutcome
+from infrarsi.study.model import setting_effects
+from infrarsi.study.space import StudySpace
 
 
 @dataclass

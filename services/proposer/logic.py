@@ -50,16 +50,16 @@ from typing import Literal
 
 import msgspec
 from infrarsi import events as ev
-from infrarsi import verification as vf
 from infrarsi.agent.answers import golden_editable_files
-from infrarsi.contract import Contract
 from infrarsi.events import RunRequested
 from infrarsi.modeling.search import SearchConfig, Searcher
 from infrarsi.modeling.space import Candidate
-from infrarsi.service import Emission
-from infrarsi.study_model import StudiesFold, adopt_shape, build_searcher, observation, prediction
-from infrarsi.study_space import StudyLoader, StudySpace, load_study_space
-from infrarsi.trial_ledger import TrialLedger, TrialOutcome
+from infrarsi.runtime.service import Emission
+from infrarsi.study.contract import Contract
+from infrarsi.study.ledger import TrialLedger, TrialOutcome
+from infrarsi.study.model import StudiesFold, adopt_shape, build_searcher, observation, prediction
+from infrarsi.study.space import StudyLoader, StudySpace, load_study_space
+from infrarsi.verdicts import verification as vf
 
 from .agent import AgentRole
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 from infrarsi.agent.answers import GoldenRepo
 from infrarsi.agent.client import AgentError, AgentUnconfigured, resolve_endpoint
 from infrarsi.agent.role import answer_within
-from infrarsi.contract import Contract
 from infrarsi.events import (
     AgentAnswered,
     AgentAsked,
@@ -34,7 +33,8 @@ from infrarsi.events import (
     TrialProposed,
     VerifyCompleted,
 )
-from infrarsi.service import Outbox, ReactiveService
+from infrarsi.runtime.service import Outbox, ReactiveService
+from infrarsi.study.contract import Contract
 
 from .logic import ProposerState
 

@@ -35,9 +35,9 @@ from typing import ClassVar
 
 from infrarsi import eventlog
 from infrarsi import events as ev
-from infrarsi.logs import get_logger
-from infrarsi.service import Outbox, Service
-from infrarsi.settings import Settings
+from infrarsi.runtime.logs import get_logger
+from infrarsi.runtime.service import Outbox, Service
+from infrarsi.runtime.settings import Settings
 
 from .bank import BankDistiller
 

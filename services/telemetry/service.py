@@ -6,7 +6,7 @@ are complete (rank 0 has ``steps_completed`` records and, for a trial that ended
 rank) — or ``COMPLETE_GRACE_S`` after the finish if some never arrive (a trial that died, a lost sample).
 Samples are deduplicated by (trial, rank, step), so late, repeated or reordered deliveries change nothing.
 
-The statistics and invariant verdicts are ``infrarsi.stats``; this module only keeps the read model:
+The statistics and invariant verdicts are ``infrarsi.verdicts.stats``; this module only keeps the read model:
 studies (invariant spec, peak FLOP/s, the baseline series per horizon), trials (proposal, finish, steps),
 and which trials are already measured. On start it is rebuilt by replaying the lifecycle stream, then
 the telemetry of every not-yet-measured trial and of each study's baseline.
@@ -20,7 +20,7 @@ no step samples: its trials are measured from ``TrialFinished`` alone (``stats.m
 it arrives, labelled ``coarse``, with the invariants that cannot be checked named in
 ``unchecked_invariants``.
 
-Stopping slow trials: on each rank-0 step of a running search trial, ``slow_trials.slow_verdict`` compares
+Stopping slow trials: on each rank-0 step of a running search trial, ``trial.slow.slow_verdict`` compares
 its steady steps with the study's incumbent (the fastest trial measured ``ok`` with every invariant held,
 kept from the ``TrialMeasured`` this service publishes) and the doctor's noise; a trial already ruled out
 gets one ``TrialStopRequested`` (id derived from the trial, so a replay or a redelivery adds none), which
@@ -36,11 +36,12 @@ import time
 from dataclasses import dataclass, field
 
 from infrarsi import events as ev
-from infrarsi import slow_trials, stats
-from infrarsi.contract import ContractError, locked_contract
-from infrarsi.logs import get_logger
-from infrarsi.service import Outbox, Service
-from infrarsi.subjects import TELEMETRY_STREAM, telemetry_subject
+from infrarsi.bus.subjects import TELEMETRY_STREAM, telemetry_subject
+from infrarsi.runtime.logs import get_logger
+from infrarsi.runtime.service import Outbox, Service
+from infrarsi.study.contract import ContractError, locked_contract
+from infrarsi.trial import slow as slow_trials
+from infrarsi.verdicts import stats
 
 log = get_logger(__name__)
 

@@ -1,6 +1,6 @@
 """`python -m infrarsi_services.verifier` (also `infrarsi serve verifier`)."""
 
-from infrarsi.service import main
+from infrarsi.runtime.service import main
 
 from .service import VerifierService
 

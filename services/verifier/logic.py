@@ -35,8 +35,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from infrarsi import events as ev
-from infrarsi import verification as vf
-from infrarsi.contract import (
+from infrarsi.runtime.logs import get_logger
+from infrarsi.runtime.service import Emission, Fold
+from infrarsi.study.contract import (
     CheckpointRestartSpec,
     Contract,
     ContractError,
@@ -44,8 +45,7 @@ from infrarsi.contract import (
     VerifySpec,
     locked_contract,
 )
-from infrarsi.logs import get_logger
-from infrarsi.service import Emission, Fold
+from infrarsi.verdicts import verification as vf
 
 log = get_logger(__name__)
 

@@ -9,7 +9,7 @@ every invariant on every run; promotable after the required number of passed rou
 from __future__ import annotations
 
 from infrarsi.events import StudyCancelled, StudyCreated, TrialFinished, TrialMeasured, VerifyRequested
-from infrarsi.service import ReactiveService
+from infrarsi.runtime.service import ReactiveService
 
 from .logic import VerifierLogic
 

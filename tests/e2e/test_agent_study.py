@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 from infrarsi import events as ev
-from infrarsi.stack import Stack
+from infrarsi.runtime.stack import Stack
 from support.agent_repo import GPT, commit, diff_of, git_copy_of_gpt, proposals
 from support.chat_server import ChatScript, Turn, chat_server
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 from infrarsi import events as ev
-from infrarsi.bus import Bus
-from infrarsi.embedded import EmbeddedServer
+from infrarsi.bus.client import Bus
+from infrarsi.bus.embedded import EmbeddedServer
 from support.dashboard import browser_install_reason, running_dashboard
 from support.synthetic_study import GIB, synthetic_study, write_workload
 

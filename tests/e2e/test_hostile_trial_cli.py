@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from infrarsi import procs
+from infrarsi.trial import procs
 from support.hostile_workload import ATTACKS, HONEST, STEPS, write_hostile_workload
 
 pytestmark = pytest.mark.slow

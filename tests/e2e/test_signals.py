@@ -21,7 +21,7 @@ import psutil
 import pytest
 import yaml
 from infrarsi.backends.sim import write_sim_workload
-from infrarsi.stack import SERVICES
+from infrarsi.runtime.stack import SERVICES
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTRACT = ROOT / "workloads" / "gpt" / "contracts" / "dense-1node.yaml"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from infrarsi import procs
+from infrarsi.trial import procs
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTRACTS = ROOT / "workloads" / "gpt" / "contracts"

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import yaml
-from infrarsi import procs
+from infrarsi.trial import procs
 from support.toy_job import toy_job_script
 
 TRAIN = toy_job_script(

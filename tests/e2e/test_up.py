@@ -17,8 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 from infrarsi import events as ev
-from infrarsi.bus import Bus
-from infrarsi.stack import SERVICES
+from infrarsi.bus.client import Bus
+from infrarsi.runtime.stack import SERVICES
 from support.owned import owned_event
 
 INFRARSI = str(Path(sys.executable).parent / "infrarsi")

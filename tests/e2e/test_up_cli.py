@@ -104,7 +104,7 @@ async def test_events_tail_filters_follows_and_stops_on_ctrl_c(nats_server, tmp_
     import signal
 
     from infrarsi import events as ev
-    from infrarsi.bus import Bus
+    from infrarsi.bus.client import Bus
 
     study, other = ev.new_id(), ev.new_id()
     bus = await Bus.connect(nats_server, service="test")
@@ -138,8 +138,8 @@ async def test_serve_becomes_the_service_process(fresh_nats_server, tmp_path) ->
     import asyncio
     import signal
 
-    from infrarsi.bus import Bus
-    from infrarsi.stack import ping_services
+    from infrarsi.bus.client import Bus
+    from infrarsi.runtime.stack import ping_services
 
     process = subprocess.Popen(
         [INFRARSI, "--nats-url", fresh_nats_server, "--data-dir", str(tmp_path), "serve", "modeler"],

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 from infrarsi import events as ev
-from infrarsi.bus import Bus
+from infrarsi.bus.client import Bus
 from infrarsi.commands.init import prepare_study, study_created_event
 from infrarsi.commands.study_log import read_study
-from infrarsi.contract import load_patch_library
-from infrarsi.stack import Stack
+from infrarsi.runtime.stack import Stack
+from infrarsi.study.contract import load_patch_library
 from support.tiny_verify import tiny_contract
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import yaml
 from infrarsi import events as ev
-from infrarsi import verification as vf
+from infrarsi.verdicts import verification as vf
 from support.tiny_verify import run_verification, verify_candidates
 
 RESTART_BUG, DOWNSTREAM_BUG, GENUINE, SAME_FORMAT = (

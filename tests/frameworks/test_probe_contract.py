@@ -3,7 +3,7 @@
 One suite, parametrised over the integrations (as Optuna runs one storage suite over every storage):
 plain PyTorch (``track`` + decorators), Hugging Face ``Trainer`` (``TrainerCallback``) and Lightning
 (``Callback``), each training a tiny GPT-2 built from a config on synthetic data (nothing downloaded). The
-facts are the ones telemetry checks (services/telemetry → ``infrarsi.stats``): one record per optimiser
+facts are the ones telemetry checks (services/telemetry → ``infrarsi.verdicts.stats``): one record per optimiser
 step, optimiser steps counted by the optimiser's hook, tokens per step = global batch × sequence length
 whatever the accumulation, the step's loss and the eval that follows it as the framework itself reports
 them, FLOPs counted once, peak memory, and step times that the phases add up to. The records are also
@@ -19,8 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from infrarsi import events, stats
+from infrarsi import events
 from infrarsi.probe import Probe, read_records
+from infrarsi.verdicts import stats
 from support.framework_jobs import SEQ_LEN, FrameworkFacts, JobConfig, run_hf, run_lightning, run_torch
 
 Runner = Callable[[Probe | None, JobConfig, Path], FrameworkFacts]

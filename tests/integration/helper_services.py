@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from infrarsi import events as ev
-from infrarsi.service import Outbox, Service, main
+from infrarsi.runtime.service import Outbox, Service, main
 
 
 class CrashyService(Service):

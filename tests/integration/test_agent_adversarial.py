@@ -20,8 +20,8 @@ from infrarsi.agent.client import AgentError, ChatClient, Endpoint, redact
 from infrarsi.agent.prompts import proposal_messages
 from infrarsi.agent.role import GATE_ALLOWANCE_S, answer, answer_within, exchange_bound_s
 from infrarsi.commands.init import prepare_study
-from infrarsi.contract import locked_contract
-from infrarsi.study_space import load_study_space
+from infrarsi.study.contract import locked_contract
+from infrarsi.study.space import load_study_space
 from support.agent_repo import GPT, commit, diff_of, git_copy_of_gpt, proposals
 from support.chat_server import ChatScript, Turn, chat_server
 

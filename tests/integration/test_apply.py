@@ -15,7 +15,7 @@ from infrarsi import cli
 from infrarsi import events as ev
 from infrarsi.commands.approve_apply import ApplyRefused, evidence_text, execute_apply, plan_apply
 from infrarsi.commands.init import prepare_study
-from infrarsi.workspace import BranchExists, WorkspaceError, git
+from infrarsi.trial.workspace import BranchExists, WorkspaceError, git
 from support import verified_study
 from support.small_workload import WORKLOAD_SECTION, numbered_lines, write_workload
 
@@ -358,9 +358,9 @@ def test_evidence_text_mentions_everything(tmp_path: Path) -> None:
 async def test_init_approve_apply_over_nats(tmp_path: Path, capsys) -> None:
     import json
 
-    from infrarsi.bus import Bus
+    from infrarsi.bus.client import Bus
+    from infrarsi.bus.embedded import EmbeddedServer
     from infrarsi.commands import approve_apply, init
-    from infrarsi.embedded import EmbeddedServer
 
     make_workload(tmp_path / "wl", as_git=False)
     path = tmp_path / "contract.yaml"

@@ -8,13 +8,13 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from infrarsi import credentials
 from infrarsi import events as ev
-from infrarsi.bus import Bus, BusError
-from infrarsi.embedded import EmbeddedServer
-from infrarsi.stack import Stack
-from infrarsi.stream_reader import read_stream
-from infrarsi.subjects import LIFECYCLE_STREAM, lifecycle_subject
+from infrarsi.bus import credentials
+from infrarsi.bus.client import Bus, BusError
+from infrarsi.bus.embedded import EmbeddedServer
+from infrarsi.bus.reader import read_stream
+from infrarsi.bus.subjects import LIFECYCLE_STREAM, lifecycle_subject
+from infrarsi.runtime.stack import Stack
 
 pytestmark = pytest.mark.integration
 
@@ -87,8 +87,8 @@ def test_stack_services_connect_with_their_credentials(tmp_path: Path) -> None:
 async def test_trial_job_publishes_steps_as_the_probe_only(server: EmbeddedServer) -> None:
     """A job run by hand with the probe's seed file (``$INFRARSI_NKEY_FILE``; the launcher hands trials none and
     relays their steps): its steps land, and the same connection cannot publish a lifecycle event."""
+    from infrarsi.bus.subjects import TELEMETRY_STREAM, step_msg_id, telemetry_subject
     from infrarsi.probe.sinks import NatsPublisher
-    from infrarsi.subjects import TELEMETRY_STREAM, step_msg_id, telemetry_subject
 
     seed = credentials.stored("probe", server.data_dir)
     assert seed is not None
@@ -112,7 +112,7 @@ async def test_trial_job_publishes_steps_as_the_probe_only(server: EmbeddedServe
 async def test_consumers_refuse_an_event_its_publisher_may_not_own(bus: Bus) -> None:
     """Every service's consume loop decodes through ``decode_delivery``: an event claimed by a principal the
     table does not list for its type, or on another type's subject, is a bad message (dead-lettered)."""
-    from infrarsi.bus import decode_delivery
+    from infrarsi.bus.client import decode_delivery
 
     study = ev.new_id()
     finished = ev.StudyFinished(reason="r", trials=0, accelerator_s=0.0)
@@ -137,8 +137,8 @@ async def test_creds_verb_writes_an_authorization_block_a_server_loads(tmp_path:
     import json
     import subprocess
 
+    from infrarsi.bus.embedded import nats_server_binary
     from infrarsi.commands import creds
-    from infrarsi.embedded import nats_server_binary
 
     args = argparse.Namespace(data_dir=tmp_path / "d", json=True, leaf_link=False, hub_user=[])
     assert await creds.run(args) == 0

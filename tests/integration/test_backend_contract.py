@@ -26,9 +26,9 @@ from typing import Literal
 
 import pytest
 import yaml
-from infrarsi import procs
 from infrarsi.backends import Backend, JobHandle, JobSpec, LocalBackend
 from infrarsi.backends.sim import SimBackend
+from infrarsi.trial import procs
 from support.backend_jobs import run_to_end
 
 Behaviour = Literal["ok", "fail", "long"]
@@ -121,7 +121,7 @@ class KubernetesUnderTest(BackendUnderTest):
 
     def make(self, state: Path) -> Backend:
         from infrarsi.backends.kubernetes import KubernetesBackend
-        from infrarsi.contract import BackendSpec
+        from infrarsi.study.contract import BackendSpec
 
         options = BackendSpec(kind="kubernetes", namespace="ml", image="registry.example/train:1",
                               kubeconfig=str(self.kubeconfig))  # fmt: skip

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from infrarsi import procs
 from infrarsi.backends import Backend, JobSpec, LocalBackend
+from infrarsi.trial import procs
 from support.backend_jobs import run_to_end
 
 JOB = textwrap.dedent(

@@ -10,8 +10,8 @@ import msgspec
 import pytest
 from infrarsi import cli
 from infrarsi import events as ev
+from infrarsi.bus.embedded import EmbeddedServer
 from infrarsi.commands import bank as bank_cmd
-from infrarsi.embedded import EmbeddedServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -19,7 +19,6 @@ import duckdb
 import nats
 import nats.errors
 import pytest
-from infrarsi import credentials, subjects
 from infrarsi import events as ev
 from infrarsi.bank import (
     HUB_STREAM,
@@ -31,8 +30,9 @@ from infrarsi.bank import (
 )
 from infrarsi.bank.federation import read_bank_events
 from infrarsi.bank.store import replay_bank
-from infrarsi.bus import BANK_STREAM, LIFECYCLE_STREAM, TELEMETRY_STREAM, Bus, BusError
-from infrarsi.embedded import EmbeddedServer, free_port
+from infrarsi.bus import credentials, subjects
+from infrarsi.bus.client import BANK_STREAM, LIFECYCLE_STREAM, TELEMETRY_STREAM, Bus, BusError
+from infrarsi.bus.embedded import EmbeddedServer, free_port
 from nats.aio.msg import Msg
 from support.owned import owned_event
 

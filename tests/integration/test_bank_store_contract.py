@@ -26,8 +26,8 @@ from infrarsi.bank.store import (
     parse_import_file,
     project_events,
 )
-from infrarsi.bus import Bus
-from infrarsi.subjects import BANK_STREAM
+from infrarsi.bus.client import Bus
+from infrarsi.bus.subjects import BANK_STREAM
 
 META = ev.BankMeta(accelerator="A100-80G", generation="ampere", device_memory_bytes=80 * 2**30, interconnect="ib",
                    nodes=1, devices_per_node=8, parallelism={"dp": 8}, model_family="dense", model_params=7e9,

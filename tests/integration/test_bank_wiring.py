@@ -12,7 +12,7 @@ import pytest
 import yaml
 from infrarsi import events as ev
 from infrarsi.bank import entry_id_for, read_bank_entries
-from infrarsi.bus import LIFECYCLE_STREAM, Bus
+from infrarsi.bus.client import LIFECYCLE_STREAM, Bus
 from infrarsi.commands import init
 from infrarsi.commands.init import prepare_study, study_created_event
 from test_apply import contract_dict, make_workload

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 from infrarsi import events as ev
-from infrarsi.bus import STREAMS, TELEMETRY_STREAM, AckJournal, Bus, BusError, stream_for_type
-from infrarsi.subjects import telemetry_subject
+from infrarsi.bus.client import STREAMS, TELEMETRY_STREAM, AckJournal, Bus, BusError, stream_for_type
+from infrarsi.bus.subjects import telemetry_subject
 from support.owned import owned_event
 
 pytestmark = pytest.mark.integration

@@ -17,12 +17,12 @@ import json
 import msgspec
 import pytest
 from infrarsi import events as ev
-from infrarsi import service as service_module
-from infrarsi import subjects
-from infrarsi.bus import DEADLETTER_RAW_MAX, Bus
+from infrarsi.bus import subjects
+from infrarsi.bus.client import DEADLETTER_RAW_MAX, Bus
+from infrarsi.bus.reader import read_stream
 from infrarsi.commands.status import collect, render
-from infrarsi.service import Runner
-from infrarsi.stream_reader import read_stream
+from infrarsi.runtime import service as service_module
+from infrarsi.runtime.service import Runner
 from infrarsi_services.proposer.service import ProposerService
 from support.proposer_faults import answering_proposer, service_status, study_created
 

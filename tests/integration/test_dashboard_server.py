@@ -13,10 +13,11 @@ import urllib.error
 import urllib.request
 
 import pytest
-from infrarsi import credentials, eventlog
+from infrarsi import eventlog
 from infrarsi import events as ev
-from infrarsi.bus import Bus
-from infrarsi.embedded import EmbeddedServer
+from infrarsi.bus import credentials
+from infrarsi.bus.client import Bus
+from infrarsi.bus.embedded import EmbeddedServer
 from support.dashboard import INFRARSI, apply_events, running_dashboard
 from support.synthetic_study import synthetic_study, write_workload
 

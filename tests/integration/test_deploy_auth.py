@@ -13,10 +13,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from infrarsi import credentials
 from infrarsi import events as ev
-from infrarsi.bus import Bus, BusError
-from infrarsi.embedded import free_port, nats_server_binary
+from infrarsi.bus import credentials
+from infrarsi.bus.client import Bus, BusError
+from infrarsi.bus.embedded import free_port, nats_server_binary
 
 pytestmark = pytest.mark.integration
 

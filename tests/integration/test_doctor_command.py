@@ -9,7 +9,7 @@ import asyncio
 import numpy as np
 import pytest
 from infrarsi import events as ev
-from infrarsi.bus import Bus
+from infrarsi.bus.client import Bus
 from infrarsi.commands import doctor as doctor_cmd
 from infrarsi.commands.study_log import read_study
 from support.synthetic_study import synthetic_study, write_workload

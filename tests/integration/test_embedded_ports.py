@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from infrarsi import embedded
-from infrarsi.embedded import EmbeddedServer, EmbeddedServerError
+from infrarsi.bus import embedded
+from infrarsi.bus.embedded import EmbeddedServer, EmbeddedServerError
 
 
 @pytest.fixture

@@ -12,9 +12,11 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from infrarsi import eventlog, stream_reader, subjects
+from infrarsi import eventlog
 from infrarsi import events as ev
-from infrarsi.bus import BANK_STREAM, LIFECYCLE_STREAM, TELEMETRY_STREAM, Bus
+from infrarsi.bus import reader as stream_reader
+from infrarsi.bus import subjects
+from infrarsi.bus.client import BANK_STREAM, LIFECYCLE_STREAM, TELEMETRY_STREAM, Bus
 from infrarsi.commands import UserError
 from infrarsi.commands import sql as sql_command
 

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from infrarsi import netns
+from infrarsi.trial import netns
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

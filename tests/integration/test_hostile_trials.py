@@ -20,11 +20,11 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from infrarsi import credentials
 from infrarsi import events as ev
-from infrarsi.bus import Bus
-from infrarsi.embedded import EmbeddedServer
-from infrarsi.subjects import LIFECYCLE_STREAM, TELEMETRY_STREAM, lifecycle_subject, telemetry_subject
+from infrarsi.bus import credentials
+from infrarsi.bus.client import Bus
+from infrarsi.bus.embedded import EmbeddedServer
+from infrarsi.bus.subjects import LIFECYCLE_STREAM, TELEMETRY_STREAM, lifecycle_subject, telemetry_subject
 from support.hostile_workload import ATTACKS, HONEST, STEPS, write_hostile_workload
 from test_launcher_helpers import Harness, launcher, telemetry
 
@@ -88,7 +88,7 @@ class AuthorizedHarness(Harness):
         await self.bus.nc.subscribe("irsi.*.*", cb=on_msg)
 
     async def serve(self, service) -> None:
-        from infrarsi.service import Runner
+        from infrarsi.runtime.service import Runner
 
         bus = await Bus.connect(self.url, service=service.name, data_dir=self.data_dir)
         runner = Runner(service, bus, grace_s=5.0)

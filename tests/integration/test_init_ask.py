@@ -14,12 +14,12 @@ import duckdb
 import pytest
 from infrarsi import events as ev
 from infrarsi.agent.draft_log import exchange_path
-from infrarsi.bus import Bus
+from infrarsi.bus.client import Bus
+from infrarsi.bus.subjects import LIFECYCLE_STREAM
 from infrarsi.cli import main
-from infrarsi.contract import load_contract
 from infrarsi.report import build_report, render_markdown
 from infrarsi.report.source import load_events
-from infrarsi.subjects import LIFECYCLE_STREAM
+from infrarsi.study.contract import load_contract
 from support.agent_repo import commit, proposals
 from support.chat_server import ChatScript, Turn, chat_server
 

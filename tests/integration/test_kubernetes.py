@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from infrarsi.backends import JobSpec, make_backend
 from infrarsi.backends.kubernetes import KubernetesBackend
-from infrarsi.contract import BackendSpec
+from infrarsi.study.contract import BackendSpec
 from support.backend_jobs import run_to_end
 from support.kube_api import Cluster, PodEnd, Story, kube_api
 

@@ -8,7 +8,7 @@ invariants; no process or worktree outliving its trial.
 from __future__ import annotations
 
 import pytest
-from infrarsi import procs
+from infrarsi.trial import procs
 from test_launcher_helpers import Harness, git_worktrees, launcher, make_workload, serving, telemetry
 
 pytestmark = pytest.mark.integration

@@ -12,10 +12,10 @@ import time
 
 import pytest
 import yaml
-from infrarsi.embedded import EmbeddedServer
+from infrarsi.bus.embedded import EmbeddedServer
+from infrarsi.bus.subjects import LIFECYCLE_STREAM, deadletter_subject
 from infrarsi.events import new_id
-from infrarsi.service import MAX_DELIVER
-from infrarsi.subjects import LIFECYCLE_STREAM, deadletter_subject
+from infrarsi.runtime.service import MAX_DELIVER
 from infrarsi_services.launcher.service import LauncherService
 from test_launcher_helpers import Harness, make_workload
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import msgspec
 import yaml
 from infrarsi import events as ev
-from infrarsi.bus import Bus
+from infrarsi.bus.client import Bus
+from infrarsi.bus.embedded import EmbeddedServer
 from infrarsi.commands.init import prepare_study, study_created_event
-from infrarsi.embedded import EmbeddedServer
-from infrarsi.service import Runner
+from infrarsi.runtime.service import Runner
 from support.owned import owned_event
 
 JOB = textwrap.dedent(

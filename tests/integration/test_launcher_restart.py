@@ -6,7 +6,7 @@ import signal
 import time
 
 import pytest
-from infrarsi import procs
+from infrarsi.trial import procs
 from test_launcher_helpers import git_worktrees, launcher_processes, make_workload, serving
 
 pytestmark = pytest.mark.integration

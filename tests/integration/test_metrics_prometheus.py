@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 from infrarsi import events as ev
-from infrarsi.bus import Bus
-from infrarsi.stack import SERVICES, Stack
-from infrarsi.stream_reader import read_stream
-from infrarsi.subjects import LIFECYCLE_STREAM, is_deadletter, lifecycle_subject
+from infrarsi.bus.client import Bus
+from infrarsi.bus.reader import read_stream
+from infrarsi.bus.subjects import LIFECYCLE_STREAM, is_deadletter, lifecycle_subject
+from infrarsi.runtime.stack import SERVICES, Stack
 from support.prometheus_server import PrometheusServer, install_reason
 from support.slowed_workload import make_slowed_workload
 

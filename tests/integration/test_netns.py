@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from infrarsi import netns
+from infrarsi.trial import netns
 
 pytestmark = pytest.mark.integration
 

@@ -9,8 +9,8 @@ import yaml
 from infrarsi.commands.init import prepare_study
 from infrarsi.modeling.search import Searcher
 from infrarsi.modeling.space import Candidate
-from infrarsi.study_space import load_study_space
-from infrarsi.workspace import conflicting_pairs
+from infrarsi.study.space import load_study_space
+from infrarsi.trial.workspace import conflicting_pairs
 from support.agent_repo import GPT, commit, diff_of, git_copy_of_gpt
 
 

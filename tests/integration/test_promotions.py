@@ -1,5 +1,5 @@
 """Promoted branches followed to the main line (issue 36, item 4), on real git repositories: open, merged by a
-merge commit, fast-forwarded, squashed, reverted, gone (``infrarsi.promotions.follow``); then ``infrarsi follow``
+merge commit, fast-forwarded, squashed, reverted, gone (``infrarsi.verdicts.promotions.follow``); then ``infrarsi follow``
 recording ``PromotionFollowed`` on a real nats-server only when the state changes, and ``infrarsi smoke`` running
 the merged commit of a real PyTorch job (``support.slowed_workload``) against the verified numbers, its verdict a
 ``SmokeCompleted``."""
@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import yaml
 from infrarsi import events as ev
-from infrarsi.bus import Bus
+from infrarsi.bus.client import Bus
 from infrarsi.cli import invoke
 from infrarsi.commands import promotions as promotions_cmd
 from infrarsi.commands.init import prepare_study, study_created_event
 from infrarsi.commands.study_log import read_study
 from infrarsi.errors import EXIT_REFUSED, EXIT_USAGE
-from infrarsi.promotions import follow
+from infrarsi.verdicts.promotions import follow
 from support import verified_study
 from support.slowed_workload import make_slowed_workload
 

@@ -3,7 +3,7 @@
 Three real nats-servers on loopback form a cluster (``cluster { routes }``, as deploy/nats/cluster); the lifecycle
 stream has three replicas. With two nodes killed, the survivor answers every JetStream request with "JetStream
 system temporarily unavailable" (or not at all). A CLI verb's read (``read_study``, through
-``stream_reader.read_stream``) started then must wait for the restarted node and the elections, and return
+``bus.reader.read_stream``) started then must wait for the restarted node and the elections, and return
 the whole study — before the reads asked again, it failed at once.
 """
 
@@ -16,10 +16,10 @@ from pathlib import Path
 import nats.errors
 import pytest
 from infrarsi import events as ev
-from infrarsi.bus import Bus
+from infrarsi.bus.client import Bus
+from infrarsi.bus.embedded import EmbeddedServer, free_port
+from infrarsi.bus.subjects import LIFECYCLE_STREAM
 from infrarsi.commands.study_log import read_study
-from infrarsi.embedded import EmbeddedServer, free_port
-from infrarsi.subjects import LIFECYCLE_STREAM
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

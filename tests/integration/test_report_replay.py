@@ -9,10 +9,10 @@ import argparse
 import duckdb
 import pytest
 from infrarsi import events as ev
-from infrarsi.bus import Bus
+from infrarsi.bus.client import Bus
+from infrarsi.bus.embedded import EmbeddedServer
 from infrarsi.commands import report as report_cmd
 from infrarsi.commands.study_log import read_study
-from infrarsi.embedded import EmbeddedServer
 from infrarsi.report import build_report
 from infrarsi.report.source import VIEW, ensure_view
 from support.synthetic_study import synthetic_study, write_workload

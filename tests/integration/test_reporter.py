@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from infrarsi import eventlog
-from infrarsi.bus import LIFECYCLE_STREAM, TELEMETRY_STREAM, Bus
+from infrarsi.bus.client import LIFECYCLE_STREAM, TELEMETRY_STREAM, Bus
 from infrarsi.commands import sql as sql_command
 from test_eventlog import publish, study_log
 

@@ -1,4 +1,4 @@
-"""The local backend's trial sandbox (``infrarsi.sandbox``, bubblewrap), from inside real jobs: what a sandboxed
+"""The local backend's trial sandbox (``infrarsi.trial.sandbox``, bubblewrap), from inside real jobs: what a sandboxed
 rank can see, write and reach, for every rank layout; ``isolation: sandbox`` refused where bwrap is missing and
 ``auto`` then said to be unisolated; a read-only input that would expose the launcher's state refused.
 The jobs are tiny Python scripts (no torch in the ranks)."""
@@ -13,8 +13,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from infrarsi import sandbox
 from infrarsi.backends import JobSpec, LocalBackend, SubmitError
+from infrarsi.trial import sandbox
 from support.backend_jobs import run_to_end
 
 pytestmark = pytest.mark.integration

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 from infrarsi.cli import main
-from infrarsi.contract import load_contract
+from infrarsi.study.contract import load_contract
 
 pytestmark = pytest.mark.integration
 
@@ -48,7 +48,7 @@ def pairs(args: list[str]) -> list[tuple[str, str | bool]]:
 
 
 def launch_value(text: str | bool):
-    from infrarsi.launch import scalar
+    from infrarsi.trial.launch import scalar
 
     return text if isinstance(text, bool) else {"true": True, "false": False}.get(text, scalar(text))
 

@@ -13,8 +13,8 @@ import time
 
 import pytest
 from infrarsi import events as ev
-from infrarsi.bus import Bus
-from infrarsi.embedded import EmbeddedServer
+from infrarsi.bus.client import Bus
+from infrarsi.bus.embedded import EmbeddedServer
 
 pytestmark = pytest.mark.integration
 

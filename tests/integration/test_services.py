@@ -9,10 +9,10 @@ import msgspec
 import psutil
 import pytest
 from infrarsi import events as ev
-from infrarsi import subjects
-from infrarsi.bus import LIFECYCLE_STREAM, Bus
+from infrarsi.bus import subjects
+from infrarsi.bus.client import LIFECYCLE_STREAM, Bus
 from infrarsi.commands.status import collect
-from infrarsi.stack import Stack
+from infrarsi.runtime.stack import Stack
 from infrarsi_services.modeler.service import ModelerService
 from infrarsi_services.proposer.service import ProposerService
 from infrarsi_services.verifier.service import VerifierService
@@ -182,7 +182,7 @@ async def test_crash_between_publish_and_ack_leaves_no_duplicate_and_no_gap(
 
 
 def test_the_services_but_the_launcher_run_niced_so_a_trial_keeps_the_cores(fresh_nats_server, tmp_path) -> None:
-    from infrarsi.stack import SERVICE_NICE
+    from infrarsi.runtime.stack import SERVICE_NICE
 
     with Stack.start(tmp_path / "stack", nats_url=fresh_nats_server, services=("launcher", "modeler")) as stack:
         nice = {name: psutil.Process(p.pid).nice() for name, p in stack.processes.items()}
@@ -210,7 +210,7 @@ def test_stack_stop_kills_a_service_that_ignores_sigterm(fresh_nats_server, tmp_
 
 
 def test_stack_start_reports_a_service_that_dies_and_leaves_nothing_running(fresh_nats_server, tmp_path) -> None:
-    from infrarsi.stack import StackError
+    from infrarsi.runtime.stack import StackError
 
     with pytest.raises(StackError, match="unknown service"):
         Stack.start(tmp_path, nats_url=fresh_nats_server, services=("proposer", "planner"))
@@ -222,7 +222,7 @@ def test_stack_start_reports_a_service_that_dies_and_leaves_nothing_running(fres
 
 
 def test_ensure_stack_starts_one_only_when_none_runs(tmp_path, monkeypatch) -> None:
-    from infrarsi.stack import ensure_stack
+    from infrarsi.runtime.stack import ensure_stack
 
     monkeypatch.delenv("INFRARSI_NATS_URL", raising=False)
     assert ensure_stack("nats://example:4222", tmp_path) == ("nats://example:4222", None)

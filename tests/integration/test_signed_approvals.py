@@ -11,13 +11,13 @@ from pathlib import Path
 import msgspec
 import pytest
 import yaml
-from infrarsi import approvals as appr
 from infrarsi import events as ev
 from infrarsi.commands.approve_apply import ApplyRefused, approval_for, execute_apply, plan_apply
 from infrarsi.commands.init import prepare_study
-from infrarsi.contract import ContractError
-from infrarsi.signing import public_key_line
-from infrarsi.workspace import git
+from infrarsi.study.contract import ContractError
+from infrarsi.trial.workspace import git
+from infrarsi.verdicts import approvals as appr
+from infrarsi.verdicts.signing import public_key_line
 from support import verified_study
 
 from tests.integration.test_apply import CANDIDATE, MONDAY, contract_dict, log, make_workload, verified

@@ -17,12 +17,12 @@ import pytest
 from infrarsi import events as ev
 from infrarsi.backends.base import JobSpec
 from infrarsi.backends.sim import SIM_LABEL, SimBackend, write_sim_workload
-from infrarsi.bus import TELEMETRY_STREAM, Bus
+from infrarsi.bus.client import TELEMETRY_STREAM, Bus
+from infrarsi.bus.embedded import EmbeddedServer
+from infrarsi.bus.subjects import telemetry_subject
 from infrarsi.commands.study_log import read_study
-from infrarsi.contract import contract_from_dict
-from infrarsi.embedded import EmbeddedServer
-from infrarsi.study_space import load_study_space
-from infrarsi.subjects import telemetry_subject
+from infrarsi.study.contract import contract_from_dict
+from infrarsi.study.space import load_study_space
 from infrarsi_services.modeler.logic import ModelerState
 from infrarsi_services.proposer.logic import ProposerState, RunRequested
 from support.owned import owned_event

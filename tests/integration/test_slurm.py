@@ -170,8 +170,8 @@ def test_demo_backend_slurm_runs_the_reference_contract_on_slurm(slurm_cluster, 
     """``infrarsi demo --backend slurm``: the reference contract, its trials on the cluster; a clear error
     when no cluster answers."""
     from infrarsi.commands.demo import DEFAULT_CONTRACT, with_backend
-    from infrarsi.contract import load_contract
     from infrarsi.errors import UserError
+    from infrarsi.study.contract import load_contract
 
     contract = load_contract(with_backend(GPT.parent.parent / DEFAULT_CONTRACT, "slurm", tmp_path))
     assert contract.backend.kind == "slurm" and contract.workload.repo == GPT

@@ -7,8 +7,8 @@ measured. A verify run equally slow is never stopped. Real nats-server, real PyT
 from __future__ import annotations
 
 import pytest
-from infrarsi import procs
-from infrarsi.trial_ledger import TrialLedger
+from infrarsi.study.ledger import TrialLedger
+from infrarsi.trial import procs
 from support.slowed_workload import make_slowed_workload
 from test_launcher_helpers import launcher, serving, telemetry
 

@@ -1,4 +1,4 @@
-"""``stream_reader.read_stream`` against real nats-servers: its own protocol connection (``_RawReader``) and
+"""``bus.reader.read_stream`` against real nats-servers: its own protocol connection (``_RawReader``) and
 nats-py's ordered consumer read the same messages, whole or filtered, open or authenticated (nkeys as the
 stack runs, a token, a user and password), under backpressure, and a filter that matches nothing ends the
 read at once."""
@@ -15,11 +15,11 @@ from urllib.parse import urlparse
 
 import pytest
 from infrarsi import events as ev
-from infrarsi import stream_reader
-from infrarsi.bus import Bus, BusError
-from infrarsi.embedded import EmbeddedServer, free_port, nats_server_binary
-from infrarsi.stream_reader import StreamMessage, read_stream
-from infrarsi.subjects import LIFECYCLE_STREAM, TELEMETRY_STREAM, lifecycle_subject, telemetry_subject
+from infrarsi.bus import reader as stream_reader
+from infrarsi.bus.client import Bus, BusError
+from infrarsi.bus.embedded import EmbeddedServer, free_port, nats_server_binary
+from infrarsi.bus.reader import StreamMessage, read_stream
+from infrarsi.bus.subjects import LIFECYCLE_STREAM, TELEMETRY_STREAM, lifecycle_subject, telemetry_subject
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ import time
 
 import pytest
 from infrarsi import events as ev
-from infrarsi.bus import Bus
+from infrarsi.bus.client import Bus
 from infrarsi.cli import invoke
 from infrarsi.commands import studies as studies_cmd
 from infrarsi.commands import verify as verify_cmd

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 from infrarsi import events as ev
-from infrarsi import subjects
-from infrarsi.bus import Bus
+from infrarsi.bus import subjects
+from infrarsi.bus.client import Bus
 from support.owned import owned_event
 
 pytestmark = pytest.mark.integration

@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 from infrarsi import events as ev
-from infrarsi.bus import Bus
+from infrarsi.bus.client import Bus
 from infrarsi.commands import verify as verify_cmd
 from infrarsi.commands.study_log import read_study
 from infrarsi_services.verifier.logic import VerifierLogic

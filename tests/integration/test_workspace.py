@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from infrarsi.contract import Contract, contract_from_dict
-from infrarsi.workspace import (
+from infrarsi.study.contract import Contract, contract_from_dict
+from infrarsi.trial.workspace import (
     WorkspaceError,
     apply_patches,
     git,
@@ -393,7 +393,7 @@ async def test_a_study_whose_publish_fails_leaves_no_golden_tag_and_no_snapshot(
     payload) left ``infrarsi/<study>/golden`` in the user's repo. ``init`` tags the repo before it publishes; a
     study that was never published must leave neither its tag nor its snapshot (``publish_study`` removes them
     again). Here the publish fails as it does against a server without InfraRSI's streams."""
-    from infrarsi.bus import Bus, BusError
+    from infrarsi.bus.client import Bus, BusError
     from infrarsi.commands.init import prepare_study, publish_study
 
     tagged = make_git_workload(tmp_path / "wl")

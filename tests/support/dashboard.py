@@ -13,8 +13,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from infrarsi import eventlog, subjects
+from infrarsi import eventlog
 from infrarsi import events as ev
+from infrarsi.bus import subjects
 
 INFRARSI = [str(Path(sys.executable).parent / "infrarsi")]
 BROWSER_PACKAGES = ["chromium", "chromium-driver"]

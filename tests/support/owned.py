@@ -4,7 +4,7 @@ list as a publisher of its type, so a test that plays a service or a CLI verb pu
 from __future__ import annotations
 
 from infrarsi import events as ev
-from infrarsi import subjects
+from infrarsi.bus import subjects
 
 
 def owned_event(payload, *, study_id: str, **fields) -> ev.Event:

@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 
 import msgspec
 from infrarsi import events as ev
-from infrarsi.bus import Bus
-from infrarsi.stack import ping_services
+from infrarsi.bus.client import Bus
+from infrarsi.runtime.stack import ping_services
 from support.owned import owned_event
 
 

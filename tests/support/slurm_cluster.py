@@ -1,6 +1,6 @@
 """A real Slurm cluster of its own on this machine: munged, slurmctld and two slurmd "nodes".
 
-Each slurmd runs in its own network namespace (``infrarsi.netns``: ``irsi-s1``, ``irsi-s2`` on bridge
+Each slurmd runs in its own network namespace (``infrarsi.trial.netns``: ``irsi-s1``, ``irsi-s2`` on bridge
 ``irsisbr0``, 10.213.0.0/24) with its own address, so a two-node job's rendezvous and gloo traffic cross
 real interfaces; slurmctld listens on the bridge's address in the root namespace. Where namespaces cannot be
 created, one node on 127.0.0.1 (``SlurmCluster.single_node_reason`` says why).
@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from infrarsi import netns
+from infrarsi.trial import netns
 
 BASE = Path(os.environ.get("INFRARSI_SLURM_BASE", "/run/infrarsi-slurm"))
 PACKAGES = ["slurm-wlm", "slurm-client", "munge"]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 from infrarsi import events as ev
-from infrarsi import subjects
+from infrarsi.bus import subjects
 
 GIB = 1024**3
 PATCH_DIFF = """--- a/model.py

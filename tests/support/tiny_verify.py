@@ -16,10 +16,10 @@ from typing import Any
 
 import yaml
 from infrarsi import events as ev
-from infrarsi.bus import Bus
+from infrarsi.bus.client import Bus
 from infrarsi.commands.init import prepare_study, study_created_event
 from infrarsi.commands.study_log import read_study
-from infrarsi.stack import Stack
+from infrarsi.runtime.stack import Stack
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKLOAD = ROOT / "workloads" / "gpt"

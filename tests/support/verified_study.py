@@ -6,7 +6,7 @@ these, so a test of apply needs the whole chain, not a lone ``VerifyCompleted``.
 from __future__ import annotations
 
 from infrarsi import events as ev
-from infrarsi import verification as vf
+from infrarsi.verdicts import verification as vf
 from support.owned import owned_event
 
 __all__ = ["Piece", "final", "owned_event", "verification"]

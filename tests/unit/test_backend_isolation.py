@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from infrarsi import sandbox
-from infrarsi.contract import BackendSpec
+from infrarsi.study.contract import BackendSpec
+from infrarsi.trial import sandbox
 from pydantic import ValidationError
 
 

@@ -7,7 +7,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from infrarsi import credentials
 from infrarsi.bank.federation import (
     HUB_STREAM,
     LEAF_DENY_EXPORTS,
@@ -17,8 +16,9 @@ from infrarsi.bank.federation import (
     server_config_fragment,
     shared_stream_config,
 )
-from infrarsi.bus import BANK_STREAM
-from infrarsi.embedded import nats_server_binary
+from infrarsi.bus import credentials
+from infrarsi.bus.client import BANK_STREAM
+from infrarsi.bus.embedded import nats_server_binary
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "nats" / "bank"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import msgspec
 from infrarsi import events as ev
-from infrarsi import subjects
 from infrarsi.bank.distil import MAX_DETAIL_CHARS, StudyFacts, TrialFact, bank_event, distil, entry_id_for
+from infrarsi.bus import subjects
 
 META = ev.BankMeta(accelerator="H100-80G", generation="hopper", device_memory_bytes=80 * 2**30, interconnect="ib",
                    nodes=8, devices_per_node=8, parallelism={"dp": 64}, model_family="dense", model_params=7e9,

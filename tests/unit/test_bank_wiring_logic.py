@@ -8,10 +8,10 @@ from pathlib import Path
 import msgspec
 import pytest
 from infrarsi import events as ev
-from infrarsi import subjects
 from infrarsi.bank.resolve import resolve_bank, study_meta
+from infrarsi.bus import subjects
 from infrarsi.commands.init import bank_lines, bank_summary
-from infrarsi.study_space import StudySpace
+from infrarsi.study.space import StudySpace
 from infrarsi_services.modeler.logic import ModelerState
 from infrarsi_services.proposer.logic import ProposerState, RunRequested
 from infrarsi_services.reporter.bank import BankDistiller

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 from infrarsi import events as ev
-from infrarsi.contract import load_contract
+from infrarsi.study.contract import load_contract
 from support.bench_spaces import import_bench_module
 
 formula_check = import_bench_module("formula_check")

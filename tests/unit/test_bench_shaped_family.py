@@ -20,7 +20,7 @@ def test_the_family_is_written_apart_from_the_formula_it_measures() -> None:
     tree = ast.parse((BENCH / "shaped_family.py").read_text())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    assert not {m for m in imported if m.startswith(("infrarsi.sim", "infrarsi.modeling", "infrarsi.study_shape"))}
+    assert not {m for m in imported if m.startswith(("infrarsi.sim", "infrarsi.modeling", "infrarsi.study.shape"))}
 
 
 def test_a_model_is_reproducible_with_its_optimum_at_the_cliff_and_its_shape_as_the_probe_reports_it() -> None:

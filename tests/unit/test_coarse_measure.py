@@ -8,9 +8,9 @@ from pathlib import Path
 import msgspec
 import pytest
 from infrarsi import events as ev
-from infrarsi import stats
-from infrarsi import verification as vf
-from infrarsi.contract import MeasurementSpec
+from infrarsi.study.contract import MeasurementSpec
+from infrarsi.verdicts import stats
+from infrarsi.verdicts import verification as vf
 from infrarsi_services.launcher.output import OutputSteps, OutputTail
 from pydantic import ValidationError
 
@@ -42,7 +42,7 @@ PLAIN_LOGS = {
 
 @pytest.mark.parametrize("log", sorted(PLAIN_LOGS))
 def test_the_scaffolds_plain_pattern_counts_a_loss_line_per_step(log: str) -> None:
-    from infrarsi.scaffold import default_step_regex
+    from infrarsi.study.scaffold import default_step_regex
 
     assert counted(default_step_regex("plain"), PLAIN_LOGS[log]).steps_done == 30
     # a loop stopped early shows it

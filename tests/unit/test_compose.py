@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from infrarsi.embedded import nats_server_binary
-from infrarsi.stack import SERVICES
+from infrarsi.bus.embedded import nats_server_binary
+from infrarsi.runtime.stack import SERVICES
 
 ROOT = Path(__file__).resolve().parents[2]
 NATS_DIR = ROOT / "deploy" / "nats"

@@ -1,4 +1,4 @@
-"""Contract loading and validation: every rule of infrarsi.contract with a contract that breaks it."""
+"""Contract loading and validation: every rule of infrarsi.study.contract with a contract that breaks it."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 from infrarsi import events as ev
-from infrarsi.contract import (
+from infrarsi.study.contract import (
     Contract,
     ContractError,
     contract_from_dict,
@@ -21,7 +21,7 @@ from infrarsi.contract import (
     load_patch_library,
     locked_contract,
 )
-from infrarsi.policy import Policy
+from infrarsi.verdicts.policy import Policy
 from pydantic import ValidationError
 
 LAUNCH = {

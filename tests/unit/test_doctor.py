@@ -6,8 +6,8 @@ import math
 
 import numpy as np
 import pytest
-from infrarsi import doctor, stats
-from infrarsi.doctor import RunSeries
+from infrarsi.verdicts import doctor, stats
+from infrarsi.verdicts.doctor import RunSeries
 
 
 def _run(rng, trial_id, *, level, warmup=0, steps=120, step_cv=0.02, ranks=1, straggler=None, phases=True):

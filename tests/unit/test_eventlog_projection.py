@@ -9,8 +9,10 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from infrarsi import eventlog, stream_reader, subjects
+from infrarsi import eventlog
 from infrarsi import events as ev
+from infrarsi.bus import reader as stream_reader
+from infrarsi.bus import subjects
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)
 

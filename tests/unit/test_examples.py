@@ -9,8 +9,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from infrarsi.contract import load_contract
-from infrarsi.scaffold import default_step_regex
+from infrarsi.study.contract import load_contract
+from infrarsi.study.scaffold import default_step_regex
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

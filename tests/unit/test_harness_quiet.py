@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from infrarsi import events as ev
 from infrarsi.commands.doctor import harness_share
-from infrarsi.stack import SERVICE_NICE, StackError, service_placement
+from infrarsi.runtime.stack import SERVICE_NICE, StackError, service_placement
 
 
 def test_on_two_cores_only_niceness_separates_the_services_from_the_trials() -> None:

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import yaml
 from infrarsi import events as ev
-from infrarsi.contract import load_contract
-from infrarsi.doctor import native_matmul_dtypes
 from infrarsi.modeling.priors import default_knowledge_base
 from infrarsi.modeling.search import Observation
-from infrarsi.study_model import build_searcher
-from infrarsi.study_space import StudySpace
+from infrarsi.study.contract import load_contract
+from infrarsi.study.model import build_searcher
+from infrarsi.study.space import StudySpace
+from infrarsi.verdicts.doctor import native_matmul_dtypes
 
 WORKLOAD = Path(__file__).resolve().parents[2] / "workloads" / "gpt"
 AVX2_HOST = "processor\t: 0\nflags\t\t: fpu sse sse2 avx avx2 fma\n"

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 from infrarsi import events as ev
-from infrarsi import inputs, workspace
 from infrarsi.commands.doctor import inconsistent_work
+from infrarsi.study import inputs
+from infrarsi.trial import workspace
 
 
 def repo_with_data(tmp_path: Path) -> Path:
@@ -78,7 +79,7 @@ def test_inputs_are_linked_into_a_worktree_and_a_change_is_named(tmp_path: Path)
 
 
 def test_inputs_in_the_contract_are_checked(tmp_path: Path) -> None:
-    from infrarsi.contract import check_contract, contract_from_dict
+    from infrarsi.study.contract import check_contract, contract_from_dict
 
     repo = repo_with_data(tmp_path)
     base = {"name": "x", "goal": "g", "workload": {"repo": str(repo), "command": ["{python}", "train.py"],

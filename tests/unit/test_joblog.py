@@ -7,9 +7,9 @@ import math
 
 import pytest
 from infrarsi import events as ev
-from infrarsi.contract import MeasurementSpec
-from infrarsi.joblog import LogPatterns, read_line
-from infrarsi.scaffold import default_step_regex
+from infrarsi.study.contract import MeasurementSpec
+from infrarsi.study.scaffold import default_step_regex
+from infrarsi.trial.joblog import LogPatterns, read_line
 from infrarsi_services.launcher.output import OutputSteps
 from pydantic import ValidationError
 
@@ -97,7 +97,7 @@ def test_log_patterns_are_validated() -> None:
 
 
 def test_litgpts_output_is_read_for_its_optimiser_steps_and_losses() -> None:
-    from infrarsi.scaffold import TOOL_LOGS
+    from infrarsi.study.scaffold import TOOL_LOGS
 
     tool = TOOL_LOGS["litgpt"]
     log = "".join(  # LitGPT 0.5's pretrain with 4 micro-batches per step and an eval every 2 steps

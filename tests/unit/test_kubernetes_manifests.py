@@ -26,7 +26,7 @@ from infrarsi.backends.kubernetes_manifests import (
     render_pytorchjob,
     trial_env,
 )
-from infrarsi.contract import BackendSpec
+from infrarsi.study.contract import BackendSpec
 
 SCHEMAS = json.loads((Path(__file__).parent.parent / "data" / "kubernetes" / "api-schemas.json").read_text())
 HOST_ENV = {"PATH": "/usr/bin", "HOME": "/root", "SHARED": "same"}

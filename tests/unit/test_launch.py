@@ -1,4 +1,4 @@
-"""How knob values reach a job (infrarsi.launch and Contract.trial_launch): every delivery, every written
+"""How knob values reach a job (infrarsi.trial.launch and Contract.trial_launch): every delivery, every written
 form of a flag, and every way a value could try to become an extra argument."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 import yaml
-from infrarsi import launch
-from infrarsi.contract import ContractError, contract_from_dict, load_contract
-from infrarsi.launch import LaunchValueError
+from infrarsi.study.contract import ContractError, contract_from_dict, load_contract
+from infrarsi.trial import launch
+from infrarsi.trial.launch import LaunchValueError
 
 # ------------------------------------------------------------------------------------------ argv (pure)
 
@@ -247,7 +247,7 @@ def test_yaml_contract_with_flag_keys_loads(tmp_path: Path) -> None:
 
 def test_a_flag_contract_becomes_a_search_space_with_the_golden_baseline(tmp_path: Path) -> None:
     from infrarsi import events as ev
-    from infrarsi.study_space import StudySpace
+    from infrarsi.study.space import StudySpace
 
     command = ["{python}", "train.py", "--batch-size", "8", "--bf16", "0", "--max-steps", "100"]
     data = with_knobs(contract_dict(tmp_path, "argv", command, steps_key="--max-steps"),
@@ -262,7 +262,7 @@ def test_a_flag_contract_becomes_a_search_space_with_the_golden_baseline(tmp_pat
 
 def test_a_flag_the_golden_lacks_goes_before_a_bare_double_dash() -> None:
     """Issue 35: what follows ``--`` is the job's positionals; an appended knob flag must not land there."""
-    from infrarsi.launch import argv_with
+    from infrarsi.trial.launch import argv_with
 
     golden = ["py", "train.py", "cfg.yaml", "--compile", "--lr", "1", "--", "extra"]
     assert argv_with(golden, {"batch_size": 4, "compile": False}) == ["py", "train.py", "cfg.yaml", "--lr", "1",

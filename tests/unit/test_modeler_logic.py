@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from infrarsi import events as ev
-from infrarsi.study_model import prediction, single_changes
+from infrarsi.study.model import prediction, single_changes
 from infrarsi_services.modeler.logic import ModelerState
 from test_proposer_logic import STUDY, World, envelope, loader, of_type, run_events, study_created
 from test_study_space import GIB

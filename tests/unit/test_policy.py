@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from infrarsi.events import ApprovalGranted
-from infrarsi.policy import Approval, ForbiddenWindow, Policy, check, data_change_refusal
+from infrarsi.verdicts.policy import Approval, ForbiddenWindow, Policy, check, data_change_refusal
 from pydantic import ValidationError
 
 # 2026-01-02 is a Friday, 2026-01-03 a Saturday, 2026-01-05 a Monday.

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from infrarsi import events, subjects
+from infrarsi import events
+from infrarsi.bus import subjects
 from infrarsi.probe import Probe, read_records
 from torch import nn
 

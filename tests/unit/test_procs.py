@@ -10,7 +10,7 @@ import time
 
 import psutil
 import pytest
-from infrarsi import procs
+from infrarsi.trial import procs
 
 HOG = textwrap.dedent(
     """

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from infrarsi import events as ev
-from infrarsi.contract import contract_from_dict
-from infrarsi.trial_ledger import TrialOutcome
+from infrarsi.study.contract import contract_from_dict
+from infrarsi.study.ledger import TrialOutcome
 from infrarsi_services.proposer.agent import AgentRole
 from infrarsi_services.proposer.logic import ProposerState, RunRequested
 from test_proposer_logic import World, envelope, loader, msg_copy, of_type, run_events

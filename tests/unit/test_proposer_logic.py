@@ -11,10 +11,10 @@ from typing import Any
 import numpy as np
 import pytest
 from infrarsi import events as ev
-from infrarsi.contract import contract_from_dict
 from infrarsi.modeling.search import SearchConfig
 from infrarsi.modeling.space import Candidate
-from infrarsi.study_space import StudySpace
+from infrarsi.study.contract import contract_from_dict
+from infrarsi.study.space import StudySpace
 from infrarsi_services.modeler.logic import ModelerState
 from infrarsi_services.proposer.logic import ProposerState, RunRequested
 from test_study_space import GIB, LAUNCH, LIBRARY, synthetic_contract_dict

@@ -7,7 +7,7 @@ from pathlib import Path
 from infrarsi import events as ev
 from infrarsi.commands.model import render
 from infrarsi.commands.run import RunProgress
-from infrarsi.study_model import replay_model
+from infrarsi.study.model import replay_model
 from infrarsi_services.proposer.logic import ProposerState, RunRequested
 from test_proposer_logic import World, envelope, loader, of_type, run_events, study_created
 

@@ -92,7 +92,7 @@ def test_renderers_carry_the_same_numbers(db, tmp_path):
     headings = [b.text for b in outline(report) if type(b).__name__ == "Heading"]
     assert "Appendix: doctor" in headings and "Priors vs posteriors" in headings
     # Verification's cost, predicted from the doctor's step time, and the divergence rule, both in the contract table.
-    from infrarsi import verification as vf
+    from infrarsi.verdicts import verification as vf
 
     cost = vf.predicted_verify_cost(report.contract, report.doctor.step_time_s)
     for text in (html, md):

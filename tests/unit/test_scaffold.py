@@ -11,8 +11,8 @@ import pytest
 import yaml
 from infrarsi.cli import main
 from infrarsi.commands.init import prepare_study
-from infrarsi.contract import load_contract
-from infrarsi.scaffold import ScaffoldError, scaffold
+from infrarsi.study.contract import load_contract
+from infrarsi.study.scaffold import ScaffoldError, scaffold
 
 PLAIN = textwrap.dedent(
     """

@@ -12,7 +12,7 @@ from infrarsi.modeling.space import Candidate, IntChoice, SearchSpace
 
 CAP = 80e9
 CV10 = math.log1p(0.10)
-"""The time model's noise floor from a doctor's run-to-run CV of 10% (``study_model.noise_floor``)."""
+"""The time model's noise floor from a doctor's run-to-run CV of 10% (``study.model.noise_floor``)."""
 SMALL = SearchSpace(knobs=(IntChoice("micro_batch", (1, 2, 4, 8)),))
 WIDE = SearchSpace(knobs=(IntChoice("micro_batch", (1, 2, 4, 8)), IntChoice("opaque", tuple(range(8)))))
 TRUE_S = {1: 2.0, 2: 1.4, 4: 1.00, 8: 0.92}

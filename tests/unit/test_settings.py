@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from infrarsi import cli, errors
-from infrarsi.settings import JobEnv, Settings, SettingsError, env_var
+from infrarsi.runtime.settings import JobEnv, Settings, SettingsError, env_var
 
 
 def test_defaults_and_values_from_the_environment() -> None:
@@ -54,7 +54,7 @@ def test_the_slurm_sacct_switch_reaches_the_backend_from_the_settings(tmp_path: 
     """``INFRARSI_SLURM_SACCT_COMPLETION`` is read into ``Settings`` and handed to the Slurm backend by
     ``make_backend``; a value that is no boolean names the variable."""
     from infrarsi.backends import make_backend
-    from infrarsi.contract import BackendSpec
+    from infrarsi.study.contract import BackendSpec
 
     for value, completion in (("1", True), ("0", False)):
         settings = Settings.from_env({"INFRARSI_SLURM_SACCT_COMPLETION": value})
@@ -66,7 +66,7 @@ def test_the_slurm_sacct_switch_reaches_the_backend_from_the_settings(tmp_path: 
 
 def test_the_agent_endpoint_comes_from_the_contract_then_the_llm_settings(tmp_path: Path) -> None:
     from infrarsi.agent.client import AgentUnconfigured, resolve_endpoint
-    from infrarsi.contract import AgentSpec
+    from infrarsi.study.contract import AgentSpec
 
     key_file = tmp_path / "key"
     key_file.write_text("sk-from-file\n")

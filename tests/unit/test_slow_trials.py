@@ -10,8 +10,8 @@ from infrarsi import events as ev
 from infrarsi.modeling.priors import default_knowledge_base
 from infrarsi.modeling.search import Observation, Searcher
 from infrarsi.modeling.space import BoolKnob, Categorical, IntChoice, SearchSpace
-from infrarsi.slow_trials import MIN_STEADY_STEPS, may_stop, slow_threshold, slow_verdict
-from infrarsi.trial_ledger import TrialLedger
+from infrarsi.study.ledger import TrialLedger
+from infrarsi.trial.slow import MIN_STEADY_STEPS, may_stop, slow_threshold, slow_verdict
 
 GIB = 2**30
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from infrarsi.backends import JobSpec
 from infrarsi.backends.slurm import SlurmBackend, SlurmEnd, gres_gpus, parse_sacct, slurm_end
-from infrarsi.contract import BackendSpec
+from infrarsi.study.contract import BackendSpec
 
 
 def test_parse_sacct_states_exit_codes_and_gpus() -> None:

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from infrarsi.embedded import StateFile, running_server_url, server_state
+from infrarsi.bus.embedded import StateFile, running_server_url, server_state
 
 
 def test_a_record_is_live_while_its_process_is_and_forgotten_on_stop(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 from infrarsi import events as ev
-from infrarsi import stats
+from infrarsi.verdicts import stats
 
 
 def series_with_warmup(warmup: int, n: int, seed: int = 0, steady: float = 0.100, noise: float = 0.002) -> list[float]:

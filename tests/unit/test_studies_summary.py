@@ -1,4 +1,4 @@
-"""``infrarsi.studies``: a study's stage, trials, cost, best verified speed-up and running verification, folded
+"""``infrarsi.study.lifecycle``: a study's stage, trials, cost, best verified speed-up and running verification, folded
 from its log (a synthetic study's events, built by the real verifier logic)."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 from infrarsi import events as ev
-from infrarsi import verification as vf
 from infrarsi.commands.studies import resume_problem
-from infrarsi.studies import summarize, summary_of
+from infrarsi.study.lifecycle import summarize, summary_of
+from infrarsi.verdicts import verification as vf
 from support.synthetic_study import synthetic_study, write_workload
 
 

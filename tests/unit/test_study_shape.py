@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from infrarsi import events as ev
-from infrarsi.contract import contract_from_dict
 from infrarsi.modeling.memory_model import structural_components
-from infrarsi.study_model import StudyModel, adopt_shape
-from infrarsi.study_shape import CPU_WORKSPACE_BYTES
-from infrarsi.study_space import StudySpace
+from infrarsi.study.contract import contract_from_dict
+from infrarsi.study.model import StudyModel, adopt_shape
+from infrarsi.study.shape import CPU_WORKSPACE_BYTES
+from infrarsi.study.space import StudySpace
 
 GIB = 2**30
 LAUNCH = {"knobs": {"micro_batch_size": 4, "activation_checkpointing": "none", "compile": False}}

@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 from infrarsi import events as ev
 from infrarsi.backends.sim import write_sim_workload
-from infrarsi.contract import LogRatioPrior, PatchInfo, contract_from_dict
 from infrarsi.modeling.space import BoolKnob, Candidate, Categorical, IntChoice
 from infrarsi.sim.scenarios import get_scenario
-from infrarsi.study_model import noise_floor, observation
-from infrarsi.study_space import CandidateOutsideSpace, StudySpace
-from infrarsi.trial_ledger import TrialLedger
+from infrarsi.study.contract import LogRatioPrior, PatchInfo, contract_from_dict
+from infrarsi.study.ledger import TrialLedger
+from infrarsi.study.model import noise_floor, observation
+from infrarsi.study.space import CandidateOutsideSpace, StudySpace
 
 GIB = 2**30
 
@@ -271,7 +271,7 @@ def test_global_batch_with_data_parallel_derived_from_devices_over_tp_pp(tmp_pat
 
 
 def test_global_batch_takes_a_fixed_or_a_derived_data_parallel_not_both(tmp_path: Path) -> None:
-    from infrarsi.contract import ContractError
+    from infrarsi.study.contract import ContractError
 
     with pytest.raises((ContractError, ValueError), match="not both"):
         contract_from_dict(_derived_dp_contract(tmp_path, devices=16, data_parallel=2), check=False)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 from infrarsi import events as ev
-from infrarsi import subjects
-from infrarsi.bus import STREAMS
-from infrarsi.subjects import filter_for, permissions, stream_for_type
+from infrarsi.bus import subjects
+from infrarsi.bus.client import STREAMS
+from infrarsi.bus.subjects import filter_for, permissions, stream_for_type
 from infrarsi_services.launcher.service import LauncherService
 from infrarsi_services.modeler.service import ModelerService
 from infrarsi_services.proposer.service import ProposerService
@@ -142,7 +142,7 @@ def test_consume_loops_dead_letter_what_the_check_refuses() -> None:
     """``decode_delivery`` (every service's consume loop) turns a refused event into a bad message."""
     from types import SimpleNamespace
 
-    from infrarsi.bus import decode_delivery
+    from infrarsi.bus.client import decode_delivery
 
     forged = _finished("cli.apply")
     delivery = decode_delivery(SimpleNamespace(data=ev.encode(forged), subject=subjects.subject_for(forged)))

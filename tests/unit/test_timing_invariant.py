@@ -11,9 +11,9 @@ import random
 
 import pytest
 from infrarsi import events as ev
-from infrarsi import stats
-from infrarsi import verification as vf
-from infrarsi.trial_ledger import TrialLedger
+from infrarsi.study.ledger import TrialLedger
+from infrarsi.verdicts import stats
+from infrarsi.verdicts import verification as vf
 from test_stats import SPEC, by_name, make_steps
 
 

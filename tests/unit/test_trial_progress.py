@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import io
 
-from infrarsi import doctor
 from infrarsi import events as ev
 from infrarsi.commands.trial import Progress
+from infrarsi.verdicts import doctor
 
 
 def step(i: int) -> ev.TrialStep:

@@ -13,11 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
-from infrarsi import userfiles
 from infrarsi.bank.store import parse_import_file
 from infrarsi.cli import main
 from infrarsi.commands.trial import parse_knobs
-from infrarsi.contract import ContractError, load_contract
+from infrarsi.study import userfiles
+from infrarsi.study.contract import ContractError, load_contract
 
 
 def _big_contract(path: Path, size: int) -> Path:

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 from infrarsi import events as ev
-from infrarsi import verification as vf
+from infrarsi.verdicts import verification as vf
 from infrarsi_services.verifier.logic import VerifierLogic
 
 CAND = ev.Candidate(knobs={"micro_batch_size": 8}, patches=["fused-qkv"])
@@ -361,7 +361,7 @@ def test_too_few_compared_steps_leave_the_trend_unchecked_by_name():
 
 
 def test_contract_trend_settings_reach_the_verifier_and_null_turns_the_check_off():
-    from infrarsi.contract import Contract
+    from infrarsi.study.contract import Contract
     from infrarsi_services.verifier.logic import StudyRules
 
     contract = Contract.model_validate(_contract())
@@ -374,7 +374,7 @@ def test_contract_trend_settings_reach_the_verifier_and_null_turns_the_check_off
 
 
 def test_predicted_verify_cost_is_doctor_step_time_times_steps_times_runs():
-    from infrarsi.contract import Contract
+    from infrarsi.study.contract import Contract
 
     contract = Contract.model_validate(_contract())  # top 1, 2 passes, 3 pairs, verify_steps 400, 1 rank
     cost = vf.predicted_verify_cost(contract, 0.05)
@@ -456,7 +456,7 @@ def test_bitwise_parity_fails_last_bit_noise_and_a_run_without_determinism_by_na
 
 
 def test_contract_parity_reaches_the_verifier_and_defaults_to_none():
-    from infrarsi.contract import Contract
+    from infrarsi.study.contract import Contract
     from infrarsi_services.verifier.logic import StudyRules
 
     assert StudyRules.from_contract(Contract.model_validate(_contract())).loss_rule.parity.mode == "none"

@@ -9,8 +9,8 @@ import math
 import msgspec
 import pytest
 from infrarsi import events as ev
-from infrarsi import verification as vf
-from infrarsi.contract import Contract, ContractError, DownstreamSpec
+from infrarsi.study.contract import Contract, ContractError, DownstreamSpec
+from infrarsi.verdicts import verification as vf
 from infrarsi_services.launcher.downstream import parse_metric
 from infrarsi_services.verifier.logic import VerifierLogic
 
@@ -190,7 +190,7 @@ def test_contract_refuses_a_checkpoint_past_the_horizon_and_unknown_placeholders
 
 
 def test_the_predicted_verify_cost_counts_the_restart_runs():
-    from infrarsi.contract import Contract
+    from infrarsi.study.contract import Contract
 
     plain = vf.predicted_verify_cost(Contract.model_validate(_contract({})), 0.5)
     assert plain.accelerator_s == pytest.approx(1 * 1 * 1 * 2 * 20 * 0.5) and "restart" not in plain.line()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import TINY, WORKLOAD, Run, rel_diff, run_workload
-from infrarsi.contract import load_patch_library
+from infrarsi.study.contract import load_patch_library
 
 LIBRARY = load_patch_library(WORKLOAD / "patches")
 STEPS = TINY["run.steps"]

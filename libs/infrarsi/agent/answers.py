@@ -37,10 +37,10 @@ from pathlib import Path
 from typing import Any
 
 from infrarsi import events as ev
-from infrarsi import workspace
-from infrarsi.contract import Contract
 from infrarsi.modeling.space import FeatureEncoder
-from infrarsi.study_space import CandidateOutsideSpace, StudySpace
+from infrarsi.study.contract import Contract
+from infrarsi.study.space import CandidateOutsideSpace, StudySpace
+from infrarsi.trial import workspace
 
 MIN_PRIOR_STD = 0.05
 """No model prior is tighter than this (log units): a few trials can always overrule it."""
@@ -49,8 +49,6 @@ MAX_PRIOR_MEAN = 2.0
 MIN_RISK, MAX_RISK = 0.01, 0.9
 """Bounds of a model's P(a setting breaks an invariant): at 0.9 the search still may try it (P(holds) stays
 above ``SearchConfig.invariant_exclude``), so a wrong claim of risk can be overruled by a run."""
-RISK_CONCENTRATION = 2.0
-"""a + b of the Beta prior an invariant claim becomes (the invariant model reads its mean)."""
 RISK_KINDS = frozenset({"patch", "level", "bool"})
 """Features an invariant prior may name: the invariant model's items (a patch, ``knob=value``, a bool knob)."""
 
@@ -271,19 +269,6 @@ def prior_from_answer(feature: str, target: str, mean: float, std: float, weight
                              weight=weight, reason=reason)
     return ev.AgentPrior(feature=feature, target="memory" if target == "memory" else "time", mean=_clamp(mean),
                          std=std, weight=weight, reason=reason)
-
-
-def prior_overrides(priors: list[ev.AgentPrior]) -> tuple[dict[str, tuple[float, float]], dict[str, tuple[float, float]]]:
-    """(time, memory) knowledge-base overrides of a list of accepted priors (later ones win)."""
-    time = {p.feature: (p.mean, p.std) for p in priors if p.target == "time"}
-    memory = {p.feature: (p.mean, p.std) for p in priors if p.target == "memory"}
-    return time, memory
-
-
-def invariant_overrides(priors: list[ev.AgentPrior]) -> dict[str, tuple[float, float]]:
-    """Beta (a, b) of P(breaks an invariant) per feature, from the accepted ``invariant`` priors (later win)."""
-    return {p.feature: (p.mean * RISK_CONCENTRATION, (1.0 - p.mean) * RISK_CONCENTRATION)
-            for p in priors if p.target == "invariant"}
 
 
 def _clamp(value: float) -> float:

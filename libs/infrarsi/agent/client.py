@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from infrarsi import events as ev
-from infrarsi.contract import AgentSpec
-from infrarsi.settings import Settings, env_var
+from infrarsi.runtime.settings import Settings, env_var
+from infrarsi.study.contract import AgentSpec
 
 ENV_BASE_URL = env_var("llm_base_url")
 ENV_MODEL = env_var("llm_model")

@@ -29,8 +29,8 @@ import yaml
 
 from infrarsi import events as ev
 from infrarsi.agent.answers import NotJSON, parse_json_object
-from infrarsi.contract import Contract, ContractError, contract_from_dict
 from infrarsi.errors import Refused
+from infrarsi.study.contract import Contract, ContractError, contract_from_dict
 
 DRAFTABLE = ("name", "goal", "scope", "search_space", "invariants", "budget", "verify")
 """Top-level contract sections the model's draft may set; the rest (workload, cluster, backend, policy…) is

@@ -13,7 +13,7 @@ import json
 from collections.abc import Mapping, Sequence
 
 from infrarsi import events as ev
-from infrarsi.contract import Contract
+from infrarsi.study.contract import Contract
 
 MAX_FILE_CHARS = 12_000
 """Per editable file shown; the rest is cut (the model is told)."""

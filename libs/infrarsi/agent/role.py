@@ -23,8 +23,8 @@ from typing import TypedDict, Unpack
 from infrarsi import events as ev
 from infrarsi.agent.answers import GoldenRepo, check_proposals
 from infrarsi.agent.client import AgentError, AgentUnconfigured, ChatClient, TokenBudget, exchange_seconds
-from infrarsi.contract import AgentSpec, Contract
-from infrarsi.study_space import StudySpace
+from infrarsi.study.contract import AgentSpec, Contract
+from infrarsi.study.space import StudySpace
 
 
 def budget_of(contract: Contract, spent_tokens: int = 0) -> TokenBudget:

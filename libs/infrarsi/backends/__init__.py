@@ -13,8 +13,8 @@ from pathlib import Path
 
 from infrarsi.backends.base import DEVICE_OOM, Backend, JobHandle, JobResult, JobSpec, SubmitError
 from infrarsi.backends.local import LocalBackend
-from infrarsi.contract import BackendSpec
-from infrarsi.settings import Settings
+from infrarsi.runtime.settings import Settings
+from infrarsi.study.contract import BackendSpec
 
 __all__ = ["DEVICE_OOM", "Backend", "JobHandle", "JobResult", "JobSpec", "LocalBackend", "SubmitError", "backend_class", "make_backend"]
 

@@ -84,7 +84,7 @@ class JobSpec:
     memory_capacity_bytes: int | None = None
     """Per rank. Set on hosts whose devices do not enforce it themselves (CPU): the backend emulates it."""
     isolation: Literal["auto", "sandbox", "none"] = "none"
-    """What the contract asks (``backend.isolation``; ``infrarsi.sandbox``): the local backend sandboxes the job
+    """What the contract asks (``backend.isolation``; ``infrarsi.trial.sandbox``): the local backend sandboxes the job
     for ``sandbox`` (or refuses it, ``SubmitError``, where it cannot) and for ``auto`` where it can. Backends
     whose jobs run elsewhere (a scheduler's nodes, pods) ignore it."""
     read_only: list[str] = field(default_factory=list)

@@ -53,7 +53,7 @@ from infrarsi.backends.kubernetes_manifests import (
     render,
 )
 from infrarsi.backends.local import TAIL_BYTES
-from infrarsi.contract import BackendSpec
+from infrarsi.study.contract import BackendSpec
 
 WATCH_TIMEOUT_S = 30
 """Each watch request ends after this long and is renewed from the last resourceVersion."""

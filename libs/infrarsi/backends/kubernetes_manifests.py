@@ -29,7 +29,7 @@ from typing import Any
 
 from infrarsi.backends.base import JobSpec
 from infrarsi.backends.local import torchrun_argv
-from infrarsi.contract import BackendSpec
+from infrarsi.study.contract import BackendSpec
 
 Manifest = dict[str, Any]
 

@@ -4,12 +4,12 @@
 - ``torchrun`` jobs: ``nnodes`` torchrun agents (``python -m torch.distributed.run``), each with
   ``--nnodes N --node-rank i --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:<free port>`` — one agent is a
   single node with several ranks; two agents on loopback are a two-node job;
-- bare-metal multi-node (``netns``: one network namespace per node, ``infrarsi.netns``): agent ``i`` runs
+- bare-metal multi-node (``netns``: one network namespace per node, ``infrarsi.trial.netns``): agent ``i`` runs
   inside namespace ``i`` and advertises that namespace's address, the rendezvous is on the first one's
   address, and gloo uses the namespace's interface — the job's traffic crosses a real bridge.
 
 Where the spec asks for isolation (``JobSpec.isolation``: ``sandbox``, or ``auto`` on a host with bubblewrap),
-each process is started inside the trial sandbox (``infrarsi.sandbox``): its worktree, its probe directory and
+each process is started inside the trial sandbox (``infrarsi.trial.sandbox``): its worktree, its probe directory and
 its read-only inputs, nothing else of the host; a one-node job gets no network, the agents of a multi-node job
 keep theirs (loopback, or their namespace's). ``sandbox`` on a host that cannot start one is refused
 (``SubmitError``, naming why); ``auto`` there runs unisolated, and the handle says so (``JobHandle.isolation``).
@@ -35,11 +35,11 @@ from pathlib import Path
 
 import psutil
 
-from infrarsi import netns, procs, sandbox
 from infrarsi.backends.base import Backend, JobHandle, JobResult, JobSpec, SubmitError, device_oom_detail
-from infrarsi.embedded import free_port
-from infrarsi.logs import get_logger
-from infrarsi.settings import LAUNCH_TAG_VAR
+from infrarsi.bus.embedded import free_port
+from infrarsi.runtime.logs import get_logger
+from infrarsi.runtime.settings import LAUNCH_TAG_VAR
+from infrarsi.trial import netns, procs, sandbox
 
 TAIL_BYTES = 6000
 log = get_logger(__name__)

@@ -42,11 +42,11 @@ import yaml
 
 from infrarsi import events as ev
 from infrarsi.backends.base import Backend, JobHandle, JobResult, JobSpec
-from infrarsi.credentials import NKEY_FILE_ENV
+from infrarsi.bus.credentials import NKEY_FILE_ENV
+from infrarsi.bus.subjects import step_msg_id, telemetry_subject
 from infrarsi.modeling.space import Candidate
-from infrarsi.settings import JobEnv, env_var
-from infrarsi.study_space import SIM_SCENARIO_ENV
-from infrarsi.subjects import step_msg_id, telemetry_subject
+from infrarsi.runtime.settings import JobEnv, env_var
+from infrarsi.study.space import SIM_SCENARIO_ENV
 
 SIM_LABEL = "SIMULATOR"
 SOURCE = "sim"

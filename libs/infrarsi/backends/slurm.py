@@ -42,7 +42,7 @@ from infrarsi.backends.base import (
     read_json_record,
 )
 from infrarsi.backends.local import TAIL_BYTES, tails_of
-from infrarsi.contract import BackendSpec
+from infrarsi.study.contract import BackendSpec
 
 POLL_EVERY_S = 0.25
 TERMINAL = {

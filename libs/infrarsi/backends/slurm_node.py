@@ -27,9 +27,9 @@ from pathlib import Path
 
 import psutil
 
-from infrarsi import procs
 from infrarsi.backends.base import JobSpec
 from infrarsi.backends.local import torchrun_argv
+from infrarsi.trial import procs
 
 RDZV_PORT_BASE = 29600
 RDZV_PORT_SPAN = 2000

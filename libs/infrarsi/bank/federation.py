@@ -41,10 +41,10 @@ import nats.errors
 import nats.js.errors
 from nats.js import JetStreamContext, api
 
-from infrarsi import credentials
 from infrarsi import events as ev
-from infrarsi.bus import STREAMS, Bus
-from infrarsi.subjects import (
+from infrarsi.bus import credentials
+from infrarsi.bus.client import STREAMS, Bus
+from infrarsi.bus.subjects import (
     ALL_BANK,
     ALL_IRSI,
     BANK_HUB_STREAM,

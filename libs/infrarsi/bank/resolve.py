@@ -18,14 +18,14 @@ from collections.abc import Iterable
 import msgspec
 
 from infrarsi import events as ev
-from infrarsi.bank.adapt import knowledge_base_priors
 from infrarsi.bank.distil import meta_from_cluster
 from infrarsi.bank.similarity import explain_seeds
 from infrarsi.bank.transfer import TransferConfig, bank_priors, bank_seeds
+from infrarsi.modeling.adapt import knowledge_base_priors
 from infrarsi.modeling.priors import KnowledgeBase
 from infrarsi.modeling.space import Categorical, FeatureEncoder
 from infrarsi.sim.scenarios import get_scenario
-from infrarsi.study_space import StudySpace
+from infrarsi.study.space import StudySpace
 
 PARALLEL_DIMENSIONS = ("tp", "pp", "dp", "ep")
 SIM_PRECISION = "bf16"

@@ -27,9 +27,9 @@ import duckdb
 import msgspec
 
 from infrarsi import events as ev
-from infrarsi import userfiles
 from infrarsi.bank.distil import bank_event
-from infrarsi.bus import Bus
+from infrarsi.bus.client import Bus
+from infrarsi.study import userfiles
 
 BANK_TABLE_DDL = """
 CREATE TABLE IF NOT EXISTS bank (

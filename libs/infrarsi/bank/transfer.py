@@ -36,6 +36,9 @@ from infrarsi.bank.similarity import (
     similarity_terms,
     why,
 )
+from infrarsi.modeling.adapt import with_priors
+from infrarsi.modeling.priors import KnowledgeBase, default_knowledge_base
+from infrarsi.modeling.space import SearchSpace
 
 Target = Literal["time", "memory"]
 MeanStd = tuple[float, float]
@@ -254,3 +257,9 @@ def bank_seeds(
                                      f"winner #{rank + 1} of {s.entry.entry_id} (similarity {s.similarity:.2f}: {reason})")
     ranked = sorted(best.values(), key=lambda b: (-b.score, b.candidate.key()))
     return ranked[: config.max_seeds]
+
+
+def searcher_priors(space: SearchSpace, priors: BankPriors, kb: KnowledgeBase | None = None
+                    ) -> tuple[SearchSpace, KnowledgeBase]:
+    """(space, knowledge base) to construct a Searcher with: the built-in table overridden by the bank."""
+    return with_priors(space, kb or default_knowledge_base(), priors.overrides("time"), priors.overrides("memory"))

@@ -19,8 +19,8 @@ The bus (``infrarsi.commands.study_log``): a verb that only records a fact (``in
 connects with ``recording_bus`` — to the running server, else a temporary embedded one over ``--data-dir``;
 a verb that needs the services (``doctor``, ``run``, ``verify``) or reads what they made (``model``,
 ``report``, ``status``, ``events``) connects with ``cli_bus`` and fails with ``EXIT_USAGE`` before doing
-anything when no server runs; ``trial`` and ``demo`` start their own stack (``infrarsi.stack.ensure_stack``).
-Print results to stdout; logs go to stderr through ``infrarsi.logs``.
+anything when no server runs; ``trial`` and ``demo`` start their own stack (``infrarsi.runtime.stack.ensure_stack``).
+Print results to stdout; logs go to stderr through ``infrarsi.runtime.logs``.
 
 Modules are imported only when their verb runs, so keep heavy imports (torch, duckdb) inside them.
 """
@@ -31,7 +31,7 @@ import argparse
 from pathlib import Path
 
 from infrarsi.errors import UserError
-from infrarsi.settings import Settings
+from infrarsi.runtime.settings import Settings
 
 __all__ = ["UserError", "data_dir_of", "nats_url_of", "settings_of"]
 

@@ -2,7 +2,7 @@
 
 ``approve STUDY CANDIDATE --as ROLE --key KEY`` publishes ``ApprovalGranted`` carrying a statement (study,
 candidate, role, approver, the evidence hash, when) signed with the approver's OpenSSH key
-(``infrarsi.approvals``). ``apply STUDY CANDIDATE`` reads the study's events, refuses unless the candidate
+(``infrarsi.verdicts.approvals``). ``apply STUDY CANDIDATE`` reads the study's events, refuses unless the candidate
 passed verification, the policy's approvals are present — signed by the policy's allowed signers, for this
 candidate and this evidence, not expired — and no forbidden window is open, then writes the candidate to
 branch ``infrarsi/<study>/<candidate>`` from the golden tag (``workspace.apply_candidate``: never the
@@ -30,17 +30,13 @@ import msgspec
 import yaml
 from pydantic import ValidationError
 
-from infrarsi import approvals as appr
 from infrarsi import events as ev
-from infrarsi import subjects
-from infrarsi import verification as vf
-from infrarsi.bus import Bus
+from infrarsi.bus import subjects
+from infrarsi.bus.client import Bus
 from infrarsi.commands.study_log import read_study, recording_bus
-from infrarsi.contract import Contract, PatchIndex, PatchInfo, locked_contract
 from infrarsi.errors import EXIT_FAILED, EXIT_REFUSED, Refused, UserError
-from infrarsi.policy import ACTION_CLASSES, Operation, check
-from infrarsi.signing import SigningError
-from infrarsi.workspace import (
+from infrarsi.study.contract import Contract, PatchIndex, PatchInfo, locked_contract
+from infrarsi.trial.workspace import (
     AppliedCandidate,
     BranchExists,
     WorkspaceError,
@@ -51,6 +47,10 @@ from infrarsi.workspace import (
     golden_tag,
     launch_changes,
 )
+from infrarsi.verdicts import approvals as appr
+from infrarsi.verdicts import verification as vf
+from infrarsi.verdicts.policy import ACTION_CLASSES, Operation, check
+from infrarsi.verdicts.signing import SigningError
 
 P = TypeVar("P")
 

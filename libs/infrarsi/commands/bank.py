@@ -20,7 +20,7 @@ import msgspec
 from infrarsi import events as ev
 from infrarsi.bank.federation import HUB_DOMAIN, ensure_bank_federation
 from infrarsi.bank.store import export_bank, load_events, parse_import_file, replay_bank
-from infrarsi.bus import Bus
+from infrarsi.bus.client import Bus
 from infrarsi.commands import settings_of
 from infrarsi.commands.study_log import cli_bus
 from infrarsi.errors import EXIT_FAILED, UserError

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from infrarsi import credentials
+from infrarsi.bus import credentials
 from infrarsi.commands import data_dir_of
 from infrarsi.errors import UserError
 

@@ -55,7 +55,7 @@ def _validate(args: argparse.Namespace) -> None:
 
 
 def _token(args: argparse.Namespace) -> str | None:
-    from infrarsi import credentials
+    from infrarsi.bus import credentials
     from infrarsi.dashboard.access import TOKEN_FILE, is_loopback
 
     if is_loopback(args.host):
@@ -124,7 +124,7 @@ async def run(args: argparse.Namespace) -> int:
     from infrarsi import eventlog
     from infrarsi.dashboard.access import Access, AccessError, check_listen
     from infrarsi.dashboard.feed import LiveFeed
-    from infrarsi.stack import connect_for_cli
+    from infrarsi.runtime.stack import connect_for_cli
 
     _validate(args)
     token = _token(args)

@@ -107,7 +107,7 @@ class HackVerdict(TypedDict):
 
 def hack_ids(contract: Path) -> list[str]:
     """The patches of ``contract``'s search space that its patch library marks ``kind: reward_hack``."""
-    from infrarsi.contract import load_contract, load_patch_library
+    from infrarsi.study.contract import load_contract, load_patch_library
 
     c = load_contract(contract)
     library = load_patch_library(contract.parent / c.workload.repo / c.workload.patch_dir)
@@ -117,9 +117,9 @@ def hack_ids(contract: Path) -> list[str]:
 async def hack_stage(url: str, data_dir: Path, contract: Path = HACKS_CONTRACT) -> list[HackVerdict]:
     """Each planted reward hack run once as a trial of ``contract``'s own study (outside the search and its
     budget), against the untouched baseline at the same horizon, as ``infrarsi trial`` runs a candidate."""
-    from infrarsi.bus import Bus
+    from infrarsi.bus.client import Bus
     from infrarsi.commands import trial as trial_cmd
-    from infrarsi.contract import load_contract
+    from infrarsi.study.contract import load_contract
 
     loaded = load_contract(contract)
     verdicts: list[HackVerdict] = []
@@ -218,8 +218,8 @@ def _print_summary(summary: DemoSummary) -> None:
 
 
 async def run(args: argparse.Namespace) -> int:
-    from infrarsi.bus import Bus
-    from infrarsi.stack import ensure_stack_for_verb
+    from infrarsi.bus.client import Bus
+    from infrarsi.runtime.stack import ensure_stack_for_verb
 
     data_dir = data_dir_of(args)
     if not args.contract.exists():

@@ -7,7 +7,7 @@ Design (docs/stages.md): the command itself owns the doctor stage on the bus —
 2. publishes ``DoctorRequested`` and k ``TrialProposed(kind="doctor", origin="baseline")`` of the empty
    candidate (repeat i), which the launcher runs like any trial and telemetry measures;
 3. waits for each trial's ``TrialMeasured`` (or a failed ``TrialFinished``), reads their per-step samples
-   (``TrialStep``) back from the telemetry stream, computes the report with ``infrarsi.doctor``;
+   (``TrialStep``) back from the telemetry stream, computes the report with ``infrarsi.verdicts.doctor``;
 4. publishes ``DoctorCompleted`` (the proposer starts the search from it) and prints a summary (``--json``).
 
 Every id is derived from the ``DoctorRequested`` event id, and an unfinished request (a ``DoctorRequested``
@@ -26,12 +26,12 @@ from collections.abc import Iterable
 import msgspec
 import numpy as np
 
-from infrarsi import doctor
 from infrarsi import events as ev
-from infrarsi.bus import Bus
+from infrarsi.bus.client import Bus
 from infrarsi.commands.study_log import OpenStudy, follow_study, read_steps, study_verb, trial_results
-from infrarsi.contract import Contract
 from infrarsi.errors import EXIT_FAILED, UserError
+from infrarsi.study.contract import Contract
+from infrarsi.verdicts import doctor
 
 SOURCE = "cli.doctor"
 

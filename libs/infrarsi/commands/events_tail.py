@@ -21,12 +21,12 @@ from nats.aio.msg import Msg
 from nats.js import api
 
 from infrarsi import events as ev
+from infrarsi.bus.subjects import LIFECYCLE_STREAM, filter_for, lifecycle_subject, stream_for_type
 from infrarsi.commands import UserError
-from infrarsi.stack import connect_for_cli
-from infrarsi.subjects import LIFECYCLE_STREAM, filter_for, lifecycle_subject, stream_for_type
+from infrarsi.runtime.stack import connect_for_cli
 
 if TYPE_CHECKING:
-    from infrarsi.bus import Bus
+    from infrarsi.bus.client import Bus
 
 
 FETCH_BATCH = 256

@@ -2,7 +2,7 @@
 ``commands/init_ask.py``).
 
 Validates the contract (nothing else happens if it is wrong), fixes the golden baseline in the workload's
-git repo (``infrarsi.workspace``), hashes every locked file, resolves the experience bank for the study (the
+git repo (``infrarsi.trial.workspace``), hashes every locked file, resolves the experience bank for the study (the
 similar entries, the priors they give and the winners to start from: ``StudyCreated.bank``, see
 ``infrarsi.bank.resolve``), and publishes ``StudyCreated``. The pure part, ``prepare_study``, is separate from
 publishing so it can be used and tested without NATS; ``run`` reads the bank (local ∪ shared) and passes it in.
@@ -23,11 +23,11 @@ from infrarsi import events as ev
 from infrarsi.agent.draft_log import exchange_events, load_exchange
 from infrarsi.commands import UserError, data_dir_of
 from infrarsi.commands.init_ask import add_ask_arguments, draft_contract, split_command
-from infrarsi.contract import Contract, load_contract
-from infrarsi.workspace import Workspace, WorkspaceError, discard_workspace, prepare_workspace
+from infrarsi.study.contract import Contract, load_contract
+from infrarsi.trial.workspace import Workspace, WorkspaceError, discard_workspace, prepare_workspace
 
 if TYPE_CHECKING:
-    from infrarsi.bus import Bus
+    from infrarsi.bus.client import Bus
 
 
 SOURCE = "cli.init"
@@ -96,7 +96,7 @@ def with_bank(created: ev.StudyCreated, bank_entries: Sequence[ev.BankEntry]) ->
     """``created`` with the bank resolved for it; unchanged (and a note) when its search space cannot be built
     here — the services would report the same problem when the study starts."""
     from infrarsi.bank.resolve import resolve_bank, study_meta
-    from infrarsi.study_space import load_study_space
+    from infrarsi.study.space import load_study_space
 
     try:
         study = load_study_space(created)

@@ -1,6 +1,6 @@
 """``infrarsi init CONTRACT --ask "REQUEST" [--repo DIR] [--yes] [-- launch command]``: the model drafts the contract.
 
-The base draft is the scaffold's for the launch command (``infrarsi.scaffold``), or the contract already at
+The base draft is the scaffold's for the launch command (``infrarsi.study.scaffold``), or the contract already at
 CONTRACT when no command is given. The model is asked once (``infrarsi.agent.client``, configured by the
 environment or the base's ``agent:`` section), its answer checked by ``infrarsi.agent.drafts.check_draft``
 (only the draftable sections, never wider than the base and the request allow, a valid contract), and the
@@ -25,12 +25,12 @@ from typing import Any
 import yaml
 
 from infrarsi import events as ev
-from infrarsi import userfiles
 from infrarsi.agent.client import AgentError, AgentUnconfigured, ChatClient, ChatReply
 from infrarsi.agent.draft_log import DraftExchange, exchange_path, save_exchange, text_sha256
 from infrarsi.agent.drafts import Draft, DraftRefused, check_draft, draft_messages
-from infrarsi.contract import AgentSpec
 from infrarsi.errors import EXIT_FAILED, EXIT_REFUSED, UserError
+from infrarsi.study import userfiles
+from infrarsi.study.contract import AgentSpec
 
 MAX_REPO_FILES = 2000
 
@@ -114,7 +114,7 @@ def review(base: dict[str, Any], draft: Draft, tokens: int) -> str:
 
 def _base_draft(target: Path, repo: Path, command: list[str]) -> dict[str, Any]:
     if command:
-        from infrarsi.scaffold import ScaffoldError, scaffold
+        from infrarsi.study.scaffold import ScaffoldError, scaffold
 
         if target.exists():
             raise UserError(f"{target} exists; give no launch command to have the model narrow it, or another path")

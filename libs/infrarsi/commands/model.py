@@ -3,7 +3,7 @@
 Shows, for every knob setting other than the golden one and every patch, the effect on step time and on
 peak memory against the baseline — the prior (knowledge base, patch metadata, textbook memory formula) next
 to the posterior — from the study's latest ``ModelUpdated``. ``--replay`` (or a study with no
-``ModelUpdated`` yet) refits by replaying the study's events through ``study_model.StudyModel`` (the fold the
+``ModelUpdated`` yet) refits by replaying the study's events through ``study.model.StudyModel`` (the fold the
 modeler service runs),
 which needs the workload's launch file and patch library on this machine. Effects are log-ratios, shown as
 percentages: −20% time is a step 20% shorter.
@@ -52,7 +52,7 @@ def latest_update(events: list[ev.Event]) -> ev.ModelUpdated | None:
 
 
 def replay_update(events: list[ev.Event], study_id: str) -> ev.ModelUpdated | None:
-    from infrarsi.study_model import replay_model  # the modeler service's own fold
+    from infrarsi.study.model import replay_model  # the modeler service's own fold
 
     return replay_model(events, study_id)
 

@@ -1,7 +1,7 @@
 """``infrarsi follow STUDY`` and ``infrarsi smoke STUDY``: promoted branches followed to the main line, and a short
 run of the merged commit against the last verified numbers.
 
-``follow`` looks up every ``PatchPromoted`` of the study in its repository (``infrarsi.promotions.follow``: open,
+``follow`` looks up every ``PatchPromoted`` of the study in its repository (``infrarsi.verdicts.promotions.follow``: open,
 merged by which commit, reverted, gone) and records ``PromotionFollowed`` for each branch whose state changed
 since the last look; the report shows the last one. ``smoke`` takes the last merged promotion, checks its merge
 commit out in a scratch worktree, runs the job as it is there (its launch file holds the promoted knobs) for a short
@@ -26,12 +26,13 @@ from pathlib import Path
 import msgspec
 
 from infrarsi import events as ev
-from infrarsi import stats, workspace
-from infrarsi.bus import Bus
+from infrarsi.bus.client import Bus
 from infrarsi.commands.study_log import OpenStudy, study_verb
 from infrarsi.errors import EXIT_REFUSED, EXIT_USAGE, UserError
-from infrarsi.promotions import Followed, FollowError, default_mainline, follow
-from infrarsi.settings import JobEnv
+from infrarsi.runtime.settings import JobEnv
+from infrarsi.trial import workspace
+from infrarsi.verdicts import stats
+from infrarsi.verdicts.promotions import Followed, FollowError, default_mainline, follow
 
 SMOKE_TOLERANCE = 0.15
 """How much slower than the verified step a merged commit may run and still pass (``--tolerance``)."""

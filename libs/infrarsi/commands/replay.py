@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, TextIO
 from infrarsi.commands import UserError
 
 if TYPE_CHECKING:
-    from infrarsi.bus import Bus
+    from infrarsi.bus.client import Bus
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,10 +66,10 @@ class ProgressBar:
 async def connect(args: argparse.Namespace, service: str) -> Bus:
     """A bus for a read-only CLI command (streams are not created or changed)."""
     try:
-        from infrarsi.stack import connect_for_cli
+        from infrarsi.runtime.stack import connect_for_cli
     except ImportError:  # a build without the stack module
-        from infrarsi.bus import Bus, BusError
-        from infrarsi.embedded import resolve_nats_url
+        from infrarsi.bus.client import Bus, BusError
+        from infrarsi.bus.embedded import resolve_nats_url
 
         url = resolve_nats_url(args.nats_url, args.data_dir)
         if url is None:

@@ -20,14 +20,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from infrarsi import events as ev
-from infrarsi import verification as vf
 from infrarsi.commands.study_log import OpenStudy, add_follow_arguments, follow_study, study_verb
 from infrarsi.errors import UserError
-from infrarsi.studies import summary_of
-from infrarsi.trial_ledger import TrialLedger, TrialOutcome
+from infrarsi.study.ledger import TrialLedger, TrialOutcome
+from infrarsi.study.lifecycle import summary_of
+from infrarsi.verdicts import verification as vf
 
 if TYPE_CHECKING:
-    from infrarsi.bus import Bus
+    from infrarsi.bus.client import Bus
 
 
 SOURCE = "cli.run"

@@ -1,6 +1,6 @@
 """``infrarsi scaffold [--out FILE] [--repo DIR] [--name NAME] [--force] -- <launch command>``.
 
-Reads the command and the training script it starts (``infrarsi.scaffold``) and prints a commented contract
+Reads the command and the training script it starts (``infrarsi.study.scaffold``) and prints a commented contract
 draft, or writes it to ``--out`` (never over an existing file without ``--force``; written whole or not at
 all). What it found — framework, knobs, flags left out and unknown candidates — goes to stderr.
 """
@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from infrarsi.scaffold import ScaffoldError, scaffold
+    from infrarsi.study.scaffold import ScaffoldError, scaffold
 
     command = list(args.command)
     if command[:1] == ["--"]:

@@ -2,7 +2,7 @@
 
 Replaces this process with ``python -m infrarsi_services.<name>`` so that signals from a container
 runtime or systemd reach the service directly. The library never imports a service; the name is
-checked against ``infrarsi.stack.SERVICES``.
+checked against ``infrarsi.runtime.stack.SERVICES``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 
-from infrarsi.stack import SERVICES
+from infrarsi.runtime.stack import SERVICES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

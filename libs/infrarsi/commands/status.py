@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 import nats.js.errors
 
-from infrarsi.bus import STREAMS
-from infrarsi.stack import PING_WINDOW_S, SERVICES, connect_for_cli, ping_services
+from infrarsi.bus.client import STREAMS
+from infrarsi.runtime.stack import PING_WINDOW_S, SERVICES, connect_for_cli, ping_services
 
 if TYPE_CHECKING:
-    from infrarsi.bus import Bus
+    from infrarsi.bus.client import Bus
 
 
 

@@ -1,6 +1,6 @@
 """``infrarsi studies``, ``infrarsi cancel STUDY`` and ``infrarsi resume STUDY``: studies as things you manage.
 
-``studies`` lists every study on the bus (``infrarsi.studies.summarize``: stage, trials, in flight, best verified
+``studies`` lists every study on the bus (``infrarsi.study.lifecycle.summarize``: stage, trials, in flight, best verified
 speed-up, accelerator cost; ``--json`` one object per line). ``cancel`` records ``StudyCancelled`` with the reason
 and who asked; the launcher stops the study's running trials (each ends ``cancelled`` with its cost kept), the
 proposer and the verifier start nothing new; it waits until no trial of the study is in flight. ``resume``
@@ -17,11 +17,11 @@ import socket
 import sys
 
 from infrarsi import events as ev
-from infrarsi.bus import Bus
+from infrarsi.bus.client import Bus
+from infrarsi.bus.subjects import LIFECYCLE_STREAM, STREAM_SUBJECTS
 from infrarsi.commands.study_log import OpenStudy, cli_bus, follow_study, study_verb
 from infrarsi.errors import EXIT_USAGE, UserError
-from infrarsi.studies import StudySummary, summarize, summary_of
-from infrarsi.subjects import LIFECYCLE_STREAM, STREAM_SUBJECTS
+from infrarsi.study.lifecycle import StudySummary, summarize, summary_of
 
 CANCEL_WAIT_S = 120.0
 """How long ``cancel`` waits for the launcher to stop the study's trials (``--timeout``)."""

@@ -18,11 +18,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
 from infrarsi import events as ev
-from infrarsi.bus import Bus
+from infrarsi.bus.client import Bus
+from infrarsi.bus.subjects import LIFECYCLE_STREAM, TELEMETRY_STREAM, lifecycle_subject, telemetry_subject
 from infrarsi.commands import data_dir_of, nats_url_of
-from infrarsi.contract import Contract, ContractError, locked_contract
 from infrarsi.errors import EXIT_TIMEOUT, UserError
-from infrarsi.subjects import LIFECYCLE_STREAM, TELEMETRY_STREAM, lifecycle_subject, telemetry_subject
+from infrarsi.study.contract import Contract, ContractError, locked_contract
 
 POLL_S = 0.5
 """How often a verb that waits on the services re-reads the study (the services answer within milliseconds)."""
@@ -41,7 +41,7 @@ async def cli_bus(args: argparse.Namespace, source: str, *, ensure: bool = True)
     """A bus connection to the running stack (these verbs need the services, or read what they made: no
     temporary server). A missing or unreachable server raises ``BusError`` before the verb does anything.
     ``ensure=False`` for read-only verbs: they must not create or resize streams."""
-    from infrarsi.stack import connect_for_cli
+    from infrarsi.runtime.stack import connect_for_cli
 
     bus = await connect_for_cli(nats_url_of(args), data_dir_of(args), service=source, ensure=ensure)
     try:
@@ -166,7 +166,7 @@ def study_verb(source: str, verb: StudyVerb) -> Callable[[argparse.Namespace], A
 async def recording_bus(args: argparse.Namespace, source: str) -> AsyncIterator[Bus]:
     """A bus connection: to ``--nats-url``/``$INFRARSI_NATS_URL``/a running ``infrarsi up``, else to a
     temporary embedded server over the same data directory (the event lands in the store ``up`` uses)."""
-    from infrarsi.embedded import EmbeddedServer, resolve_nats_url
+    from infrarsi.bus.embedded import EmbeddedServer, resolve_nats_url
 
     data_dir = data_dir_of(args)
     url = resolve_nats_url(nats_url_of(args), data_dir)

@@ -29,14 +29,14 @@ import msgspec
 from nats.aio.msg import Msg
 
 from infrarsi import events as ev
-from infrarsi import userfiles
-from infrarsi.bus import Bus
+from infrarsi.bus.client import Bus
+from infrarsi.bus.subjects import LIFECYCLE_STREAM, lifecycle_subject, telemetry_subject
 from infrarsi.commands import UserError, data_dir_of, nats_url_of
-from infrarsi.contract import Contract, load_contract
-from infrarsi.doctor import measure_cpu_peak, native_matmul_dtypes
 from infrarsi.errors import EXIT_OK, EXIT_REFUSED, EXIT_TIMEOUT
-from infrarsi.subjects import LIFECYCLE_STREAM, lifecycle_subject, telemetry_subject
-from infrarsi.workspace import discard_workspace
+from infrarsi.study import userfiles
+from infrarsi.study.contract import Contract, load_contract
+from infrarsi.trial.workspace import discard_workspace
+from infrarsi.verdicts.doctor import measure_cpu_peak, native_matmul_dtypes
 
 SOURCE = "cli.trial"
 
@@ -87,8 +87,8 @@ async def run(args: argparse.Namespace) -> int:
     if args.repeats < 1 or (args.steps is not None and args.steps < 1):
         raise UserError("--repeats and --steps must be positive")
 
-    from infrarsi.bus import Bus
-    from infrarsi.stack import ensure_stack_for_verb
+    from infrarsi.bus.client import Bus
+    from infrarsi.runtime.stack import ensure_stack_for_verb
 
     url, stack = await ensure_stack_for_verb(nats_url_of(args), data_dir, services=("launcher", "telemetry"))
     try:

@@ -15,8 +15,8 @@ import signal
 import sys
 import time
 
-from infrarsi.logs import get_logger
-from infrarsi.stack import SERVICES, Stack
+from infrarsi.runtime.logs import get_logger
+from infrarsi.runtime.stack import SERVICES, Stack
 
 log = get_logger(__name__)
 

@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from infrarsi import events as ev
-from infrarsi import verification as vf
-from infrarsi.bus import PublishRaced
+from infrarsi.bus.client import PublishRaced
+from infrarsi.bus.subjects import LIFECYCLE_STREAM, lifecycle_subject
 from infrarsi.commands.study_log import OpenStudy, add_follow_arguments, follow_study, study_verb
 from infrarsi.errors import EXIT_FAILED, EXIT_USAGE, UserError
-from infrarsi.studies import summary_of
-from infrarsi.subjects import LIFECYCLE_STREAM, lifecycle_subject
+from infrarsi.study.lifecycle import summary_of
+from infrarsi.verdicts import verification as vf
 
 if TYPE_CHECKING:
-    from infrarsi.bus import Bus
+    from infrarsi.bus.client import Bus
 
 
 SOURCE = "cli.verify"

@@ -21,14 +21,15 @@ from typing import TYPE_CHECKING
 
 import nats.errors
 
-from infrarsi import eventlog, subjects
-from infrarsi.bus import LIFECYCLE_STREAM, BusError
-from infrarsi.logs import get_logger
+from infrarsi import eventlog
+from infrarsi.bus import subjects
+from infrarsi.bus.client import LIFECYCLE_STREAM, BusError
+from infrarsi.runtime.logs import get_logger
 
 if TYPE_CHECKING:
     from nats.aio.msg import Msg
 
-    from infrarsi.bus import Bus
+    from infrarsi.bus.client import Bus
     from infrarsi.eventlog import AnalystDB
 
 log = get_logger(__name__)

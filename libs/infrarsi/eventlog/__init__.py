@@ -2,7 +2,7 @@
 
 A package, one module per job: ``schema`` (tables, DDL, version, file names), ``decoding`` (stream messages into
 columnar ``Batch``es), ``database`` (``AnalystDB``: the DuckDB file, applying a batch, snapshots) and ``catchup``
-(``replay``/``catch_up``: reading the streams through ``infrarsi.stream_reader`` and applying them). Everything
+(``replay``/``catch_up``: reading the streams through ``infrarsi.bus.reader`` and applying them). Everything
 callers use is re-exported here (``from infrarsi.eventlog import AnalystDB, replay``).
 
 Owns the analyst schema (``events`` — a view over ``lifecycle_events`` and ``steps`` —, ``studies``, ``trials``,
@@ -31,7 +31,8 @@ caller's back; the reporter service is the one writer of ``<data_dir>/analyst.du
 ``analyst.snapshot.duckdb`` (``publish_snapshot``). It must not publish to, or ack on, the bus.
 """
 
-from infrarsi.bus import BANK_STREAM, LIFECYCLE_STREAM, TELEMETRY_STREAM
+from infrarsi.bus.client import BANK_STREAM, LIFECYCLE_STREAM, TELEMETRY_STREAM
+from infrarsi.bus.reader import StreamMessage, StreamReadError
 from infrarsi.eventlog.catchup import Progress, ReplayStats, backlog, catch_up, replay, wait_until
 from infrarsi.eventlog.database import AnalystDB
 from infrarsi.eventlog.decoding import Batch, decode_batch, decode_batch_yielding, decode_step
@@ -47,7 +48,6 @@ from infrarsi.eventlog.schema import (
     analyst_db_path,
     snapshot_path,
 )
-from infrarsi.stream_reader import StreamMessage, StreamReadError
 
 __all__ = [
     "ANALYST_DB_NAME", "BANK_STREAM", "DB_SCHEMA_VERSION", "DEFAULT_BATCH", "LIFECYCLE_STREAM", "PROJECTION_TABLES",

@@ -1,4 +1,4 @@
-"""Replay: each stream read from the DB's stored positions (``stream_reader.read_stream``), decoded and applied
+"""Replay: each stream read from the DB's stored positions (``bus.reader.read_stream``), decoded and applied
 batch by batch with a little read-ahead — ``replay``, ``catch_up``, ``backlog``, ``wait_until``. Must not publish
 or ack."""
 from __future__ import annotations
@@ -13,12 +13,12 @@ from pathlib import Path
 
 import duckdb
 
-from infrarsi.bus import Bus
+from infrarsi.bus.client import Bus
+from infrarsi.bus.reader import StreamMessage, StreamReadError, read_stream
 from infrarsi.eventlog.database import AnalystDB
 from infrarsi.eventlog.decoding import decode_batch_yielding
 from infrarsi.eventlog.schema import DEFAULT_BATCH, REPLAYED_STREAMS, AnalystDBError
-from infrarsi.logs import get_logger
-from infrarsi.stream_reader import StreamMessage, StreamReadError, read_stream
+from infrarsi.runtime.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -13,6 +13,7 @@ import duckdb
 import numpy as np
 
 from infrarsi import events as ev
+from infrarsi.bus.reader import StreamMessage
 from infrarsi.eventlog.decoding import (
     _BANK_COLUMNS,
     _MODEL_COLUMNS,
@@ -28,7 +29,6 @@ from infrarsi.eventlog.schema import (
     SCHEMA,
     AnalystDBError,
 )
-from infrarsi.stream_reader import StreamMessage
 
 # --------------------------------------------------------------------------------------------------
 # The database

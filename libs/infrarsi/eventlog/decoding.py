@@ -16,10 +16,10 @@ import msgspec
 import numpy as np
 
 from infrarsi import events as ev
-from infrarsi import subjects
-from infrarsi.bus import TELEMETRY_STREAM
+from infrarsi.bus import subjects
+from infrarsi.bus.client import TELEMETRY_STREAM
+from infrarsi.bus.reader import StreamMessage
 from infrarsi.eventlog.schema import _STUDY_COLUMNS, _TRIAL_COLUMNS
-from infrarsi.stream_reader import StreamMessage
 
 # --------------------------------------------------------------------------------------------------
 # Decoding

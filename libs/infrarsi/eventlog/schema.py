@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from infrarsi.bus import BANK_STREAM, LIFECYCLE_STREAM, TELEMETRY_STREAM
+from infrarsi.bus.client import BANK_STREAM, LIFECYCLE_STREAM, TELEMETRY_STREAM
 
 REPLAYED_STREAMS: tuple[str, ...] = (LIFECYCLE_STREAM, TELEMETRY_STREAM, BANK_STREAM)
 ANALYST_DB_NAME = "analyst.duckdb"

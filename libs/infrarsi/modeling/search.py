@@ -1375,7 +1375,7 @@ class Searcher:
     def race_cap(self) -> int:
         """Most runs of one candidate in a race: the doctor's ``repeats_for_effect`` of ``race_effect`` at the
         doctor's noise (the noise floor), within [``race_min_cap``, ``race_max_cap``]."""
-        from infrarsi.doctor import repeats_for_effect
+        from infrarsi.verdicts.doctor import repeats_for_effect
 
         need = repeats_for_effect(self.time_model.noise_floor, self.config.race_effect,
                                   max_repeats=self.config.race_max_cap)

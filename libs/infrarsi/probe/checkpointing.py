@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from infrarsi.settings import JobEnv
+from infrarsi.runtime.settings import JobEnv
 
 STEP_FILE = "infrarsi-step.json"
 """Written into a checkpoint directory by ``mark_saved``: ``{"steps_done": N}``."""

@@ -48,10 +48,10 @@ import msgspec
 import torch
 
 from infrarsi import events
-from infrarsi.credentials import NKEY_FILE_ENV
+from infrarsi.bus.credentials import NKEY_FILE_ENV
+from infrarsi.bus.subjects import step_msg_id, telemetry_subject
 from infrarsi.probe.sinks import JsonlSink, NatsPublisher
-from infrarsi.settings import JobEnv
-from infrarsi.subjects import step_msg_id, telemetry_subject
+from infrarsi.runtime.settings import JobEnv
 
 log = logging.getLogger("infrarsi.probe")
 

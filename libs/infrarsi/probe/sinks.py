@@ -14,7 +14,7 @@ import logging
 import threading
 from pathlib import Path
 
-from infrarsi.subjects import PROBE
+from infrarsi.bus.subjects import PROBE
 
 log = logging.getLogger("infrarsi.probe")
 
@@ -93,7 +93,7 @@ class NatsPublisher:
             async def on_error(exc: Exception) -> None:  # nats-py prints tracebacks by default
                 log.debug("probe: NATS client error: %s", exc)
 
-            from infrarsi.credentials import Credentials
+            from infrarsi.bus.credentials import Credentials
 
             creds = Credentials(PROBE, Path(self.nkey_file)).connect_options() if self.nkey_file else {}
             nc = await nats.connect(

@@ -32,8 +32,8 @@ import msgspec
 from infrarsi import events as ev
 from infrarsi.agent.answers import NotJSON, parse_json_object
 from infrarsi.agent.draft_log import request_of
-from infrarsi.contract import Contract, ContractError, load_patch_library, locked_contract
 from infrarsi.report.source import VIEW, ReportSourceError, ensure_view
+from infrarsi.study.contract import Contract, ContractError, load_patch_library, locked_contract
 
 P = TypeVar("P", bound=msgspec.Struct)
 

@@ -27,10 +27,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.backends.backend_pdf import PdfPages  # noqa: E402
 
-from infrarsi import verification as vf  # noqa: E402
-from infrarsi.contract import Contract  # noqa: E402
 from infrarsi.report.figures import FIGURES  # noqa: E402
 from infrarsi.report.model import OUTCOMES, Report, TrialRow  # noqa: E402
+from infrarsi.study.contract import Contract  # noqa: E402
+from infrarsi.verdicts import verification as vf  # noqa: E402
 
 # --------------------------------------------------------------------------------------------------
 # Blocks

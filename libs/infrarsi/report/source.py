@@ -21,8 +21,8 @@ import duckdb
 import msgspec
 
 from infrarsi import events as ev
+from infrarsi.bus.subjects import LIFECYCLE_STREAM, subject_for
 from infrarsi.eventlog.schema import DB_SCHEMA_VERSION, EVENT_COLUMNS, SCHEMA
-from infrarsi.subjects import LIFECYCLE_STREAM, subject_for
 
 VIEW = "report_events"
 
