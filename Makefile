@@ -86,7 +86,7 @@ browser-deps:
 ## A Slurm cluster of this machine's own (slurmctld + two slurmd in network namespaces) for
 ## `infrarsi demo --backend slurm`; then `export SLURM_CONF=/run/infrarsi-slurm/slurm.conf`.
 slurm-up: $(STAMP) slurm-deps
-	$(BIN)/python tests/support/slurm_cluster.py up
+	PYTHONPATH=tests $(BIN)/python -m support.slurm_cluster up
 
 ## Scheduling overhead per trial, local vs Slurm, side by side (needs the cluster: starts it).
 bench-scheduling: slurm-up
@@ -94,7 +94,7 @@ bench-scheduling: slurm-up
 	SLURM_CONF=/run/infrarsi-slurm/slurm.conf $(BIN)/python bench/scheduling.py --trials 5 --json out/scheduling.json
 
 slurm-down: $(STAMP)
-	$(BIN)/python tests/support/slurm_cluster.py down
+	PYTHONPATH=tests $(BIN)/python -m support.slurm_cluster down
 
 clean:
 	rm -rf .infrarsi out .pytest_cache $(LITGPT_VENV)

@@ -227,17 +227,7 @@ def draw_model(seed: int) -> FamilyModel:
             t *= math.exp(-synergy_gain) if all(kv[n] == v for n, v in synergy.items()) else 1.0
         return t
 
-    contract = {
-        "name": f"robust-{seed}", "goal": "faster",
-        "workload": {"repo": "/nonexistent", "command": ["{python}", "train.py", "{launch_file}"],
-                     "launch_file": "launch.yaml", "steps": 30, "verify_steps": 30},
-        "cluster": {"id": "family", "accelerator": "H100-80G", "memory_capacity_bytes": 80 * 2**30},
-        "backend": {"kind": "local", "parallel": 1},
-        "scope": {"files": [], "launch_keys": [f"train.{n}" for n, _, _ in knobs.values()]},
-        "search_space": {"knobs": {f"train.{n}": spec for n, spec, _ in knobs.values()}},
-        "invariants": {"loss": {"tolerance": 0.05}},
-        "budget": {"trials": 40, "accelerator_hours": 1e6},
-    }
+    contract = family_contract(f"robust-{seed}", {f"train.{n}": spec for n, spec, _ in knobs.values()})
     built = contract_from_dict(contract, check=False)
     study = StudySpace.from_contract(built, baseline_launch=None, capacity_bytes=80 * 2**30)
     model = FamilyModel(seed, study, devices, noise_sigma, memory_of, time_of, tuple(features))
@@ -246,6 +236,25 @@ def draw_model(seed: int) -> FamilyModel:
                         for v in [golden[b.name]]}}
     model.study = StudySpace.from_contract(built, baseline_launch=launch, capacity_bytes=model.capacity_bytes)
     return model
+
+
+def family_contract(name: str, knobs: Mapping[str, Any], constraints: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A family member's contract (as a document): ``knobs`` (launch key → knob spec) its whole search space and
+    scope, under ``constraints`` if any; the workload, an 80 GB H100 and the budget are every member's."""
+    space: dict[str, Any] = {"knobs": dict(knobs)}
+    if constraints:
+        space["constraints"] = dict(constraints)
+    return {
+        "name": name, "goal": "faster",
+        "workload": {"repo": "/nonexistent", "command": ["{python}", "train.py", "{launch_file}"],
+                     "launch_file": "launch.yaml", "steps": 30, "verify_steps": 30},
+        "cluster": {"id": "family", "accelerator": "H100-80G", "memory_capacity_bytes": 80 * 2**30},
+        "backend": {"kind": "local", "parallel": 1},
+        "scope": {"files": [], "launch_keys": list(knobs)},
+        "search_space": space,
+        "invariants": {"loss": {"tolerance": 0.05}},
+        "budget": {"trials": 40, "accelerator_hours": 1e6},
+    }  # fmt: skip
 
 
 def _place_cliff(model: FamilyModel, rng: np.random.Generator) -> Candidate:

@@ -52,7 +52,7 @@ import numpy as np
 from infrarsi import events as ev
 from infrarsi.study.contract import contract_from_dict
 from infrarsi.study.space import StudySpace
-from robust_family import FamilyModel, _place_cliff  # bench/ is the script's directory
+from robust_family import FamilyModel, _place_cliff, family_contract  # bench/ is the script's directory
 
 GB = 1e9
 H100_BF16_FLOPS = 989e12
@@ -317,19 +317,10 @@ def draw_model(seed: int) -> ShapedModel:
 
     knob_keys = {role: f"train.{name}" for role, (name, _, _) in knobs.items()}
     parallel = [knob_keys[r] for r in ("tp", "pp") if r in knobs]
-    contract = {
-        "name": f"shaped-{seed}", "goal": "faster",
-        "workload": {"repo": "/nonexistent", "command": ["{python}", "train.py", "{launch_file}"],
-                     "launch_file": "launch.yaml", "steps": 30, "verify_steps": 30},
-        "cluster": {"id": "family", "accelerator": "H100-80G", "memory_capacity_bytes": 80 * 2**30},
-        "backend": {"kind": "local", "parallel": 1},
-        "scope": {"files": [], "launch_keys": list(knob_keys.values())},
-        "search_space": {"knobs": {knob_keys[r]: spec for r, (_, spec, _) in knobs.items()},
-                         "constraints": {"global_batch": {"size": global_batch, "micro_batch_key": knob_keys["mb"],
-                                                          "devices": devices, "parallel_keys": parallel}}},
-        "invariants": {"loss": {"tolerance": 0.05}},
-        "budget": {"trials": 40, "accelerator_hours": 1e6},
-    }
+    global_batch_rule = {"size": global_batch, "micro_batch_key": knob_keys["mb"], "devices": devices,
+                         "parallel_keys": parallel}
+    contract = family_contract(f"shaped-{seed}", {knob_keys[r]: spec for r, (_, spec, _) in knobs.items()},
+                               constraints={"global_batch": global_batch_rule})
     built = contract_from_dict(contract, check=False)
     golden_values = {role: value for role, (_, _, value) in knobs.items()}
     launch = {"train": {name: golden_values[r] for r, (name, _, _) in knobs.items()}}

@@ -319,8 +319,8 @@ class TrialLaunched(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     host: str
     job_id: str
     isolation: str = ""
-    """What kept the job from the host: ``bwrap`` (the local backend's sandbox), ``none`` (it ran as the
-    launcher does), ``""`` (a backend that does not say: a scheduler's node, a pod, the simulator)."""
+    """What kept the job from the host: ``bwrap`` (the trial sandbox, on the launcher's host or a Slurm node),
+    ``none`` (it ran as the launcher's user does), ``""`` (a backend that does not say: a pod, the simulator)."""
 
 
 class TrialStep(msgspec.Struct, frozen=True, kw_only=True, tag=True):

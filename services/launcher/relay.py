@@ -105,17 +105,11 @@ class StepRelay:
     async def follow(self) -> None:
         """``poll`` until cancelled, woken by inotify where the kernel has it."""
         self.probe_dir.mkdir(parents=True, exist_ok=True)
-        watch = fswatch.DirectoryWatch.open(self.probe_dir)
+        await fswatch.follow(self.probe_dir, self._poll_or_log, wake_timeout_s=RELAY_WAIT_S,
+                             poll_interval_s=lambda: RELAY_WAIT_S)  # fmt: skip
+
+    async def _poll_or_log(self) -> None:
         try:
-            while True:
-                try:
-                    await self.poll()
-                except (BusError, NatsError, OSError, TimeoutError) as exc:  # the trial's end re-publishes all
-                    log.warning("probe relay: publish failed; the trial's end re-publishes", error=str(exc)[:200])
-                if watch is not None:
-                    await watch.changed(RELAY_WAIT_S)
-                else:
-                    await asyncio.sleep(RELAY_WAIT_S)
-        finally:
-            if watch is not None:
-                watch.close()
+            await self.poll()
+        except (BusError, NatsError, OSError, TimeoutError) as exc:  # the trial's end re-publishes all
+            log.warning("probe relay: publish failed; the trial's end re-publishes", error=str(exc)[:200])

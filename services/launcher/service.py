@@ -235,7 +235,7 @@ class LauncherService(Service):
         """One backend per kind and options (two studies on different Slurm partitions get two)."""
         key = options.model_dump_json(exclude={"parallel", "timeout_s"})
         if key not in self.backends:
-            backend = make_backend(options.kind, self.state_root, options, self.settings)
+            backend = make_backend(options.kind, self.state_root, options, self.settings, data_dir=self.data_dir)
             backend.open()
             self.backends[key] = backend
         return self.backends[key]
@@ -257,9 +257,17 @@ class LauncherService(Service):
             with contextlib.suppress(workspace.WorkspaceError, OSError):
                 _remove_worktree(tdir / "worktree")
             job = read_json_record(tdir / "job.json")
-            started = float(job.get("started_at", time.time())) if job else time.time()
+            now = time.time()
+            if job is not None:  # a process of its own: it ran on, orphaned, until reaped now
+                started, ended = float(job.get("started_at", now)), now
+            elif submitted is not None:
+                # a job that died with the launcher (the simulator's threads): it ran until it last wrote its probe
+                started = float(submitted.get("started_at", now))
+                ended = max([started, *(p.stat().st_mtime for p in (tdir / "probe").glob("*") if p.is_file())])
+            else:
+                started = ended = now
             (tdir / "abandoned.json").write_text(
-                json.dumps({"wall_s": max(0.0, time.time() - started), "launched": job is not None})
+                json.dumps({"wall_s": max(0.0, ended - started), "launched": job is not None or submitted is not None})
             )
         return killed
 
@@ -828,33 +836,21 @@ def _with_output_steps(finished: ev.TrialFinished, output: OutputTail, job: JobR
 async def _follow(tail: ProbeTail) -> None:
     """Read the probe file as soon as it grows: its arrival times are the launcher's own clock for the timing
     invariant. Woken by inotify where the kernel has it (a wake-up per record), else polled."""
-    watch = fswatch.DirectoryWatch.open(tail.file.path.parent)
-    try:
-        while True:
-            tail.poll()
-            if watch is not None:
-                await watch.changed(WATCH_TIMEOUT_S)
-            else:
-                await asyncio.sleep(tail.interval_s())
-    finally:
-        if watch is not None:
-            watch.close()
+
+    async def read() -> None:
+        tail.poll()
+
+    await fswatch.follow(tail.file.path.parent, read, wake_timeout_s=WATCH_TIMEOUT_S, poll_interval_s=tail.interval_s)
 
 
 async def _follow_output(output: OutputTail) -> None:
     """Read a coarse job's output as soon as it grows, so each line's time is the launcher's clock when it
     appeared (the job's Python runs unbuffered: ``PYTHONUNBUFFERED``). Woken by inotify, else polled."""
-    watch = fswatch.DirectoryWatch.open(output.file.path.parent)
-    try:
-        while True:
-            output.poll()
-            if watch is not None:
-                await watch.changed(WATCH_TIMEOUT_S)
-            else:
-                await asyncio.sleep(TAIL_S)
-    finally:
-        if watch is not None:
-            watch.close()
+
+    async def read() -> None:
+        output.poll()
+
+    await fswatch.follow(output.file.path.parent, read, wake_timeout_s=WATCH_TIMEOUT_S, poll_interval_s=lambda: TAIL_S)
 
 
 def _emulated_capacity(cluster: ev.ClusterInfo) -> int | None:

@@ -34,6 +34,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import msgspec
 from infrarsi import events as ev
 from infrarsi.runtime.logs import get_logger
 from infrarsi.runtime.service import Emission, Fold
@@ -135,6 +136,8 @@ class VerifierLogic(Fold):
                     vf.RunMeasurement.from_measured(t, a, p, measured), downstream=downstream))
             case ev.StudyCancelled():
                 out = self._on_cancelled(event.study_id)
+            case ev.TrialFinished(status=status, infrastructure=True) as finished if status != "ok" and self._rerun_is_due(event):
+                out = self._rerun(event, finished)
             case ev.TrialFinished(status=status) as finished if status != "ok":
                 # A run that died has no TrialMeasured (or a late one); its failure is the result.
                 out = self._on_result(event, lambda t, a, p: vf.RunMeasurement.from_finished(t, a, p, finished))
@@ -219,6 +222,31 @@ class VerifierLogic(Fold):
         else:
             out += self._plan(verification, verification.round.round_no + 1)
         return out
+
+    def _rerun_is_due(self, event: ev.Event) -> bool:
+        """A run of an open round that the harness lost (the stack killed under it: the restarted launcher reports
+        it ``cancelled``, ``infrastructure``), and not itself a re-run: it says nothing about the candidate."""
+        verify_id = self._trial_to_verify.get(event.trial_id or "")
+        if verify_id is None:
+            return False
+        verification = self.verifications[verify_id]
+        planned = verification.plan.get(event.trial_id or "")
+        return (not verification.done and planned is not None and planned.payload.retry_of is None
+                and event.trial_id not in verification.round.runs)
+
+    def _rerun(self, event: ev.Event, finished: ev.TrialFinished) -> list[Emission]:
+        """The lost run once more, in its place in the plan (same arm, pair, steps): the round waits for the
+        re-run's result instead of failing on a crash of InfraRSI's own (a second loss counts as the failure)."""
+        trial_id = event.trial_id or ""
+        verification = self.verifications[self._trial_to_verify[trial_id]]
+        planned = verification.plan.pop(trial_id)
+        again = ev.derived_id(trial_id, "rerun")
+        payload = dataclasses.replace(planned, trial_id=again, payload=msgspec.structs.replace(
+            planned.payload, retry_of=trial_id, reason=f"{planned.payload.reason}; re-run of {trial_id} ({finished.reason[:160]})"))
+        verification.plan[again] = payload
+        self._trial_to_verify[again] = verification.verify_id
+        log.info("verify run lost by the harness: run again", trial_id=trial_id, rerun=again, reason=finished.reason[:200])
+        return [Emission(payload.payload, verification.study_id, again, again)]
 
     def _on_cancelled(self, study_id: str) -> list[Emission]:
         """A cancelled study's verifications end where they are, without a verdict: no further round is planned

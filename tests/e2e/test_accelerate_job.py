@@ -7,7 +7,6 @@ and (slow) the five stages with every work and loss invariant the coarse mode ca
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,20 +14,16 @@ from pathlib import Path
 import pytest
 import yaml
 from support.accelerate_job import GOLDEN_COMMAND, make_accelerate_repo
+from support.user_jobs import five_stages, scaffold, user_env
 
 STEPS = 10
-
-
-def _env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("INFRARSI_")}
 
 
 def drafted(root: Path) -> tuple[Path, Path]:
     """(repo, contract): the repo made and its contract drafted by the CLI, used as drafted."""
     repo = make_accelerate_repo(root / "acc")
     contract = root / "contract.yaml"
-    proc = subprocess.run([sys.executable, "-m", "infrarsi.cli", "scaffold", "--repo", str(repo), "--out", str(contract),
-                           "--", *GOLDEN_COMMAND], capture_output=True, text=True, timeout=120, env=_env())  # fmt: skip
+    proc = scaffold(repo, contract, GOLDEN_COMMAND)
     assert proc.returncode == 0, proc.stderr
     return repo, contract
 
@@ -41,7 +36,7 @@ def test_an_accelerate_launch_job_goes_through_scaffold_and_trial_unchanged(tmp_
     proc = subprocess.run(
         [sys.executable, "-m", "infrarsi.cli", "trial", str(contract), "--data-dir", str(tmp_path / "data"),
          "--steps", str(STEPS), "--peak-budget", "5", "--json", "--set", "per_device_train_batch_size=8"],
-        capture_output=True, text=True, timeout=900, env=_env(),
+        capture_output=True, text=True, timeout=900, env=user_env(),
     )  # fmt: skip
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     for run in (report["baseline"], report["candidate"][0]):
@@ -58,15 +53,8 @@ def test_an_accelerate_launch_job_goes_through_scaffold_and_trial_unchanged(tmp_
 @pytest.mark.timeout(3600)
 def test_an_accelerate_launch_job_through_the_five_stages(tmp_path: Path) -> None:
     _repo, contract = drafted(tmp_path)
-    proc = subprocess.run(
-        [sys.executable, "-m", "infrarsi.cli", "--data-dir", str(tmp_path / "data"), "demo", "--contract", str(contract),
-         "--trials", "4", "--skip-hacks", "--json"],
-        env=_env(), capture_output=True, text=True, timeout=3500,
-    )  # fmt: skip
-    out = proc.stdout
-    summary = json.loads(out[out.index("{\n"):]) if "{\n" in out else {}
-    print(out)  # the verdict, the speed-up and the invariants: shown by `pytest -rA`
-    assert summary, (out + proc.stderr)[-4000:]
+    proc, summary = five_stages(contract, tmp_path / "data")
+    assert summary, (proc.stdout + proc.stderr)[-4000:]
     assert "verified" in summary  # the verdict is stated, whichever it is
     by_name = {i["name"]: i for i in summary["invariants"]}
     assert by_name["loss"]["ok"] and not by_name["loss"]["detail"].startswith("not checked"), by_name["loss"]

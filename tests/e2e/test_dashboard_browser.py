@@ -24,7 +24,7 @@ from support.synthetic_study import GIB, synthetic_study, write_workload
 pytestmark = [pytest.mark.integration, pytest.mark.browser, pytest.mark.timeout(900)]
 
 DOCS_IMG = Path(__file__).resolve().parents[2] / "docs" / "img"
-VIEWS = ("studies", "summary", "search", "trials", "cost", "doctor", "verify", "invariants", "agent")
+VIEWS = ("studies", "summary", "search", "importance", "slices", "pairs", "trials", "cost", "doctor", "verify", "invariants", "agent")
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +77,7 @@ def _wait(driver, condition, timeout_s: float = 60.0):
 
 async def test_the_dashboard_in_chromium_shows_every_view_and_a_new_trial_live(browser, tmp_path):
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
 
     data = tmp_path / "data"
     study = ev.new_id()
@@ -93,7 +94,8 @@ async def test_the_dashboard_in_chromium_shows_every_view_and_a_new_trial_live(b
                 _wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, rows)) == expected_trials)
                 _wait(browser, lambda d: d.find_element(By.ID, "live").text == "live")
                 # Every plot drawn by plotly.js (served by the dashboard: the browser reaches nothing else).
-                for plot in ("plot-best", "plot-memory", "plot-space", "plot-cost", "plot-doctor", "plot-verify"):
+                for plot in ("plot-best", "plot-memory", "plot-space", "plot-importance", "plot-slices", "plot-pairs",
+                             "plot-cost", "plot-doctor", "plot-verify"):
                     _wait(browser, lambda d, p=plot: d.find_elements(By.CSS_SELECTOR, f"#{p} .main-svg"))
                 memory = browser.find_element(By.ID, "plot-memory").text
                 assert "capacity" in memory and "OOM" in memory
@@ -102,10 +104,26 @@ async def test_the_dashboard_in_chromium_shows_every_view_and_a_new_trial_live(b
                 assert "outside_space: candidate 2" in browser.find_element(By.ID, "agent-list").text
                 assert "search7" in browser.find_element(By.ID, "invariants-table").text
                 assert "patch fused-qkv" in browser.find_element(By.ID, "plot-space").text
+                # optuna-dashboard's importance, slice and contour views, with the OOM trial kept in each.
+                importance = browser.find_element(By.ID, "plot-importance").text
+                assert "unexplained" in importance and "micro_batch_size" in importance and "OOM (9 trials)" in importance
+                assert "1 of 9 that ran went out of memory" in browser.find_element(By.ID, "importance-note").text
+                slices = browser.find_element(By.ID, "plot-slices").text
+                assert "out of memory" in slices and "patch fused-qkv" in slices and "compile" in slices
+                assert browser.execute_script(  # the OOM trial (micro-batch 16) drawn in the micro-batch slice
+                    "return document.getElementById('plot-slices').data.filter((t) => t.name === 'out of memory'"
+                    " && t.xaxis === 'x2')[0].x") == ["16"]  # "golden" beside it: categorical
+                pairs = browser.find_element(By.ID, "plot-pairs").text
+                assert "out of memory" in pairs
+                # by default the two most important for the step time (the patch, then the micro-batch, on this log)
+                assert browser.find_element(By.ID, "pair-x").get_attribute("value") == "patch fused-qkv"
+                assert browser.find_element(By.ID, "pair-y").get_attribute("value") == "micro_batch_size"
+                Select(browser.find_element(By.ID, "pair-x")).select_by_value("compile")
+                _wait(browser, lambda d: "compile × micro_batch_size" in d.find_element(By.ID, "plot-pairs").text,
+                      timeout_s=10)
+                Select(browser.find_element(By.ID, "pair-x")).select_by_value("patch fused-qkv")
 
                 # The trials table filters in the page (optuna-dashboard's table does).
-                from selenium.webdriver.support.ui import Select
-
                 not_ok = {"oom", "crash", "timeout", "scope_violation", "invariant_violation"}
                 failed = [e.trial_id for e in log if e.type == "TrialFinished" and e.payload.status != "ok"]
                 Select(browser.find_element(By.ID, "filter-outcome")).select_by_value("failed")

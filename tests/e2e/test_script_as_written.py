@@ -9,7 +9,6 @@ count, and the loss and timing were left unchecked. Both tests share one study (
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 from support.gptlike_job import GOLDEN_COMMAND, make_gptlike_repo
+from support.user_jobs import five_stages, scaffold, user_env
 
 STEPS = 8
 
@@ -27,23 +27,18 @@ def job(tmp_path_factory) -> tuple[Path, Path, Path]:
     root = tmp_path_factory.mktemp("as-written")
     repo = make_gptlike_repo(root / "gpt")
     contract = root / "contract.yaml"
-    proc = subprocess.run([sys.executable, "-m", "infrarsi.cli", "scaffold", "--repo", str(repo), "--out", str(contract),
-                           "--", *GOLDEN_COMMAND], capture_output=True, text=True, timeout=120, env=_env())  # fmt: skip
+    proc = scaffold(repo, contract, GOLDEN_COMMAND)
     assert proc.returncode == 0, proc.stderr
     # the draft has no apply policy; the owner adds the article's: altering data belongs to the data platform
     contract.write_text(contract.read_text() + "policy:\n  actions:\n    data_change: {owner: data-platform, approvals: 1}\n")
     return repo, contract, root / "data"
 
 
-def _env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("INFRARSI_")}
-
-
 def infrarsi_trial(contract: Path, data_dir: Path, *args: str) -> tuple[int, dict]:
     proc = subprocess.run(
         [sys.executable, "-m", "infrarsi.cli", "trial", str(contract), "--data-dir", str(data_dir),
          "--steps", str(STEPS), "--peak-budget", "5", "--json", *args],
-        capture_output=True, text=True, timeout=900, env=_env(),
+        capture_output=True, text=True, timeout=900, env=user_env(),
     )  # fmt: skip
     assert proc.stdout.strip(), proc.stderr[-3000:]
     return proc.returncode, json.loads(proc.stdout.strip().splitlines()[-1])
@@ -101,16 +96,10 @@ def test_the_script_through_the_five_stages_its_doctor_accepting_its_own_work(tm
     command = [a.replace("--batch_size=8", "--batch_size=2").replace("--gradient_accumulation_steps=1",
                                                                       "--gradient_accumulation_steps=4")
                for a in GOLDEN_COMMAND]  # fmt: skip
-    subprocess.run([sys.executable, "-m", "infrarsi.cli", "scaffold", "--repo", str(repo), "--out", str(contract),
-                    "--", *command], check=True, capture_output=True, timeout=120, env=_env())  # fmt: skip
-    proc = subprocess.run(
-        [sys.executable, "-m", "infrarsi.cli", "--data-dir", str(tmp_path / "data"), "demo", "--contract", str(contract),
-         "--trials", "4", "--skip-hacks", "--json"],
-        env=_env(), capture_output=True, text=True, timeout=3500,
-    )  # fmt: skip
+    drafting = scaffold(repo, contract, command)
+    assert drafting.returncode == 0, drafting.stderr
+    proc, summary = five_stages(contract, tmp_path / "data")
     out = proc.stdout
-    summary = json.loads(out[out.index("{\n"):]) if "{\n" in out else {}
-    print(out)  # the verdict, the speed-up and the invariants: shown by `pytest -rA`
     assert summary and "baseline step time" in out, (out + proc.stderr)[-4000:]  # the doctor accepted its runs
     assert "WORK INCONSISTENT" not in out and "verified" in summary
     by_name = {i["name"]: i for i in summary["invariants"]}

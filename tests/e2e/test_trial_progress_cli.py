@@ -15,22 +15,9 @@ from pathlib import Path
 
 import yaml
 from infrarsi.trial import procs
-from support.toy_job import toy_job_script
+from support.toy_job import TRACK_IMPORT, TRACKED_LOOP, toy_job_script
 
-TRAIN = toy_job_script(
-    flags={"hidden": 64},
-    imports="from infrarsi.probe.integrations.torch import track",
-    body="""
-    with track(model, opt) as tracked:
-
-        @tracked.step
-        def train_step(i):
-            return sgd_step(i)
-
-        for i in range(args.max_steps):
-            train_step(i)
-    """,
-)
+TRAIN = toy_job_script(flags={"hidden": 64}, imports=TRACK_IMPORT, body=TRACKED_LOOP)
 
 STEPS = 8
 

@@ -12,17 +12,12 @@ curve by 2–11 % (ε is 0.5 %) and the genuine patches reproduce the baseline's
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
 from infrarsi import events as ev
-from infrarsi.bus.client import Bus
-from infrarsi.commands.init import prepare_study, study_created_event
-from infrarsi.commands.study_log import read_study
-from infrarsi.runtime.stack import Stack
 from infrarsi.study.contract import load_patch_library
-from support.tiny_verify import tiny_contract
+from support.tiny_verify import run_verification, tiny_contract
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKLOAD = ROOT / "workloads" / "gpt"
@@ -37,30 +32,10 @@ async def test_verify_rejects_hacks_and_math_change_by_name(tmp_path: Path) -> N
     assert len([p for p in breaking if p.startswith("hack-")]) >= 4
     candidates = [ev.Candidate(patches=[pid]) for pid in [*breaking, *GENUINE]]
 
-    data_dir = tmp_path / "data"
-    stack = await asyncio.to_thread(Stack.start, data_dir)
-    try:
-        prepared = prepare_study(tiny_contract(tmp_path, add_patches=[]), data_dir)
-        bus = await Bus.connect(stack.url, service="admin", data_dir=data_dir)  # the stack turned auth on
-        try:
-            await bus.publish(study_created_event(prepared))
-            await bus.publish(ev.make_event(
-                ev.VerifyRequested(candidates=candidates, repeats=1, reason="reward-hack audit"),
-                study_id=prepared.study_id, source="cli.verify",
-            ))
-            verdicts: dict[str, ev.VerifyCompleted] = {}
-            for _ in range(2000):
-                events, _ = await read_study(bus, prepared.study_id)
-                verdicts = {e.payload.candidate_key: e.payload for e in events if isinstance(e.payload, ev.VerifyCompleted)}
-                if len(verdicts) == len(candidates):
-                    break
-                await asyncio.sleep(1.0)
-        finally:
-            await bus.close()
-    finally:
-        await asyncio.to_thread(stack.stop)
+    contract = tiny_contract(tmp_path, add_patches=[])
+    verdicts = await run_verification(tmp_path, contract, candidates, timeout_s=2000, reason="reward-hack audit")
 
-    by_patch = {v.candidate.patches[0]: v for v in verdicts.values()}
+    by_patch = {v.candidate.patches[0]: v for v in verdicts}
     for patch_id, verdict in sorted(by_patch.items()):  # the verdicts, for the log of a -s run (docs cite them)
         print(f"verdict {patch_id}: promotable={verdict.promotable} failed={verdict.failed_invariants}")
     assert set(by_patch) == {c.patches[0] for c in candidates}, "every candidate got a verdict"

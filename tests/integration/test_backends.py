@@ -210,3 +210,30 @@ def test_slurm_cancel_ends_the_job(slurm_backend, tmp_path) -> None:
     result = run_to_end(slurm_backend, handle, timeout_s=60)
     assert result.cancelled == "timeout after 5s"
     assert slurm_states(handle.job_id) == "CANCELLED"
+
+
+@pytest.mark.slurm
+def test_a_slurm_node_without_bwrap_refuses_a_sandboxed_job(slurm_backend, tmp_path, monkeypatch) -> None:
+    """``isolation: sandbox`` through the real cluster, the job's ``PATH`` holding Slurm's commands but no
+    ``bwrap``: the node refuses the job (nothing of it runs) and the output ends with the reason, the line the
+    launcher reports; the record said ``bwrap``, never ``none``."""
+    import shutil
+
+    bin_dir = tmp_path / "bin-without-bwrap"
+    bin_dir.mkdir()
+    for command in ("sbatch", "squeue", "scancel", "scontrol", "sacct", "srun"):
+        (bin_dir / command).symlink_to(shutil.which(command) or command)
+    monkeypatch.setenv("PATH", str(bin_dir))  # sbatch passes the submitter's environment to the job
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "job.py").write_text(JOB)
+    spec = JobSpec(name="boxed", argv=[sys.executable, str(work / "job.py"), "ok"], workdir=work, env=dict(os.environ),
+                   state_dir=tmp_path / "state" / "boxed", isolation="sandbox")  # fmt: skip
+    handle = slurm_backend.submit(spec)
+    assert handle.isolation == "bwrap"
+    result = run_to_end(slurm_backend, handle, timeout_s=120)
+    assert result.exit_code == 126, result.output_tail
+    assert "rank 0/1" not in result.output_tail  # the job never ran
+    last = result.output_tail.splitlines()[-1]
+    assert last.startswith("SandboxError: isolation: sandbox, refused on node irsi-n"), result.output_tail
+    assert "bubblewrap (`bwrap`) is not installed" in last, result.output_tail

@@ -10,7 +10,6 @@ connected to. Each attacking trial is still measured (it trains after its attack
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import socket
 import threading
@@ -18,7 +17,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import msgspec
 import pytest
 from infrarsi import events as ev
 from infrarsi.bus import credentials
@@ -75,24 +73,10 @@ def listener() -> Iterator[Listener]:
 class AuthorizedHarness(Harness):
     """``Harness`` on a server with authorization: every party connects with its own seed of ``data_dir``."""
 
-    async def open(self) -> None:
-        self.bus = await Bus.connect(self.url, service=credentials.ADMIN, data_dir=self.data_dir)
+    own_service = credentials.ADMIN
 
-        async def on_msg(msg) -> None:
-            with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
-                event = ev.decode(msg.data)
-                if event.trial_id:
-                    self.events[event.trial_id][event.type] = event.payload
-                    self.arrived.set()
-
-        await self.bus.nc.subscribe("irsi.*.*", cb=on_msg)
-
-    async def serve(self, service) -> None:
-        from infrarsi.runtime.service import Runner
-
-        bus = await Bus.connect(self.url, service=service.name, data_dir=self.data_dir)
-        runner = Runner(service, bus, grace_s=5.0)
-        self.runners.append((runner, asyncio.create_task(runner.run()), bus))
+    async def connect(self, service: str) -> Bus:
+        return await Bus.connect(self.url, service=service, data_dir=self.data_dir)
 
 
 def write_analyst_db(data_dir: Path) -> Path:
@@ -136,12 +120,16 @@ class HostileStudy:
     victim_record_changed: bool
 
 
-async def run_hostile_study(tmp_path: Path, listener: Listener, isolation: str) -> HostileStudy:
-    """The baseline, then every attack and the honest patch, one trial each, in one study."""
+async def run_hostile_study(
+    tmp_path: Path, listener: Listener, isolation: str, *, backend: dict | None = None,
+    patches: tuple[str, ...] = (*ATTACKS, HONEST),
+) -> HostileStudy:  # fmt: skip
+    """The baseline, then each of ``patches`` (every attack and the honest patch), one trial each, in one study;
+    on the local backend with ``isolation``, or on ``backend``."""
     data_dir = (tmp_path / "data").absolute()
     server = EmbeddedServer.start(data_dir, authorize=True)
     write_analyst_db(data_dir)
-    contract = write_hostile_workload(tmp_path, listener_port=listener.port, isolation=isolation)
+    contract = write_hostile_workload(tmp_path, listener_port=listener.port, isolation=isolation, backend=backend)
     h = AuthorizedHarness(server.url, data_dir)
     await h.open()
     try:
@@ -152,7 +140,7 @@ async def run_hostile_study(tmp_path: Path, listener: Listener, isolation: str) 
         assert (await h.wait_for(base, "TrialMeasured", TRIAL_TIMEOUT_S)).status == "ok", h.events[base]
         victim_finished = (data_dir / "launcher" / "trials" / base / "finished.json").read_bytes()
         trials = {}
-        for name in [*ATTACKS, HONEST]:
+        for name in patches:
             trials[name] = await h.propose(study, patches=[name])
             await h.wait_for(trials[name], "TrialMeasured", TRIAL_TIMEOUT_S)
         lifecycle = {e.type async for e in h.bus.events(LIFECYCLE_STREAM, lifecycle_subject(study, "*"))}
@@ -223,3 +211,36 @@ async def test_without_the_sandbox_every_attack_gets_through(tmp_path, listener)
     finally:
         for trial in seen.trials.values():
             (Path("/tmp") / f"irsi-hostile-{trial}").unlink(missing_ok=True)
+
+
+SLURM_ATTACKS = ("read-seed", "write-outside", "read-analyst-db")
+
+
+@pytest.mark.slurm
+async def test_slurm_trials_cannot_read_creds_or_write_outside(tmp_path, sandbox_ready, slurm_cluster, listener) -> None:
+    """Through the tests' real Slurm cluster, isolation left at its default (``auto``): each node starts its job
+    in the sandbox, so the attack reading the seeds under ``creds/``, the one reading the analyst database and
+    the one writing outside its worktree get nothing the host can see, and each trial (the honest one too) is
+    still measured. Without the sandbox on the nodes (before it), each of them got through."""
+    if sandbox_ready is not None:
+        pytest.skip(f"no sandbox: {sandbox_ready}")
+    seen = await run_hostile_study(tmp_path, listener, "auto", backend={"kind": "slurm", "time_limit": "10"},
+                                   patches=(*SLURM_ATTACKS, HONEST))  # fmt: skip
+    assert "admin.nk" in seen.seeds and "probe.nk" in seen.seeds
+    for name, trial in seen.trials.items():
+        output = seen.outputs[name]
+        if name != HONEST:
+            assert f"ATTACK {name}: " in output, output[-3000:]  # the attack ran on the node
+        for seed_name, seed in seen.seeds.items():
+            assert seed not in output, f"{name}: the job printed {seed_name}"
+        assert ANALYST_SECRET not in output, f"{name}: the job read the analyst database"
+        assert not (Path("/tmp") / f"irsi-hostile-{trial}").exists()
+        launched = seen.events[trial]["TrialLaunched"]
+        finished, measured = seen.events[trial]["TrialFinished"], seen.events[trial]["TrialMeasured"]
+        assert launched.backend == "slurm" and launched.isolation == "bwrap", launched
+        assert finished.status == "ok", (name, finished.reason, finished.output_tail)
+        assert measured.status == "ok" and measured.steps == STEPS, (name, measured)
+    assert "blocked: no " in seen.outputs["read-seed"], seen.outputs["read-seed"][-2000:]
+    assert not (seen.data_dir / "PWNED").exists()
+    assert not seen.victim_record_changed
+    assert seen.events[seen.trials[HONEST]]["TrialMeasured"].invariants_ok

@@ -206,3 +206,55 @@ async def test_the_launcher_takes_kind_kubernetes_and_says_why_a_trial_cannot_st
         trial = await h.propose(study, knobs={"knobs.mode": "ok"})
         finished = await h.wait_for(trial, "TrialFinished", timeout_s=60)
     assert finished.status == "crash" and "no usable cluster configuration" in finished.reason, finished
+
+
+def visible_in_pod(path: Path, data_dir: Path, claim_mounts: list[dict]) -> bool:
+    """Whether a pod with ``claim_mounts`` (mounts of the claim holding ``data_dir``) sees ``path``: a mount shows
+    its ``subPath`` of the claim and everything under it; a mount without one shows the whole claim."""
+    rel = path.relative_to(data_dir)
+    for mount in claim_mounts:
+        sub = Path(mount.get("subPath", ""))
+        if sub == Path("") or sub == rel or sub in rel.parents:
+            return True
+    return False
+
+
+async def test_a_trials_pods_mount_only_its_own_paths_of_the_data_directory(
+    cluster: tuple[Cluster, Path], tmp_path: Path
+) -> None:
+    """Through the launcher service, with the data directory on a volume claim: every pod's mounts of the claim, as
+    the API received them, are the trial's own worktree, probe directory and launch file, at their launcher
+    paths; nothing of ``creds/`` (the services' seeds), the analyst database or the other trial's directory."""
+    from infrarsi.bus import credentials
+    from infrarsi_services.launcher.service import LauncherService
+    from test_launcher_helpers import make_workload, serving
+
+    api, kubeconfig = cluster
+    backend = {"kind": "kubernetes", "image": "registry.example/train:1", "kubeconfig": str(kubeconfig),
+               "volume_claim": "infrarsi-data"}  # fmt: skip
+    async with serving(tmp_path, lambda h, url: LauncherService(h.data_dir, nats_url=url)) as h:
+        data_dir = h.data_dir.absolute()
+        credentials.ensure(data_dir)
+        (data_dir / "reporter").mkdir(parents=True)
+        (data_dir / "reporter" / "analyst.duckdb").write_bytes(b"the analyst's rows")
+        study = await h.create_study(make_workload(tmp_path, backend=backend))
+        trials = []
+        for _ in range(2):  # the second trial runs beside the first one's directory
+            trials.append(await h.propose(study, knobs={"knobs.mode": "ok"}))
+            await h.wait_for(trials[-1], "TrialFinished", timeout_s=60)
+    jobs = [r["body"] for r in api.requests if r["method"] == "POST" and r["body"]["kind"] == "PyTorchJob"]
+    assert len(jobs) == 2, [r["path"] for r in api.requests if r["method"] == "POST"]
+    secrets = [*(data_dir / "creds").iterdir(), data_dir / "reporter" / "analyst.duckdb"]
+    assert any(p.name == "admin.nk" for p in secrets)
+    for trial, body in zip(trials, jobs, strict=True):
+        pod = body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+        claims = {v["name"] for v in pod["volumes"] if v["persistentVolumeClaim"]["claimName"] == "infrarsi-data"}
+        mounts = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] in claims]
+        tdir = data_dir / "launcher" / "trials" / trial
+        assert {(m["mountPath"], m.get("readOnly", False)) for m in mounts} == {
+            (str(tdir / "worktree"), False), (str(tdir / "probe"), False), (str(tdir / "launch.yaml"), True),
+        }, mounts  # fmt: skip
+        assert all(Path(m["mountPath"]) == data_dir / m["subPath"] for m in mounts), "each at its launcher path"
+        other = next(t for t in trials if t != trial)
+        for path in [*secrets, data_dir / "creds", *(data_dir / "launcher" / "trials" / other).rglob("*")]:
+            assert not visible_in_pod(path, data_dir, mounts), f"trial {trial}'s pod sees {path}"

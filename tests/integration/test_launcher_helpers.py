@@ -157,8 +157,15 @@ class Harness:
         self.arrived: asyncio.Event = asyncio.Event()
         self.runners: list[tuple[Runner, asyncio.Task, Bus]] = []
 
+    own_service = "test"
+    """The service name of the harness's own connection (publishing proposals, collecting events)."""
+
+    async def connect(self, service: str) -> Bus:
+        """A connection as ``service`` (no authorization on this server)."""
+        return await Bus.connect(self.url, service=service)
+
     async def open(self) -> None:
-        self.bus = await Bus.connect(self.url, service="test")
+        self.bus = await self.connect(self.own_service)
 
         async def on_msg(msg) -> None:
             with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
@@ -170,7 +177,7 @@ class Harness:
         await self.bus.nc.subscribe("irsi.*.*", cb=on_msg)
 
     async def serve(self, service) -> None:
-        bus = await Bus.connect(self.url, service=service.name)
+        bus = await self.connect(service.name)
         runner = Runner(service, bus, grace_s=5.0)
         task = asyncio.create_task(runner.run())
         self.runners.append((runner, task, bus))

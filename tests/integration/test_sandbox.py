@@ -1,6 +1,7 @@
 """The local backend's trial sandbox (``infrarsi.trial.sandbox``, bubblewrap), from inside real jobs: what a sandboxed
 rank can see, write and reach, for every rank layout; ``isolation: sandbox`` refused where bwrap is missing and
-``auto`` then said to be unisolated; a read-only input that would expose the launcher's state refused.
+``auto`` then said to be unisolated; a read-only input that would expose the launcher's state refused. The same
+from a Slurm node's side (``slurm_node`` run as ``srun`` runs it, from the backend's ``node-job.json``).
 The jobs are tiny Python scripts (no torch in the ranks)."""
 
 from __future__ import annotations
@@ -8,12 +9,15 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 from infrarsi.backends import JobSpec, LocalBackend, SubmitError
+from infrarsi.backends.slurm import SlurmBackend, node_job
+from infrarsi.backends.slurm_node import SANDBOX_REFUSED
 from infrarsi.trial import sandbox
 from support.backend_jobs import run_to_end
 
@@ -138,6 +142,52 @@ def test_an_input_holding_the_launchers_state_is_refused(tmp_path, sandbox_ready
     hidden = JobSpec(**{**spec.__dict__, "hidden": [str(tmp_path / "work" / "secrets")]})
     with pytest.raises(SubmitError, match=f"writable directory {tmp_path / 'work'} contains"):
         backend.submit(hidden)
+
+
+def run_slurm_node(job_file: Path, path: str) -> subprocess.CompletedProcess[str]:
+    """``slurm_node`` as ``srun`` starts it on node ``irsi-n9`` (its environment's ``PATH`` is ``path``)."""
+    env = {**os.environ, "SLURM_NODEID": "0", "SLURMD_NODENAME": "irsi-n9", "SLURM_JOB_ID": "7", "PATH": path}
+    return subprocess.run([sys.executable, "-m", "infrarsi.backends.slurm_node", str(job_file)], env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
+@pytest.mark.parametrize(("launcher", "nproc"), [("python", 1), ("torchrun", 2)])
+def test_a_slurm_node_starts_the_job_in_the_sandbox_or_refuses_it(tmp_path, sandbox_ready, host_listener, launcher,
+                                                                  nproc) -> None:  # fmt: skip
+    """The node job the Slurm backend writes for a sandboxed one-node trial: the node runs it inside the sandbox
+    (it sees only its binds, no network; torchrun's rendezvous on the sandbox's loopback); a node without bwrap
+    refuses it, saying why, and nothing of the job runs."""
+    if sandbox_ready is not None:
+        pytest.skip(f"no sandbox: {sandbox_ready}")
+    spec = sandboxed_spec(tmp_path, launcher, 1, nproc, host_listener)
+    job_file = spec.state_dir / "node-job.json"
+    job_file.write_text(json.dumps(node_job(spec, sandbox.SANDBOXED, str(tmp_path / "state"))))
+    log = spec.state_dir / "node0.log"
+    done = run_slurm_node(job_file, os.environ["PATH"])
+    assert done.returncode == 0, (done.stderr, log.read_text())
+    seen = [json.loads(line.split("SEEN ", 1)[1]) for line in log.read_text().splitlines() if "SEEN " in line]
+    assert len(seen) == nproc, log.read_text()
+    for rank in seen:
+        assert rank["write_workdir"] == rank["write_probe_dir"] == rank["read_launch"] == "ok", rank
+        assert rank["write_launch"] != "ok" and rank["write_root"] != "ok", rank
+        assert rank["state_listing"] == ["job"] and rank["job_listing"] == ["probe"], rank  # not node-job.json
+        assert rank["tmp_private"] and rank["pids"] < 10 and rank["host_port"] != "ok", rank
+    log.unlink()
+    done = run_slurm_node(job_file, str(tmp_path / "empty-bin"))  # a node without bwrap
+    assert done.returncode == SANDBOX_REFUSED
+    refusal = "isolation: sandbox, refused on node irsi-n9: bubblewrap (`bwrap`) is not installed"
+    assert refusal in log.read_text() and refusal in (spec.state_dir / "refused-node0.txt").read_text()
+    assert "SEEN" not in log.read_text()
+
+
+def test_a_slurm_trial_with_an_input_holding_the_data_directory_is_refused_before_sbatch(tmp_path) -> None:
+    backend = SlurmBackend(str(tmp_path / "data" / "launcher" / "trials"))
+    spec = JobSpec(name="t1", argv=[sys.executable, "job.py"], workdir=tmp_path / "data" / "t1" / "worktree", env={},
+                   state_dir=tmp_path / "data" / "t1", isolation="sandbox", read_only=[str(tmp_path)],
+                   hidden=[str(tmp_path / "data")])  # fmt: skip
+    with pytest.raises(SubmitError, match=f"read-only input {tmp_path} contains"):
+        backend.submit(spec)
+    assert not (spec.state_dir / "node-job.json").exists()
 
 
 def test_an_installed_tool_in_its_own_virtual_environment_runs_sandboxed(tmp_path, sandbox_ready) -> None:

@@ -1,7 +1,8 @@
 """Trials through a real Slurm cluster (the ``slurm_cluster`` fixture: slurmctld + two slurmd in their own
 network namespaces), with the real launcher and telemetry services on a real nats-server.
 
-Covers: the reference dense workload on one node and on two nodes (rendezvous and gloo across the bridge), an
+Covers: the reference dense workload on one node and on two nodes (rendezvous and gloo across the bridge; each
+node's job in the trial sandbox, isolation left at ``auto``), an
 emulated-capacity OOM reported ``oom`` from the Slurm job, a timeout ended with ``scancel``, a launcher killed
 mid-trial that re-attaches to its job, a job cancelled from outside InfraRSI, and a node lost mid-job
 (``NODE_FAIL``: an infrastructure failure).
@@ -77,6 +78,7 @@ async def test_dense_1node_through_slurm(harness, tmp_path) -> None:
     trial = await harness.propose(study, kind="baseline", steps=2)
     launched = await harness.wait_for(trial, "TrialLaunched", timeout_s=60)
     assert launched.backend == "slurm" and launched.job_id.isdigit()
+    assert launched.isolation == "bwrap"  # isolation left at auto: the node started it in the sandbox
     finished = await harness.wait_for(trial, "TrialFinished", timeout_s=600)
     assert finished.status == "ok", finished.output_tail
     assert finished.steps_completed == 2
@@ -98,6 +100,7 @@ async def test_two_node_trial_rendezvous_across_namespaces(harness, tmp_path, sl
     finished = await harness.wait_for(trial, "TrialFinished", timeout_s=600)
     assert finished.status == "ok", finished.output_tail
     assert finished.ranks == 2 and finished.steps_completed == 2
+    assert launched.isolation == "bwrap"  # each agent in its sandbox, keeping its node's network
     tdir = harness.data_dir / "launcher" / "trials" / trial
     assert (tdir / "node0.log").exists() and (tdir / "node1.log").exists()  # one agent per node
     job = subprocess.run(["scontrol", "show", "job", launched.job_id], capture_output=True, text=True).stdout

@@ -13,9 +13,9 @@ speed-up for the search to find.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
+
+from support.user_jobs import make_job_repo
 
 TRAIN = '''\
 import argparse
@@ -87,13 +87,4 @@ GOLDEN_COMMAND = [
 
 def make_accelerate_repo(path: Path) -> Path:
     """The repository at ``path`` (created), committed, with its data prepared but not committed."""
-    path.mkdir(parents=True)
-    (path / "train.py").write_text(TRAIN)
-    (path / "prepare.py").write_text(PREPARE)
-    (path / ".gitignore").write_text("data/\n__pycache__/\n")
-    git = ["git", "-C", str(path), "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
-    subprocess.run([*git, "init", "-q"], check=True)
-    subprocess.run([*git, "add", "-A"], check=True)
-    subprocess.run([*git, "commit", "-qm", "an Accelerate training script"], check=True)
-    subprocess.run([sys.executable, "prepare.py"], cwd=path, check=True)
-    return path
+    return make_job_repo(path, {"train.py": TRAIN, "prepare.py": PREPARE}, "an Accelerate training script")

@@ -3,9 +3,7 @@ build a study's analyst DB without a server; install Debian's Chromium for the b
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -16,6 +14,7 @@ from pathlib import Path
 from infrarsi import eventlog
 from infrarsi import events as ev
 from infrarsi.bus import subjects
+from support import apt
 
 INFRARSI = [str(Path(sys.executable).parent / "infrarsi")]
 BROWSER_PACKAGES = ["chromium", "chromium-driver"]
@@ -69,16 +68,5 @@ def apply_events(db: eventlog.AnalystDB, events: list[ev.Event]) -> None:
 def browser_install_reason() -> str | None:
     """Install Chromium and its driver with apt-get when missing (``make browser-deps`` does the same); ``None``
     when they are there, else why not."""
-    if shutil.which("chromium") and shutil.which("chromedriver"):
-        return None
-    if os.geteuid() != 0:
-        return "Chromium is not installed and installing it (apt-get) needs root: run `make browser-deps` as root"
-    if shutil.which("apt-get") is None:
-        return "Chromium is not installed and there is no apt-get to install it"
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for argv in (["apt-get", "update", "-q"],
-                 ["apt-get", "install", "-y", "-q", "--no-install-recommends", *BROWSER_PACKAGES]):
-        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
-        if proc.returncode != 0 and argv[1] == "install":
-            return f"apt-get install {' '.join(BROWSER_PACKAGES)} failed: {proc.stderr.strip()[-300:]}"
-    return None
+    return apt.install_reason("Chromium", BROWSER_PACKAGES, ("chromium", "chromedriver"),
+                              root_hint=": run `make browser-deps` as root")

@@ -17,9 +17,9 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
+
+from support.user_jobs import make_job_repo
 
 TRAIN = '''\
 import ast
@@ -146,15 +146,5 @@ GOLDEN_COMMAND = [
 
 def make_gptlike_repo(path: Path) -> Path:
     """The repository at ``path`` (created), committed, with its data prepared but not committed."""
-    path.mkdir(parents=True)
-    (path / "train.py").write_text(TRAIN)
-    (path / "prepare.py").write_text(PREPARE)
-    (path / "config").mkdir()
-    (path / "config" / "train_tiny.py").write_text(CONFIG)
-    (path / ".gitignore").write_text("data/\n__pycache__/\n")
-    git = ["git", "-C", str(path), "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
-    subprocess.run([*git, "init", "-q"], check=True)
-    subprocess.run([*git, "add", "-A"], check=True)
-    subprocess.run([*git, "commit", "-qm", "a GPT-style training script"], check=True)
-    subprocess.run([sys.executable, "prepare.py"], cwd=path, check=True)
-    return path
+    files = {"train.py": TRAIN, "prepare.py": PREPARE, "config/train_tiny.py": CONFIG}
+    return make_job_repo(path, files, "a GPT-style training script")

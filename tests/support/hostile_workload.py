@@ -28,23 +28,14 @@ import textwrap
 from pathlib import Path
 
 import yaml
-from support.toy_job import toy_job_script
+from support.toy_job import TRACK_IMPORT, TRACKED_LOOP, toy_job_script
 
 STEPS = 6
 
 TRAIN = toy_job_script(
     flags={"hidden": 64},
-    imports="import attack  # noqa: F401 — the candidate's code runs first\nfrom infrarsi.probe.integrations.torch import track",
-    body="""
-    with track(model, opt) as tracked:
-
-        @tracked.step
-        def train_step(i):
-            return sgd_step(i)
-
-        for i in range(args.max_steps):
-            train_step(i)
-    """,
+    imports=f"import attack  # noqa: F401 — the candidate's code runs first\n{TRACK_IMPORT}",
+    body=TRACKED_LOOP,
 )
 
 _PRELUDE = """\
@@ -171,8 +162,10 @@ def _patch(new_text: str) -> str:
 
 
 def write_hostile_workload(root: Path, *, listener_port: int, timeout_s: float = 600.0,
-                           isolation: str = "sandbox") -> Path:  # fmt: skip
-    """The workload repo (committed) under ``root / "job"`` and its contract; returns the contract's path."""
+                           isolation: str = "sandbox", backend: dict | None = None) -> Path:  # fmt: skip
+    """The workload repo (committed) under ``root / "job"`` and its contract; returns the contract's path.
+
+    ``backend``: the contract's backend (``timeout_s`` added), instead of the local one with ``isolation``."""
     repo = root / "job"
     (repo / "patches").mkdir(parents=True)
     (repo / "train.py").write_text(TRAIN)
@@ -194,7 +187,7 @@ def write_hostile_workload(root: Path, *, listener_port: int, timeout_s: float =
                      "knobs_via": "argv", "env": {"OMP_NUM_THREADS": "1", "HOSTILE_PORT": str(listener_port)},
                      "steps": STEPS, "steps_key": "max_steps", "verify_steps": STEPS, "patch_dir": "patches"},
         "cluster": {"id": "cpu", "accelerator": "cpu", "memory_capacity_bytes": 4 << 30, "peak_flops": None},
-        "backend": {"kind": "local", "timeout_s": timeout_s, "isolation": isolation},
+        "backend": {**(backend or {"kind": "local", "isolation": isolation}), "timeout_s": timeout_s},
         "scope": {"files": ["attack.py"], "launch_keys": ["hidden"]},
         "search_space": {"knobs": {"hidden": {"type": "int", "choices": [64]}}, "patches": [*ATTACKS, HONEST]},
         "invariants": {"loss": {"tolerance": 0.5}, "eval": False, "timing_tolerance": 1.0},

@@ -10,7 +10,6 @@ through its HTTP API. Nothing here is a stand-in: the values come back from Prom
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
 import subprocess
@@ -20,6 +19,7 @@ import urllib.request
 from pathlib import Path
 
 import yaml
+from support import apt
 
 PACKAGES = ("prometheus",)
 REPO = Path(__file__).resolve().parents[2]
@@ -28,18 +28,8 @@ SCRAPE_CONFIG = REPO / "deploy" / "prometheus" / "prometheus.yml"
 
 def install_reason() -> str | None:
     """Install Prometheus with apt-get when missing; ``None`` when it is there, else why not."""
-    if shutil.which("prometheus"):
-        return None
-    if os.geteuid() != 0:
-        return "prometheus is not installed and installing it (apt-get) needs root"
-    if shutil.which("apt-get") is None:
-        return "prometheus is not installed and there is no apt-get to install it"
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for argv in (["apt-get", "update", "-q"],
-                 ["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES]):
-        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
-        if proc.returncode != 0 and argv[1] == "install":
-            return f"apt-get install {' '.join(PACKAGES)} failed: {proc.stderr.strip()[-300:]}"
+    if (reason := apt.install_reason("prometheus", PACKAGES, ("prometheus",))) is not None:
+        return reason
     return None if shutil.which("prometheus") else "apt-get installed prometheus but it is not on PATH"
 
 

@@ -10,7 +10,7 @@ Accounting: no slurmdbd (it needs a MySQL server). ``AccountingStorageType=accou
 is appended to ``jobcomp.txt``, which ``sacct --completion`` reads — the Slurm backend's accounting source.
 
 Used by the tests' ``slurm_cluster`` fixture and by ``make slurm-up`` / ``make slurm-down``
-(``python tests/support/slurm_cluster.py up|down``): the cluster's files live under ``BASE`` and
+(``PYTHONPATH=tests python -m support.slurm_cluster up|down``): the cluster's files live under ``BASE`` and
 ``SLURM_CONF=BASE/slurm.conf`` points the client commands at it. Starting one stops any previous one.
 """
 
@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infrarsi.trial import netns
+from support import apt
 
 BASE = Path(os.environ.get("INFRARSI_SLURM_BASE", "/run/infrarsi-slurm"))
 PACKAGES = ["slurm-wlm", "slurm-client", "munge"]
@@ -39,21 +40,7 @@ PARTITION = "irsi"
 
 def install_reason() -> str | None:
     """Install Slurm and munge with apt-get when missing; ``None`` when they are there, else why not."""
-    if all(shutil.which(cmd) for cmd in ("sbatch", "slurmctld", "slurmd", "munged", "sacct")):
-        return None
-    if os.geteuid() != 0:
-        return "Slurm is not installed and installing it (apt-get) needs root"
-    if shutil.which("apt-get") is None:
-        return "Slurm is not installed and there is no apt-get to install it"
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for argv in (
-        ["apt-get", "update", "-q"],
-        ["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES],
-    ):
-        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
-        if proc.returncode != 0 and argv[1] == "install":
-            return f"apt-get install {' '.join(PACKAGES)} failed: {proc.stderr.strip()[-300:]}"
-    return None
+    return apt.install_reason("Slurm", PACKAGES, ("sbatch", "slurmctld", "slurmd", "munged", "sacct"))
 
 
 @dataclass
@@ -235,4 +222,4 @@ if __name__ == "__main__":
             down()
             print("Slurm cluster stopped")
         case _:
-            sys.exit("usage: slurm_cluster.py up|down")
+            sys.exit("usage: python -m support.slurm_cluster up|down")

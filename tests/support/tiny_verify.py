@@ -68,10 +68,12 @@ async def verify_candidates(
 
 
 async def run_verification(
-    tmp_path: Path, contract: Path, candidates: list[ev.Candidate], *, timeout_s: float = 800.0
-) -> list[ev.VerifyCompleted]:
-    """Start the stack, create the study of ``contract``, request one verification of ``candidates`` and return
-    each candidate's final ``VerifyCompleted`` (in the order of ``candidates``; fewer on a timeout)."""
+    tmp_path: Path, contract: Path, candidates: list[ev.Candidate], *, timeout_s: float = 800.0,
+    reason: str = "planted candidates",
+) -> list[ev.VerifyCompleted]:  # fmt: skip
+    """Start the stack, create the study of ``contract``, request one verification of ``candidates`` (``reason``:
+    the request's) and return each candidate's final ``VerifyCompleted`` (in the order of ``candidates``; fewer on
+    a timeout)."""
     data_dir = tmp_path / "data"
     stack = await asyncio.to_thread(Stack.start, data_dir)
     verdicts: dict[str, ev.VerifyCompleted] = {}
@@ -81,7 +83,7 @@ async def run_verification(
         try:
             await bus.publish(study_created_event(prepared))
             await bus.publish(ev.make_event(
-                ev.VerifyRequested(candidates=candidates, repeats=1, reason="planted candidates"),
+                ev.VerifyRequested(candidates=candidates, repeats=1, reason=reason),
                 study_id=prepared.study_id, source="cli.verify",
             ))
             for _ in range(int(timeout_s)):

@@ -3,7 +3,8 @@ a seeded two-layer MLP fitting y = 2·x₀ on 512 random samples with SGD, one t
 
 ``toy_job_script(flags, body)`` writes its ``train.py``: ``--batch_size`` (16) and ``--max_steps`` (100) plus
 ``flags``; the script defines ``args``, ``model``, ``opt`` and ``sgd_step(i)`` (one optimiser step on the i-th
-batch, returning the loss), then runs ``body``: the loop, plain or through an integration.
+batch, returning the loss), then runs ``body``: the loop, plain or through an integration. ``TRACKED_LOOP`` is
+that loop through the probe's ``track`` decorator (import ``TRACK_IMPORT`` with it).
 """
 
 from __future__ import annotations
@@ -32,6 +33,19 @@ def sgd_step(i):
     opt.step()
     return loss
 
+"""
+
+
+TRACK_IMPORT = "from infrarsi.probe.integrations.torch import track"
+TRACKED_LOOP = """
+with track(model, opt) as tracked:
+
+    @tracked.step
+    def train_step(i):
+        return sgd_step(i)
+
+    for i in range(args.max_steps):
+        train_step(i)
 """
 
 

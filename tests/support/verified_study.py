@@ -1,7 +1,8 @@
 """A verification as the services would leave it on the bus: telemetry's ``TrialMeasured`` for every run the
 verifier planned, and the verifier's ``VerifyCompleted`` per round decided from them — each event under the
 source the subjects table names as its publisher. ``infrarsi apply`` re-derives verifications from exactly
-these, so a test of apply needs the whole chain, not a lone ``VerifyCompleted``."""
+these, so a test of apply needs the whole chain, not a lone ``VerifyCompleted``. ``locked_contract`` is the
+contract such a study was created with, its verify rules and loss invariant the test's."""
 
 from __future__ import annotations
 
@@ -9,10 +10,24 @@ from infrarsi import events as ev
 from infrarsi.verdicts import verification as vf
 from support.owned import owned_event
 
-__all__ = ["Piece", "final", "owned_event", "verification"]
+__all__ = ["Piece", "final", "locked_contract", "owned_event", "verification"]
 
 Piece = tuple[object, str | None]
 """A payload and its trial id (``None`` for study-level events)."""
+
+
+def locked_contract(*, steps: int, verify_steps: int, verify: dict[str, object], loss: dict[str, object]) -> dict[str, object]:
+    """A locked contract (what ``init`` puts in ``StudyCreated``) of a one-file CPU workload: ``steps`` a search
+    trial, ``verify_steps`` a verify run, ``verify`` its verify rules and ``loss`` its loss invariant."""
+    return {
+        "name": "s", "goal": "g",
+        "workload": {"repo": "/w", "command": ["{python}", "train.py", "{launch_file}"], "launch_file": "launch.yaml",
+                     "steps": steps, "verify_steps": verify_steps},
+        "cluster": {"id": "local", "accelerator": "cpu", "memory_capacity_bytes": 2**30}, "scope": {"files": ["model.py"]},
+        "budget": {"trials": 4, "accelerator_hours": 1.0},
+        "verify": verify,
+        "invariants": {"loss": loss},
+    }  # fmt: skip
 
 
 def _measured(candidate_key: str, step_s: float) -> ev.TrialMeasured:

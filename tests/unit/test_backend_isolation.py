@@ -1,5 +1,6 @@
-"""``backend.isolation`` and ``backend.read_only`` (the local backend's trial sandbox) as the contract reads them,
-and the sandbox's command line: what is bound, what is not, and a bind that would expose the launcher's state."""
+"""``backend.isolation`` and ``backend.read_only`` (the trial sandbox of the local and Slurm backends) as the
+contract reads them, and the sandbox's command line: what is bound, what is not, and a bind that would expose the
+launcher's state."""
 
 from __future__ import annotations
 
@@ -23,11 +24,14 @@ def test_read_only_inputs_must_be_absolute() -> None:
         BackendSpec(read_only=["data"])
 
 
-def test_isolation_is_the_local_backends_alone() -> None:
-    with pytest.raises(ValidationError, match="isolation do not apply to backend kind slurm"):
-        BackendSpec(kind="slurm", isolation="sandbox")
+def test_isolation_is_the_local_and_slurm_backends_alone() -> None:
+    assert BackendSpec(kind="slurm", isolation="sandbox", read_only=["/data"]).isolation == "sandbox"
+    with pytest.raises(ValidationError, match="isolation do not apply to backend kind kubernetes"):
+        BackendSpec(kind="kubernetes", image="img", isolation="sandbox")
     with pytest.raises(ValidationError, match="read_only do not apply to backend kind kubernetes"):
         BackendSpec(kind="kubernetes", image="img", read_only=["/data"])
+    with pytest.raises(ValidationError, match="isolation do not apply to backend kind sim"):
+        BackendSpec(kind="sim", isolation="none")
 
 
 def test_the_command_line_binds_only_what_the_spec_names(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ regenerates it. Unknown fields are errors, as with the API server's strict field
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ from infrarsi.backends.kubernetes_manifests import (
     MAX_NAME,
     OWNER_ANNOTATION,
     TRIAL_LABEL,
+    ManifestError,
     object_name,
     render,
     render_indexed_job,
@@ -40,11 +42,16 @@ def validate(manifest: dict) -> None:
 
 
 def spec(tmp: Path, *, nnodes: int = 2, launcher: str = "torchrun", name: str = "t-0001-ab") -> JobSpec:
+    """A trial as the launcher submits it: worktree, probe directory and launch file in its own directory under
+    the data directory (``tmp / "data"``, which the volume claim holds), one input off the claim."""
+    tdir = tmp / "data" / "launcher" / "trials" / name
     return JobSpec(
-        name=name, argv=[sys.executable, "train.py", "--launch", str(tmp / "launch.yaml")],
-        workdir=tmp / "data" / "worktrees" / name, state_dir=tmp / "data" / "launcher" / name,
+        name=name, argv=[sys.executable, "train.py", "--launch", str(tdir / "launch.yaml")],
+        workdir=tdir / "worktree", state_dir=tdir,
         env={**HOST_ENV, "INFRARSI_TRIAL_ID": name, "PATH": "/launcher/venv/bin"},
         launcher=launcher, nnodes=nnodes, nproc_per_node=4,  # type: ignore[arg-type]
+        writable=[str(tdir / "probe")], read_only=[str(tdir / "launch.yaml"), "/datasets/tokens"],
+        hidden=[str(tmp / "data")],
     )  # fmt: skip
 
 
@@ -56,7 +63,7 @@ OPTIONS = BackendSpec(kind="kubernetes", namespace="ml", image="registry.example
 @pytest.mark.parametrize("nnodes", [1, 3])
 def test_rendered_objects_are_valid_api_objects(tmp_path: Path, manifest: str, nnodes: int) -> None:
     options = OPTIONS.model_copy(update={"manifest": manifest})
-    objects = render(spec(tmp_path, nnodes=nnodes), options, "/state", HOST_ENV)
+    objects = render(spec(tmp_path, nnodes=nnodes), options, "/state", HOST_ENV, tmp_path / "data")
     assert [o["kind"] for o in objects] == (["PyTorchJob"] if manifest == "pytorchjob" else ["Service", "Job"])
     for obj in objects:
         validate(obj)
@@ -64,7 +71,7 @@ def test_rendered_objects_are_valid_api_objects(tmp_path: Path, manifest: str, n
 
 
 def test_a_pytorchjob_runs_one_agent_per_node_with_the_rendezvous_on_the_master(tmp_path: Path) -> None:
-    job = render_pytorchjob(spec(tmp_path, nnodes=3), OPTIONS, "/state", HOST_ENV)
+    job = render_pytorchjob(spec(tmp_path, nnodes=3), OPTIONS, "/state", HOST_ENV, tmp_path / "data")
     replicas = job["spec"]["pytorchReplicaSpecs"]
     assert replicas["Master"]["replicas"] == 1 and replicas["Worker"]["replicas"] == 2
     pod = replicas["Worker"]["template"]["spec"]
@@ -73,9 +80,16 @@ def test_a_pytorchjob_runs_one_agent_per_node_with_the_rendezvous_on_the_master(
     assert command[:3] == ["python3", "-m", "torch.distributed.run"], "the image's interpreter, not the launcher's"
     assert command[command.index("--rdzv-endpoint") + 1] == "irsi-t-0001-ab-master-0:29400"
     assert command[command.index("--nnodes") + 1] == "3" and "--node-rank" not in command
-    assert command[-3:] == ["train.py", "--launch", str(tmp_path / "launch.yaml")]
+    tdir = tmp_path / "data" / "launcher" / "trials" / "t-0001-ab"
+    assert command[-3:] == ["train.py", "--launch", str(tdir / "launch.yaml")]
     assert container["resources"] == {"limits": {"nvidia.com/gpu": "4"}}
-    assert container["volumeMounts"] == [{"name": "infrarsi-data", "mountPath": str(tmp_path / "data")}]
+    # of the claim, only the trial's own paths, at their launcher paths; the input off the claim is not mounted
+    assert container["volumeMounts"] == [
+        {"name": "infrarsi-data", "mountPath": str(tdir / "worktree"), "subPath": "launcher/trials/t-0001-ab/worktree"},
+        {"name": "infrarsi-data", "mountPath": str(tdir / "probe"), "subPath": "launcher/trials/t-0001-ab/probe"},
+        {"name": "infrarsi-data", "mountPath": str(tdir / "launch.yaml"), "subPath": "launcher/trials/t-0001-ab/launch.yaml",
+         "readOnly": True},
+    ]  # fmt: skip
     assert pod["volumes"][0]["persistentVolumeClaim"] == {"claimName": "shared-data"}
     assert container["env"] == [{"name": "INFRARSI_TRIAL_ID", "value": "t-0001-ab"},
                                 {"name": "PATH", "value": "/launcher/venv/bin"}]  # fmt: skip
@@ -83,7 +97,7 @@ def test_a_pytorchjob_runs_one_agent_per_node_with_the_rendezvous_on_the_master(
 
 
 def test_an_indexed_job_names_node_zero_through_its_headless_service(tmp_path: Path) -> None:
-    service, job = render_indexed_job(spec(tmp_path, nnodes=2), OPTIONS, "/state", HOST_ENV)
+    service, job = render_indexed_job(spec(tmp_path, nnodes=2), OPTIONS, "/state", HOST_ENV, tmp_path / "data")
     assert service["spec"]["clusterIP"] == "None"
     pod = job["spec"]["template"]
     assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
@@ -94,16 +108,17 @@ def test_an_indexed_job_names_node_zero_through_its_headless_service(tmp_path: P
 
 
 def test_a_python_job_runs_its_argv_as_the_command_with_no_shell(tmp_path: Path) -> None:
-    job = render_pytorchjob(spec(tmp_path, nnodes=1, launcher="python"), OPTIONS, "/state", HOST_ENV)
+    job = render_pytorchjob(spec(tmp_path, nnodes=1, launcher="python"), OPTIONS, "/state", HOST_ENV, tmp_path / "data")
     command = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"]
-    assert command == ["python3", "train.py", "--launch", str(tmp_path / "launch.yaml")]
+    tdir = tmp_path / "data" / "launcher" / "trials" / "t-0001-ab"
+    assert command == ["python3", "train.py", "--launch", str(tdir / "launch.yaml")]
 
 
 @pytest.mark.parametrize("trial", ["t-0001-ab", "Trial_7.b", "x" * 80])
 def test_object_names_are_dns_labels(tmp_path: Path, trial: str) -> None:
     name = object_name(trial)
     assert len(name) <= MAX_NAME and name == name.lower()
-    job = render_pytorchjob(spec(tmp_path, name=trial), OPTIONS, "/state", HOST_ENV)
+    job = render_pytorchjob(spec(tmp_path, name=trial), OPTIONS, "/state", HOST_ENV, tmp_path / "data")
     validate(job)
     assert job["metadata"]["labels"][TRIAL_LABEL]
     assert object_name(trial) != object_name(trial + "x"), "distinct trials, distinct objects"
@@ -120,7 +135,7 @@ def test_object_names_are_dns_labels(tmp_path: Path, trial: str) -> None:
 )
 def test_the_schemas_refuse_what_the_api_would(tmp_path: Path, path: tuple, value: object, complaint: str) -> None:
     """The validation can fail: an unknown replica type, a bad enum value, an unknown field, a wrong type."""
-    job = copy.deepcopy(render_pytorchjob(spec(tmp_path), OPTIONS, "/state", HOST_ENV))
+    job = copy.deepcopy(render_pytorchjob(spec(tmp_path), OPTIONS, "/state", HOST_ENV, tmp_path / "data"))
     node = job
     for key in path[:-1]:
         node = node[key]
@@ -130,7 +145,7 @@ def test_the_schemas_refuse_what_the_api_would(tmp_path: Path, path: tuple, valu
 
 
 def test_a_job_without_its_template_is_refused(tmp_path: Path) -> None:
-    _, job = render_indexed_job(spec(tmp_path), OPTIONS, "/state", HOST_ENV)
+    _, job = render_indexed_job(spec(tmp_path), OPTIONS, "/state", HOST_ENV, tmp_path / "data")
     del job["spec"]["template"]
     with pytest.raises(jsonschema.ValidationError, match="'template' is a required property"):
         validate(job)
@@ -148,3 +163,19 @@ def test_the_contract_takes_kubernetes_options_and_refuses_bad_ones() -> None:
         BackendSpec(kind="kubernetes", image="i", namespace="My_NS")
     with pytest.raises(ValueError, match="image do not apply to backend kind slurm"):
         BackendSpec(kind="slurm", image="i")
+
+
+def test_a_pod_never_mounts_the_claims_root_or_a_writable_path_off_it(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    whole = dataclasses.replace(spec(tmp_path), read_only=[str(data)])
+    with pytest.raises(ManifestError, match="is the data directory itself"):
+        render(whole, OPTIONS, "/state", HOST_ENV, data)
+    elsewhere = dataclasses.replace(spec(tmp_path), workdir=tmp_path / "scratch" / "worktree")
+    with pytest.raises(ManifestError, match="is not on the volume claim"):
+        render(elsewhere, OPTIONS, "/state", HOST_ENV, data)
+    with pytest.raises(ManifestError, match="was not told which data directory"):
+        render(spec(tmp_path), OPTIONS, "/state", HOST_ENV)
+    # a path that only looks inside (``..``) is judged by where it leads
+    sneaky = dataclasses.replace(spec(tmp_path), read_only=[str(data / "launcher" / "trials" / ".." / "..")])
+    with pytest.raises(ManifestError, match="is the data directory itself"):
+        render(sneaky, OPTIONS, "/state", HOST_ENV, data)

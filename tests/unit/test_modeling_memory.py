@@ -5,7 +5,7 @@ import math
 import numpy as np
 from infrarsi.modeling.memory_model import MemoryModel
 from infrarsi.modeling.priors import KnowledgeBase
-from infrarsi.modeling.search import Observation, SearchConfig, Searcher
+from infrarsi.modeling.search import Observation, Prediction, SearchConfig, Searcher
 from infrarsi.modeling.space import BoolKnob, Candidate, Categorical, IntChoice, SearchSpace
 
 SPACE = SearchSpace(knobs=(IntChoice("micro_batch", (1, 2, 4, 8, 16, 32)), BoolKnob("checkpointing")))
@@ -165,17 +165,23 @@ def test_knob_pair_columns_fit_a_peak_that_is_a_sum_of_terms():
     assert errors[0.1] < 0.06 < errors[None]  # 3% against 13% off inside the rim
 
 
-def test_the_searcher_gives_a_memory_model_without_a_shape_the_knob_pair_columns():
-    s = Searcher(SUM_SPACE, 60e9, kb=KnowledgeBase(time={}, memory={}))
-    enc = s.memory_model.encoder
-    assert enc.dim > enc.n_main
+def observe_every_third(s: Searcher) -> tuple[list[Candidate], list[Prediction]]:
+    """``s`` told every third candidate of ``SUM_SPACE`` as run on 60 GB (above it an OOM, censored at 57 GB);
+    the space's candidates and ``s``'s predictions of them."""
     rows = SUM_SPACE.enumerate()
     for c in rows[::3]:
         peak = sum_of_terms_peak(c)
         oom = peak > 60e9
         s.observe(Observation(c, "oom" if oom else "ok", None if oom else 1.0 / float(c["rows"]),  # type: ignore[arg-type]
                               57e9 if oom else peak))
-    preds = s.predict(rows)
+    return rows, s.predict(rows)
+
+
+def test_the_searcher_gives_a_memory_model_without_a_shape_the_knob_pair_columns():
+    s = Searcher(SUM_SPACE, 60e9, kb=KnowledgeBase(time={}, memory={}))
+    enc = s.memory_model.encoder
+    assert enc.dim > enc.n_main
+    rows, preds = observe_every_third(s)
     assert len(preds) == len(rows)
     assert max(p.p_oom for c, p in zip(rows, preds, strict=True) if sum_of_terms_peak(c) < 30e9) < 0.05
 
@@ -203,13 +209,7 @@ def test_the_searcher_predicts_through_the_two_term_memory_model_and_its_misfit_
     s = Searcher(SUM_SPACE, 60e9, kb=KnowledgeBase(time={}, memory={}),
                  config=SearchConfig(memory_two_terms=True, memory_misfit_floor=0.05, memory_anchor_spread=None))
     assert s.memory_model.two_terms and s.memory_model.encoder.dim == s.memory_model.encoder.n_main
-    rows = SUM_SPACE.enumerate()
-    for c in rows[::3]:
-        peak = sum_of_terms_peak(c)
-        oom = peak > 60e9
-        s.observe(Observation(c, "oom" if oom else "ok", None if oom else 1.0 / float(c["rows"]),  # type: ignore[arg-type]
-                              57e9 if oom else peak))
-    preds = s.predict(rows)
+    rows, preds = observe_every_third(s)
     assert math.exp(s.memory_model.log_sigma) >= 0.05 - 1e-9  # the fit's σ stays at the floor or above
     assert min(p.log_peak_std for p in preds) >= 0.05 - 1e-9
     # the pool-wide means (the shortlist's) are the per-candidate predictions' means

@@ -10,6 +10,7 @@ import pytest
 from infrarsi import events as ev
 from infrarsi.verdicts import verification as vf
 from infrarsi_services.verifier.logic import VerifierLogic
+from support.verified_study import locked_contract
 
 CAND = ev.Candidate(knobs={"micro_batch_size": 8}, patches=["fused-qkv"])
 STUDY = "study1"
@@ -189,15 +190,8 @@ def _measured(proposed: ev.TrialProposed, t: float, *, loss=None):
 
 def _contract():
     """A locked contract (what ``init`` puts in StudyCreated) whose verify rules are the ones under test."""
-    return {
-        "name": "s", "goal": "g",
-        "workload": {"repo": "/w", "command": ["{python}", "train.py", "{launch_file}"], "launch_file": "launch.yaml",
-                     "steps": 200, "verify_steps": 400},
-        "cluster": {"id": "local", "accelerator": "cpu", "memory_capacity_bytes": 2**30}, "scope": {"files": ["model.py"]},
-        "budget": {"trials": 4, "accelerator_hours": 1.0},
-        "verify": {"repeats": 3, "passes_required": 2, "top_k": 1},
-        "invariants": {"loss": {"tolerance": 0.02, "mode": "relative"}},
-    }
+    return locked_contract(steps=200, verify_steps=400, verify={"repeats": 3, "passes_required": 2, "top_k": 1},
+                           loss={"tolerance": 0.02, "mode": "relative"})
 
 
 def _study_created():
@@ -263,6 +257,45 @@ def test_state_machine_counts_a_crashed_run_from_trial_finished():
     assert out[0].payload.failed_invariants == ["run.oom"]
     # Unrelated trials are ignored.
     assert logic.apply(_env(_measured(base.payload, 1.0), trial_id="someone-else")) == []
+
+
+def test_a_run_the_harness_lost_is_run_again_instead_of_failing_the_round():
+    """The stack killed under a verification: the restarted launcher reports the run ``cancelled`` as the
+    harness's failure. The round plans the same run once more (same arm and pair) and is decided by the re-run;
+    a second loss of the same run counts as the failure it is; a cancelled study's runs are not re-run."""
+    logic = VerifierLogic()
+    logic.apply(_env(_study_created()))
+    base, cand = logic.apply(_env(ev.VerifyRequested(candidates=[CAND], repeats=1)))
+    assert logic.apply(_env(_measured(base.payload, 1.0), trial_id=base.trial_id)) == []
+    lost = ev.TrialFinished(status="cancelled", infrastructure=True, accelerator_s=3.0,
+                            reason="the launcher was stopped or killed mid-trial; its processes were reaped")
+    lost_event = _env(lost, trial_id=cand.trial_id)
+    [again] = logic.apply(lost_event)
+    assert again.trial_id == ev.derived_id(cand.trial_id, "rerun") and again.payload.retry_of == cand.trial_id
+    assert again.payload.candidate == CAND and again.payload.origin == "verify" and again.payload.steps == 400
+    assert logic.apply(lost_event) == [again]  # redelivered: the same re-run
+    assert logic.apply(_env(lost, trial_id=cand.trial_id)) == []  # a second report of the loss: nothing more
+    # the lost run's late TrialMeasured (telemetry's, of what it ran) decides nothing
+    assert logic.apply(_env(_measured(cand.payload, 0.5), trial_id=cand.trial_id)) == []
+    done, *round2 = logic.apply(_env(_measured(again.payload, 1.0 / 1.3), trial_id=again.trial_id))
+    assert done.payload.passes == 1 and not done.payload.failed_invariants and len(round2) == 2  # 2 passes required
+    assert done.payload.speedup == pytest.approx(1.3)
+
+    # lost twice: the re-run's loss is the result
+    logic = VerifierLogic()
+    logic.apply(_env(_study_created()))
+    base, cand = logic.apply(_env(ev.VerifyRequested(candidates=[CAND], repeats=1)))
+    logic.apply(_env(_measured(base.payload, 1.0), trial_id=base.trial_id))
+    [again] = logic.apply(_env(lost, trial_id=cand.trial_id))
+    [done] = logic.apply(_env(lost, trial_id=again.trial_id))
+    assert done.payload.failed_invariants == ["run.cancelled"] and not done.payload.promotable
+
+    # a study cancelled: its runs end cancelled (infrastructure too) and nothing is run again
+    logic = VerifierLogic()
+    logic.apply(_env(_study_created()))
+    base, cand = logic.apply(_env(ev.VerifyRequested(candidates=[CAND], repeats=1)))
+    logic.apply(_env(ev.StudyCancelled(reason="budget", by="t@h")))
+    assert logic.apply(_env(lost, trial_id=cand.trial_id)) == []
 
 
 # --------------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from infrarsi.study.contract import Contract, ContractError, DownstreamSpec
 from infrarsi.verdicts import verification as vf
 from infrarsi_services.launcher.downstream import parse_metric
 from infrarsi_services.verifier.logic import VerifierLogic
+from support.verified_study import locked_contract
 
 CAND = ev.Candidate(patches=["fused-qkv"])
 RULE = vf.LossRule(tolerance=0.01, mode="relative", trend=None)
@@ -129,15 +130,8 @@ def test_parse_metric_reads_the_last_json_line_and_names_what_is_wrong():
 
 
 def _contract(verify: dict[str, object]) -> dict[str, object]:
-    return {
-        "name": "s", "goal": "g",
-        "workload": {"repo": "/w", "command": ["{python}", "train.py", "{launch_file}"], "launch_file": "launch.yaml",
-                     "steps": 20, "verify_steps": 20},
-        "cluster": {"id": "local", "accelerator": "cpu", "memory_capacity_bytes": 2**30}, "scope": {"files": ["model.py"]},
-        "budget": {"trials": 4, "accelerator_hours": 1.0},
-        "verify": {"repeats": 1, "passes_required": 1, "top_k": 1, **verify},
-        "invariants": {"loss": {"tolerance": 0.01, "mode": "relative", "trend": None}},
-    }  # fmt: skip
+    return locked_contract(steps=20, verify_steps=20, verify={"repeats": 1, "passes_required": 1, "top_k": 1, **verify},
+                           loss={"tolerance": 0.01, "mode": "relative", "trend": None})
 
 
 def _env(payload: ev.Payload, trial_id: str | None = None) -> ev.Event:

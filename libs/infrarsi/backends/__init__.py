@@ -40,10 +40,12 @@ def backend_class(kind: str) -> type[Backend]:
 
 
 def make_backend(
-    kind: str, state_root: Path, options: BackendSpec | None = None, settings: Settings | None = None
-) -> Backend:
+    kind: str, state_root: Path, options: BackendSpec | None = None, settings: Settings | None = None,
+    *, data_dir: Path | None = None,
+) -> Backend:  # fmt: skip
     """The backend for a contract's ``backend`` (``kind`` and its options); ``state_root`` holds its per-job files;
-    ``settings``: the process's (the Slurm backend takes its ``sacct`` switch from them)."""
+    ``settings``: the process's (the Slurm backend takes its ``sacct`` switch from them); ``data_dir``: the
+    launcher's data directory (what a Kubernetes ``volume_claim`` holds)."""
     cls = backend_class(kind)
     owner = str(Path(state_root).absolute())
     if cls is LocalBackend:
@@ -56,7 +58,7 @@ def make_backend(
     if kind == "kubernetes":
         from infrarsi.backends.kubernetes import KubernetesBackend
 
-        return KubernetesBackend(owner, options)
+        return KubernetesBackend(owner, options, data_dir=data_dir)
     if kind == "sim":
         from infrarsi.backends.sim import SimBackend
 

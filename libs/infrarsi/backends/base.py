@@ -84,13 +84,16 @@ class JobSpec:
     memory_capacity_bytes: int | None = None
     """Per rank. Set on hosts whose devices do not enforce it themselves (CPU): the backend emulates it."""
     isolation: Literal["auto", "sandbox", "none"] = "none"
-    """What the contract asks (``backend.isolation``; ``infrarsi.trial.sandbox``): the local backend sandboxes the job
-    for ``sandbox`` (or refuses it, ``SubmitError``, where it cannot) and for ``auto`` where it can. Backends
-    whose jobs run elsewhere (a scheduler's nodes, pods) ignore it."""
+    """What the contract asks (``backend.isolation``; ``infrarsi.trial.sandbox``): the local backend sandboxes the
+    job for ``sandbox`` (or refuses it, ``SubmitError``, where it cannot) and for ``auto`` where it can; the Slurm
+    backend has each node do the same (``slurm_node``). The Kubernetes backend ignores it: a pod is its own
+    boundary, and mounts only the trial's paths of the volume claim."""
     read_only: list[str] = field(default_factory=list)
-    """Paths a sandboxed job may read (the Python environment, the launch file, the contract's inputs)."""
+    """Paths a sandboxed job may read (the launch file, the contract's inputs; the sandbox adds the Python
+    environment); a Kubernetes pod mounts those on the volume claim read-only."""
     writable: list[str] = field(default_factory=list)
-    """Directories a sandboxed job may write besides ``workdir`` (its probe directory)."""
+    """Directories a sandboxed job may write besides ``workdir`` (its probe directory); a Kubernetes pod mounts
+    them from the volume claim read-write."""
     hidden: list[str] = field(default_factory=list)
     """Paths a sandboxed job must never see (the data directory): a read-only input holding one is refused."""
 
@@ -115,7 +118,7 @@ class JobHandle:
     """The backend's own state of the job."""
     isolation: str = ""
     """What kept the job from the host (``TrialLaunched.isolation``): ``bwrap``, ``none``, or ``""`` (the
-    backend does not say)."""
+    backend does not say: Kubernetes, the simulator)."""
 
 
 @dataclass(frozen=True)

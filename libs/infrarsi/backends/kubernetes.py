@@ -6,8 +6,9 @@ script (``tests/support/kube_api.py``), with the manifests validated against the
 Through the official ``kubernetes`` client (the ``kubernetes`` extra; imported in ``open``, so the core never
 needs it):
 
-- submit: create the objects ``kubernetes_manifests.render`` makes; ``<state_dir>/kubernetes.json`` records
-  them, so a restarted launcher re-attaches (``attach``) instead of abandoning the job;
+- submit: create the objects ``kubernetes_manifests.render`` makes (of the volume claim, the pods mount only the
+  trial's own paths); ``<state_dir>/kubernetes.json`` records them, so a restarted launcher re-attaches
+  (``attach``) instead of abandoning the job;
 - follow: one thread per job watches the job object (``watch=true`` from the last ``resourceVersion``,
   re-listing after a 410 ``Expired`` or a dropped stream) until the operator / job controller marks it
   ``Succeeded``/``Complete`` or ``Failed``, or it is deleted;
@@ -146,11 +147,17 @@ class KubernetesBackend(ScheduledBackend):
     name = "kubernetes"
     record_name = "kubernetes.json"
 
-    def __init__(self, owner: str, options: BackendSpec | None, *, host_env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, owner: str, options: BackendSpec | None, *, host_env: Mapping[str, str] | None = None,
+        data_dir: Path | None = None,
+    ) -> None:  # fmt: skip
         if options is None or options.kind != "kubernetes":
             raise ValueError("the kubernetes backend needs the contract's backend options (kind kubernetes, image)")
         self.owner = owner
         self.options = options
+        self.data_dir = data_dir
+        """The launcher's data directory: what ``options.volume_claim`` holds (a pod mounts only its trial's paths
+        of it, ``kubernetes_manifests.volume_mounts``)."""
         self.host_env = dict(os.environ if host_env is None else host_env)
         """The launcher's own environment: a pod gets only the variables the trial's differ in."""
         self._client: Any = None
@@ -193,7 +200,7 @@ class KubernetesBackend(ScheduledBackend):
         for stale in ("cancel.json", "pods.json"):  # a previous life of the same trial directory
             (spec.state_dir / stale).unlink(missing_ok=True)
         started = time.time()
-        manifests = render(spec, self.options, self.owner, self.host_env)
+        manifests = render(spec, self.options, self.owner, self.host_env, self.data_dir)
         created: list[Manifest] = []
         try:
             for manifest in manifests:

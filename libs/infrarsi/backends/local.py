@@ -235,21 +235,11 @@ class LocalBackend(Backend):
         log.warning("trial runs unisolated: no sandbox on this host", trial_id=spec.name, reason=reason)
         return sandbox.UNISOLATED
 
-    def _sandbox(self, spec: JobSpec, *, private_network: bool) -> sandbox.SandboxSpec:
-        return sandbox.SandboxSpec(
-            workdir=spec.workdir,
-            writable=tuple(Path(p) for p in spec.writable),
-            read_only=(*sandbox.python_inputs(), *sandbox.program_inputs(spec.argv),
-                       *(Path(p) for p in spec.read_only)),
-            private_network=private_network,
-            hidden=(Path(self.owner), *(Path(p) for p in spec.hidden)),
-        )
-
     def _commands(self, spec: JobSpec, *, sandboxed: bool = False) -> tuple[list[list[str]], list[list[str]]]:
         """Each node's command as started, and as shown (``JobHandle.command``: without the sandbox's ``bwrap``
         prefix, which ``JobHandle.isolation`` stands for)."""
         # One node: its own network namespace. Several: they need each other, on loopback or their namespaces.
-        box = self._sandbox(spec, private_network=spec.nnodes == 1) if sandboxed else None
+        box = job_sandbox(spec, private_network=spec.nnodes == 1, hidden=(Path(self.owner),)) if sandboxed else None
         shown: list[list[str]] = []
 
         def inside(argv: list[str], netns_name: str | None = None) -> list[str]:
@@ -285,6 +275,20 @@ class LocalBackend(Backend):
         ]
         return started, shown
 
+
+def job_sandbox(spec: JobSpec, *, private_network: bool, hidden: tuple[Path, ...] = ()) -> sandbox.SandboxSpec:
+    """What a sandboxed job of ``spec`` sees, on whichever host starts it (this backend's, or a Slurm node's
+    ``slurm_node``): its worktree, its writable directories, the Python environment of the interpreter asking,
+    an installed tool's own environment (``sandbox.program_inputs``) and the spec's read-only inputs; ``hidden``
+    adds paths no bind may hold to the spec's own."""
+    return sandbox.SandboxSpec(
+        workdir=spec.workdir,
+        writable=tuple(Path(p) for p in spec.writable),
+        read_only=(*sandbox.python_inputs(), *sandbox.program_inputs(spec.argv),
+                   *(Path(p) for p in spec.read_only)),
+        private_network=private_network,
+        hidden=(*hidden, *(Path(p) for p in spec.hidden)),
+    )
 
 
 def torchrun_argv(spec: JobSpec, node_rank: int | None, endpoint: str, *, local_addr: str | None = None) -> list[str]:

@@ -261,7 +261,8 @@ class SimBackend(Backend):
         # fitted on accelerator-seconds, so a wall-time cost made the study's course depend on the host's load
         # (two runs of one study parted after 17 trials). Scaled seconds, like the steps.
         played = trial.steps[: job.steps_written]
-        accelerator_s = ranks * (trial.startup_s + sum(s.step_time_s for s in played))
+        # plain floats: the scenario computes in numpy, and msgspec encodes no numpy scalar into TrialFinished
+        accelerator_s = float(ranks * (trial.startup_s + sum(s.step_time_s for s in played)))
         return JobResult(
             exit_code=exit_code,
             wall_s=ended - handle.started_at,

@@ -1,9 +1,9 @@
 """The ``slurm`` backend: each trial is one Slurm batch job (``sbatch``), followed with ``squeue``/``sacct``.
 
 Submit: ``<state_dir>/node-job.json`` holds what every node runs (argv, environment, working directory,
-emulated capacity); ``<state_dir>/job.sh`` is a fixed script, ``srun`` with one task per node starting
-``python -m infrarsi.backends.slurm_node node-job.json`` (the rendezvous on the first node's address is
-worked out there, from ``SLURM_JOB_NODELIST``). The contract's Slurm options (partition, account, qos,
+emulated capacity, isolation and what a sandbox binds); ``<state_dir>/job.sh`` is a fixed script, ``srun`` with
+one task per node starting ``python -m infrarsi.backends.slurm_node node-job.json`` (the rendezvous on the first
+node's address is worked out there, from ``SLURM_JOB_NODELIST``, and the job started inside the trial sandbox). The contract's Slurm options (partition, account, qos,
 time limit, gres, constraint, exclusive, extra options) go to ``sbatch --parsable`` as argv items — no
 value of the trial or the contract passes through a shell. ``<state_dir>/slurm.json`` records the job id,
 so a restarted launcher re-attaches (``attach``) instead of abandoning the job.
@@ -19,10 +19,18 @@ emulated-capacity kill or a CUDA OOM in the output → ``oom``; ``TIMEOUT`` → 
 ``CANCELLED`` by this backend → its reason, by anyone else → ``cancelled outside InfraRSI``;
 ``NODE_FAIL``/``PREEMPTED``/``BOOT_FAIL`` → ``infrastructure_failure`` (the launcher: ``cancelled``,
 ``infrastructure``: it costs, the candidate is run again).
+
+Isolation (``JobSpec.isolation``, ``infrarsi.trial.sandbox``) is settled here, at submit, so ``JobHandle.isolation``
+(``TrialLaunched.isolation``) is what the job gets: ``sandbox`` → ``bwrap``, and a node that cannot start the
+sandbox refuses the job (``slurm_node``); ``auto`` → ``bwrap`` where the launcher's host can start one (the nodes
+run the launcher's own Python environment from the shared filesystem, so they are taken to be the same install,
+and a node that differs refuses the job rather than run it unisolated under a record that says ``bwrap``), else
+``none``; ``none`` → ``none``. The node is told ``sandbox`` or ``none``, never ``auto``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shlex
@@ -30,6 +38,7 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from infrarsi.backends.base import (
@@ -41,8 +50,10 @@ from infrarsi.backends.base import (
     device_oom_detail,
     read_json_record,
 )
-from infrarsi.backends.local import TAIL_BYTES, tails_of
+from infrarsi.backends.local import TAIL_BYTES, job_sandbox, tails_of
+from infrarsi.runtime.logs import get_logger
 from infrarsi.study.contract import BackendSpec
+from infrarsi.trial import sandbox
 
 POLL_EVERY_S = 0.25
 TERMINAL = {
@@ -51,6 +62,7 @@ TERMINAL = {
 }  # fmt: skip
 INFRASTRUCTURE = {"NODE_FAIL", "PREEMPTED", "BOOT_FAIL"}
 SACCT_FIELDS = ("JobIDRaw", "State", "ExitCode", "ElapsedRaw", "NNodes", "AllocTRES")
+log = get_logger(__name__)
 
 
 class SlurmError(SubmitError):
@@ -146,6 +158,16 @@ def slurm_end(
     return SlurmEnd(oom_detail, cancelled, infrastructure)
 
 
+def node_job(spec: JobSpec, isolation: str, owner: str) -> dict[str, Any]:
+    """What ``slurm_node`` reads from ``node-job.json``: ``spec`` with its isolation settled (``sandbox`` for a
+    ``JobHandle.isolation`` of ``bwrap``, else ``none``) and the launcher's state root ``owner`` among the paths no
+    sandbox bind may hold."""
+    settled = dataclasses.replace(
+        spec, isolation="sandbox" if isolation == sandbox.SANDBOXED else "none", hidden=[*spec.hidden, owner]
+    )
+    return {**asdict(settled), "workdir": str(spec.workdir), "state_dir": str(spec.state_dir)}
+
+
 class SlurmBackend(ScheduledBackend):
     """Trials as Slurm batch jobs. ``owner`` is the launcher's state root (it tags the jobs' comment)."""
 
@@ -204,18 +226,35 @@ class SlurmBackend(ScheduledBackend):
             f"-m infrarsi.backends.slurm_node {shlex.quote(str(node_job))}\n"
         )
 
+    def isolation_for(self, spec: JobSpec) -> str:
+        """``sandbox.SANDBOXED`` or ``sandbox.UNISOLATED`` for ``spec`` (see the module docstring)."""
+        if spec.isolation == "sandbox":
+            return sandbox.SANDBOXED
+        if spec.isolation == "auto":
+            reason = sandbox.unavailable_reason()
+            if reason is None:
+                return sandbox.SANDBOXED
+            log.warning("Slurm trial runs unisolated: no sandbox on the launcher's host", trial_id=spec.name,
+                        reason=reason)  # fmt: skip
+        return sandbox.UNISOLATED
+
     def submit(self, spec: JobSpec) -> JobHandle:
         spec.state_dir.mkdir(parents=True, exist_ok=True)
-        node_job = {**asdict(spec), "workdir": str(spec.workdir), "state_dir": str(spec.state_dir)}
-        (spec.state_dir / "node-job.json").write_text(json.dumps(node_job))
+        isolation = self.isolation_for(spec)
+        if isolation == sandbox.SANDBOXED:
+            try:  # a bind that would expose the data directory is refused before anything is queued
+                sandbox.check(job_sandbox(spec, private_network=spec.nnodes == 1, hidden=(Path(self.owner),)))
+            except sandbox.SandboxError as exc:
+                raise SubmitError(str(exc)) from None
+        (spec.state_dir / "node-job.json").write_text(json.dumps(node_job(spec, isolation, self.owner)))
         (spec.state_dir / "job.sh").write_text(self.job_script(spec))
-        for stale in spec.state_dir.glob("oom-node*.json"):
+        for stale in [*spec.state_dir.glob("oom-node*.json"), *spec.state_dir.glob("refused-node*.txt")]:
             stale.unlink()
         started = time.time()
         argv = self.sbatch_argv(spec)
         job_id = _slurm(argv).split(";")[0]
-        self.record_submitted(spec, {"job_id": job_id, "started_at": started, "argv": argv})
-        return self._handle(spec, job_id, started, argv)
+        self.record_submitted(spec, {"job_id": job_id, "started_at": started, "argv": argv, "isolation": isolation})
+        return self._handle(spec, job_id, started, argv, isolation)
 
     def attach(self, spec: JobSpec) -> JobHandle | None:
         if (record := self.submitted(spec)) is None:
@@ -223,7 +262,8 @@ class SlurmBackend(ScheduledBackend):
         job_id = str(record["job_id"])
         if self._squeue_state(job_id) is None and self._sacct(job_id) is None:
             return None  # Slurm has forgotten it
-        return self._handle(spec, job_id, float(record["started_at"]), list(record["argv"]))
+        return self._handle(spec, job_id, float(record["started_at"]), list(record["argv"]),
+                            str(record.get("isolation", "")))  # fmt: skip
 
     def poll(self, handle: JobHandle) -> bool:
         job: _SlurmJob = handle.private
@@ -258,7 +298,10 @@ class SlurmBackend(ScheduledBackend):
                 break
             time.sleep(0.2)
         logs = sorted(spec.state_dir.glob("node*.log")) + list(spec.state_dir.glob(f"slurm-{job.job_id}.out"))
-        output = tails_of(logs)
+        # a node's sandbox refusal goes last, where the launcher looks for the line that says why the job failed
+        # (after srun's own "task 0: Exited with exit code 126")
+        refusals = [p.read_text(errors="replace").strip() for p in sorted(spec.state_dir.glob("refused-node*.txt"))]
+        output = "\n".join([tails_of(logs), *refusals])
         state = record.state if record else (job.state or "UNKNOWN")
         raw_state = record.raw_state if record else state
         node_ooms = [read_json_record(p) for p in sorted(spec.state_dir.glob("oom-node*.json"))]
@@ -289,7 +332,7 @@ class SlurmBackend(ScheduledBackend):
 
     # ---------------------------------------------------------------- Slurm's commands
 
-    def _handle(self, spec: JobSpec, job_id: str, started: float, argv: list[str]) -> JobHandle:
+    def _handle(self, spec: JobSpec, job_id: str, started: float, argv: list[str], isolation: str) -> JobHandle:
         return JobHandle(
             job_id=job_id,
             spec=spec,
@@ -297,6 +340,7 @@ class SlurmBackend(ScheduledBackend):
             command=argv,
             started_at=started,
             private=_SlurmJob(job_id),
+            isolation=isolation,
         )
 
     def _requested_gpus(self, nnodes: int) -> int | None:

@@ -8,12 +8,19 @@ on the node:
 1. the node's rank is ``SLURM_NODEID``; the rendezvous host is the first node of ``SLURM_JOB_NODELIST``
    (``scontrol show hostnames``), at its ``NodeAddr`` (``scontrol show node``), on a port derived from the
    job id; this node advertises its own ``NodeAddr`` and gloo uses the interface holding it;
-2. the torchrun agent (or the single python process) runs as a child, its output in ``node<i>.log``;
+2. the torchrun agent (or the single python process) runs as a child, its output in ``node<i>.log``; with
+   isolation ``sandbox`` (the backend settled ``auto`` at submit) the child is started inside the trial sandbox
+   (``infrarsi.trial.sandbox``, the local backend's ``job_sandbox``): its worktree and probe directory, its read-only
+   inputs and the Python environment, a private ``/tmp``, nothing else of the shared data directory; a job of
+   one node gets no network (its rendezvous on loopback), the agents of several keep the node's. A node that
+   cannot start the sandbox refuses the job (``SANDBOX_REFUSED``, the reason in the node's log and in
+   ``refused-node<i>.txt`` for the backend): it never runs unisolated under a record that says ``bwrap``. This process itself stays outside, so the node's log, memory
+   records and the signal handling below are out of the job's reach;
 3. a ``MemoryWatchdog`` samples the ranks and, with an emulated capacity (CPU hosts), kills the node's
    processes the moment a rank exceeds it, leaving ``oom-node<i>.json`` for the backend to read;
 4. a SIGTERM from Slurm (``scancel``, the time limit) is passed to the whole process tree.
 
-The exit status is the child's (or 137 after an emulated OOM).
+The exit status is the child's (or 137 after an emulated OOM, ``SANDBOX_REFUSED`` when the sandbox is missing).
 """
 
 from __future__ import annotations
@@ -28,11 +35,13 @@ from pathlib import Path
 import psutil
 
 from infrarsi.backends.base import JobSpec
-from infrarsi.backends.local import torchrun_argv
-from infrarsi.trial import procs
+from infrarsi.backends.local import job_sandbox, torchrun_argv
+from infrarsi.trial import procs, sandbox
 
 RDZV_PORT_BASE = 29600
 RDZV_PORT_SPAN = 2000
+SANDBOX_REFUSED = 126
+"""The node's exit status when the job asks for the sandbox and this node cannot start one (nothing ran)."""
 
 
 def node_address(node: str) -> str:
@@ -65,23 +74,27 @@ def rdzv_port(job_id: str) -> int:
     return RDZV_PORT_BASE + int(job_id) % RDZV_PORT_SPAN
 
 
+def in_sandbox(spec: JobSpec, argv: list[str]) -> list[str]:
+    """``argv`` started inside the trial sandbox on this node; ``sandbox.SandboxError`` when this node cannot start
+    one (no ``bwrap``, or the kernel refuses its namespaces) or a bind would expose a hidden path."""
+    if (reason := sandbox.unavailable_reason()) is not None:
+        raise sandbox.SandboxError(reason)
+    return sandbox.wrap(job_sandbox(spec, private_network=spec.nnodes == 1), argv)
+
+
 def main(job_file: Path) -> int:
     job = json.loads(job_file.read_text())
-    spec = JobSpec(
-        name=job["name"],
-        argv=job["argv"],
-        workdir=Path(job["workdir"]),
-        env=job["env"],
-        state_dir=Path(job["state_dir"]),
-        launcher=job["launcher"],
-        nnodes=job["nnodes"],
-        nproc_per_node=job["nproc_per_node"],
-        memory_capacity_bytes=job["memory_capacity_bytes"],
-    )
+    spec = JobSpec(**{**job, "workdir": Path(job["workdir"]), "state_dir": Path(job["state_dir"])})
     node_rank = int(os.environ.get("SLURM_NODEID", "0"))
+    log_path = spec.state_dir / f"node{node_rank}.log"
+    sandboxed = spec.isolation != "none"
     env = dict(spec.env)
     if spec.launcher == "python":
         argv = list(spec.argv)
+    elif sandboxed and spec.nnodes == 1:
+        # the sandbox of a one-node job has only loopback: the rendezvous is there, not on the node's address
+        argv = torchrun_argv(spec, node_rank, f"127.0.0.1:{rdzv_port(os.environ['SLURM_JOB_ID'])}")
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     else:
         own = node_address(os.environ["SLURMD_NODENAME"])
         head = node_address(first_node(os.environ["SLURM_JOB_NODELIST"]))
@@ -89,7 +102,15 @@ def main(job_file: Path) -> int:
         argv = torchrun_argv(spec, node_rank, endpoint, local_addr=own)
         if (ifname := interface_of(own)) is not None:
             env.setdefault("GLOO_SOCKET_IFNAME", ifname)
-    log_path = spec.state_dir / f"node{node_rank}.log"
+    if sandboxed:
+        try:
+            argv = in_sandbox(spec, argv)
+        except sandbox.SandboxError as exc:
+            refusal = f"SandboxError: isolation: sandbox, refused on node {os.environ.get('SLURMD_NODENAME', '?')}: {exc}"
+            with open(log_path, "a") as log:
+                log.write(refusal + "\n")
+            (spec.state_dir / f"refused-node{node_rank}.txt").write_text(refusal)
+            return SANDBOX_REFUSED
     with open(log_path, "ab") as out:
         child = subprocess.Popen(
             argv, cwd=spec.workdir, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL

@@ -10,9 +10,12 @@ trial's.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import duckdb
+
+from infrarsi.dashboard import importance
 
 STAGES: dict[str, str] = {
     "StudyCreated": "init",
@@ -183,28 +186,73 @@ def trial_progress(con: duckdb.DuckDBPyConnection, study_id: str) -> dict[str, i
     return {trial_id: int(step) for trial_id, step in rows if step is not None}
 
 
-def search_space_points(study_trials: list[dict[str, Any]]) -> dict[str, Any]:
-    """optuna-dashboard's parallel-coordinate view: one line per measured search trial across every knob and patch
-    the study's search trials set, coloured by speed-up. A knob a trial left at the golden value is ``"golden"``;
-    a patch is ``"on"``/``"off"``. Values are strings (categories) or numbers, as the knobs are."""
-    measured = [t for t in study_trials if t["kind"] == "search" and t["speedup"] is not None]
-    searched = [t for t in study_trials if t["kind"] == "search"]
+def _dimensions(searched: list[dict[str, Any]], shown: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every knob and patch the ``searched`` trials set, with each of the ``shown`` trials' values: a knob's value,
+    or ``"golden"`` where the trial left it at the golden value; ``"on"``/``"off"`` for a patch. A dimension is
+    numeric when every shown value is a number, else categorical (values as lower-case strings)."""
     knobs = sorted({k for t in searched for k in t["knobs"]})
     patches = sorted({p for t in searched for p in t["patches"]})
     dimensions = []
     for knob in knobs:
-        values = [t["knobs"].get(knob, "golden") for t in measured]
+        values = [t["knobs"].get(knob, "golden") for t in shown]
         numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
         dimensions.append({"label": knob, "values": values if numeric else [str(v).lower() for v in values],
                            "categorical": not numeric})
     for patch in patches:
-        dimensions.append({"label": f"patch {patch}", "values": ["on" if patch in t["patches"] else "off" for t in measured],
+        dimensions.append({"label": f"patch {patch}", "values": ["on" if patch in t["patches"] else "off" for t in shown],
                            "categorical": True})
+    return dimensions
+
+
+def search_space_points(study_trials: list[dict[str, Any]]) -> dict[str, Any]:
+    """optuna-dashboard's parallel-coordinate view: one line per measured search trial across every knob and patch
+    the study's search trials set, coloured by speed-up (``_dimensions``)."""
+    measured = [t for t in study_trials if t["kind"] == "search" and t["speedup"] is not None]
+    searched = [t for t in study_trials if t["kind"] == "search"]
     return {
-        "dimensions": dimensions,
+        "dimensions": _dimensions(searched, measured),
         "speedup": [t["speedup"] for t in measured],
         "trial_ids": [t["trial_id"] for t in measured],
         "counts": [t["outcome"] == "ok" for t in measured],
+    }
+
+
+UNDECIDED = ("proposed", "running", "cancelled")
+"""Search trials that say nothing about their candidate yet (or ever: cancelled is the harness's doing)."""
+RAN = ("ok", "invariant_violation", "oom", "crash", "timeout", "stopped_slow")
+"""Outcomes of a trial that ran its candidate: what the OOM importance is fitted over."""
+
+
+def search_analysis(study_trials: list[dict[str, Any]]) -> dict[str, Any]:
+    """optuna-dashboard's slice, contour and importance views, for a training job: every search trial with a final
+    outcome (OOMs, crashes and invariant violations included, each with its outcome; cancelled ones left out)
+    with its value on every dimension (``_dimensions``) and its step time, and the importance of each dimension
+    (``importance.main_effects``) for the log step time of the trials that measured one and for running out of
+    memory over the trials that ran."""
+    searched = [t for t in study_trials if t["kind"] == "search"]
+    done = [t for t in searched if t["outcome"] not in UNDECIDED]
+    dimensions = _dimensions(searched, done)
+    importances = []
+    timed = [i for i, t in enumerate(done) if t["step_time_s"]]
+    fitted = importance.main_effects({d["label"]: [d["values"][i] for i in timed] for d in dimensions},
+                                     [math.log(done[i]["step_time_s"]) for i in timed], "log step time")
+    ran = [i for i, t in enumerate(done) if t["outcome"] in RAN]
+    ooms = [done[i]["outcome"] == "oom" for i in ran]
+    oom = importance.main_effects({d["label"]: [d["values"][i] for i in ran] for d in dimensions},
+                                  [float(x) for x in ooms], "OOM")
+    for fit in (fitted, oom):
+        if fit is not None:
+            importances.append({"target": fit.target, "trials": fit.trials, "unexplained": fit.unexplained,
+                                "ranked": [{"label": label, "share": share} for label, share in fit.ranked()]})
+    return {
+        "dimensions": dimensions,
+        "trials": [{"trial_id": t["trial_id"], "n": t["n"], "outcome": t["outcome"], "step_time_s": t["step_time_s"],
+                    "speedup": t["speedup"], "censored_peak_bytes": t["censored_peak_bytes"]} for t in done],
+        "importance": importances,
+        "timed_trials": len(timed),
+        "ran_trials": len(ran),
+        "oom_trials": sum(ooms),
+        "min_trials": importance.MIN_TRIALS,
     }
 
 
@@ -351,6 +399,7 @@ def study(con: duckdb.DuckDBPyConnection, study_id: str) -> dict[str, Any]:
         "trials": study_trials,
         "best_over_trials": best_over_trials(study_trials),
         "search_space": search_space_points(study_trials),
+        "analysis": search_analysis(study_trials),
         "cost_by_outcome": cost_by_outcome(study_trials),
         "invariants": invariant_verdicts(study_trials),
         "verifications": verifications(con, study_id),

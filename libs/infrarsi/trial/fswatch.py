@@ -5,7 +5,8 @@ asyncio (``await watch.changed(timeout_s)``) or from a thread (``watch.wait(time
 follows a trial's probe file with it instead of polling that file every 5 ms for the launcher's clock: a
 wake-up per record costs less than polling and sees a record sooner (``bench/launcher_overhead.py`` measures
 both side by side; README's "launcher overhead" row has the figures). ``DirectoryWatch.open`` returns ``None`` where inotify is missing (not Linux, or no free
-watches): callers then poll. It must not read the files: it only says that something changed.
+watches): callers then poll. ``follow`` is that loop, read on every change (or every poll) by the caller's own
+reader. It must not read the files: it only says that something changed.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import ctypes
 import ctypes.util
 import os
 import select
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 IN_MODIFY = 0x00000002
@@ -87,3 +89,21 @@ class DirectoryWatch:
     def close(self) -> None:
         with contextlib.suppress(OSError):
             os.close(self.fd)
+
+
+async def follow(
+    directory: Path, read: Callable[[], Awaitable[None]], *, wake_timeout_s: float, poll_interval_s: Callable[[], float]
+) -> None:
+    """``await read()`` each time ``directory`` changes, until cancelled: woken by inotify where the kernel has it
+    (and at least every ``wake_timeout_s``), else every ``poll_interval_s()`` seconds."""
+    watch = DirectoryWatch.open(directory)
+    try:
+        while True:
+            await read()
+            if watch is not None:
+                await watch.changed(wake_timeout_s)
+            else:
+                await asyncio.sleep(poll_interval_s())
+    finally:
+        if watch is not None:
+            watch.close()

@@ -131,6 +131,131 @@ function renderSpace(study) {
   }], { ...LAYOUT, margin: { t: 100, r: 80, b: 30, l: 80 }, title: title("Search space: each measured search trial's knobs and patches against its speed-up") }, CONFIG);
 }
 
+// optuna-dashboard's importance, slice and contour views over ``study.analysis`` (views.search_analysis): every
+// search trial with a final outcome, OOMs and crashes included, each dimension's value per trial.
+const FAILED_MARK = { oom: { symbol: "x", size: 11, color: "#dc2626" }, other: { symbol: "triangle-down", size: 10, color: "#f59e0b" } };
+const measuredOf = (a) => a.trials.map((t, i) => ({ t, i })).filter(({ t }) => t.step_time_s !== null);
+const failedOf = (a, oom) => a.trials.map((t, i) => ({ t, i }))
+  .filter(({ t }) => t.step_time_s === null && (t.outcome === "oom") === oom);
+const stepAxisIsLog = (steps) => steps.length > 1 && Math.max(...steps) / Math.min(...steps) > 4;
+const fewLevels = (d) => d.categorical || new Set(d.values).size <= 8;
+const levelsOf = (d) => [...new Set(d.values)].sort((a, b) => String(a).localeCompare(String(b), "en", { numeric: true }));
+// The cells of one pair-map axis: a dimension's levels, or 6 equal bins of a numeric one with many values.
+function cellsOf(d) {
+  if (fewLevels(d)) {
+    const labels = levelsOf(d).map(String);
+    return { labels, index: (i) => labels.indexOf(String(d.values[i])) };
+  }
+  const low = Math.min(...d.values), width = (Math.max(...d.values) - low) / 6 || 1;
+  const bin = (i) => Math.min(5, Math.floor((d.values[i] - low) / width));
+  return { labels: [0, 1, 2, 3, 4, 5].map((b) => (low + (b + 0.5) * width).toPrecision(3)), index: bin };
+}
+const trialText = (a, i) => `${a.trials[i].trial_id} #${a.trials[i].n} ${a.trials[i].outcome}<br>`
+  + a.dimensions.map((d) => `${d.label}=${d.values[i]}`).join(", ");
+
+function renderImportance(study) {
+  const a = study.analysis;
+  const note = document.getElementById("importance-note");
+  const counts = `${a.timed_trials} search trial(s) with a step time; ${a.oom_trials} of ${a.ran_trials} that ran went out of memory`;
+  if (!a.importance.length) {
+    note.textContent = `Needs ${a.min_trials} finished search trials that differ (${counts}).`;
+    Plotly.purge("plot-importance");
+    return;
+  }
+  note.textContent = `Share of each target's variance carried by a knob's main effect, from an additive model fitted over `
+    + `all knobs and patches at once (docs/dashboard.md); "unexplained" is the rest: interactions and noise. ${counts}.`;
+  const order = a.importance[0].ranked.map((r) => r.label).reverse();
+  const labels = ["unexplained", ...order];
+  const traces = a.importance.map((imp) => ({
+    type: "bar", orientation: "h", y: labels, name: `${imp.target} (${imp.trials} trials)`,
+    x: labels.map((label) => 100 * (label === "unexplained" ? imp.unexplained : (imp.ranked.find((r) => r.label === label) || { share: 0 }).share)),
+    marker: { color: imp.target === "OOM" ? "#dc2626" : "#2563eb" },
+    hovertemplate: "%{y}: %{x:.1f} %<extra>%{fullData.name}</extra>",
+  }));
+  Plotly.react("plot-importance", traces, { ...LAYOUT, barmode: "group", height: 120 + 36 * labels.length,
+    margin: { ...LAYOUT.margin, l: 170 }, title: title("Importance: share of the variance of the log step time and of OOM"),
+    xaxis: { title: axisTitle("% of variance"), range: [0, 100] } }, CONFIG);
+}
+
+function renderSlices(study) {
+  const a = study.analysis;
+  if (!a.dimensions.length || !a.trials.length) { Plotly.purge("plot-slices"); return; }
+  const measured = measuredOf(a);
+  const steps = measured.map(({ t }) => t.step_time_s);
+  const logY = stepAxisIsLog(steps);
+  const top = steps.length ? Math.max(...steps) * (logY ? 1.6 : 1.15) : 1;
+  const columns = Math.min(3, a.dimensions.length), rows = Math.ceil(a.dimensions.length / columns);
+  const traces = [], layout = { ...LAYOUT, height: 60 + 300 * rows, showlegend: true,
+    title: title("Step time against each dimension (crosses: out of memory, drawn above the slowest; triangles: crashes, timeouts, refused)"),
+    grid: { rows, columns, pattern: "independent", ygap: 0.45 }, margin: { t: 60, r: 16, b: 90, l: 60 } };
+  a.dimensions.forEach((d, k) => {
+    const axis = k === 0 ? "" : String(k + 1);
+    const on = { xaxis: `x${axis}`, yaxis: `y${axis}`, showlegend: k === 0 };
+    const groups = [
+      ["ran ok", measured.filter(({ t }) => t.outcome === "ok"), { color: "#2563eb", size: 8 }],
+      ["invariant failed", measured.filter(({ t }) => t.outcome !== "ok"), { color: "#db2777", symbol: "diamond-open", size: 9 }],
+    ];
+    for (const [name, these, marker] of groups) {
+      traces.push({ ...on, name, legendgroup: name, mode: "markers", marker, x: these.map(({ i }) => d.values[i]),
+        y: these.map(({ t }) => t.step_time_s), text: these.map(({ i }) => trialText(a, i)), hoverinfo: "text+y" });
+    }
+    for (const [name, oom] of [["out of memory", true], ["other failure (crash, timeout, refused)", false]]) {
+      const these = failedOf(a, oom);
+      traces.push({ ...on, name, legendgroup: name, mode: "markers", marker: FAILED_MARK[oom ? "oom" : "other"],
+        x: these.map(({ i }) => d.values[i]), y: these.map(() => top), text: these.map(({ i }) => trialText(a, i)), hoverinfo: "text" });
+    }
+    layout[`xaxis${axis}`] = d.categorical ? { title: axisTitle(d.label), type: "category", categoryorder: "array", categoryarray: levelsOf(d) }
+      : { title: axisTitle(d.label), type: "linear" };
+    layout[`yaxis${axis}`] = { title: axisTitle(k % columns === 0 ? "step time (s)" : ""), type: logY ? "log" : "linear" };
+  });
+  Plotly.react("plot-slices", traces, layout, CONFIG);
+}
+
+function pairDefaults(a) {
+  const ranked = a.importance.length ? a.importance[0].ranked.map((r) => r.label) : [];
+  const labels = a.dimensions.map((d) => d.label);
+  return [...ranked.filter((l) => labels.includes(l)), ...labels.filter((l) => !ranked.includes(l))];
+}
+
+function renderPairs(study) {
+  const a = study.analysis;
+  const pickX = document.getElementById("pair-x"), pickY = document.getElementById("pair-y");
+  const labels = a.dimensions.map((d) => d.label);
+  const ordered = pairDefaults(a);
+  for (const [pick, fallback] of [[pickX, ordered[0]], [pickY, ordered[1]]]) {
+    const keep = labels.includes(pick.value) && pick.dataset.chosen ? pick.value : fallback;
+    pick.replaceChildren(...labels.map((l) => el("option", { value: l }, l)));
+    if (keep !== undefined) pick.value = keep;
+  }
+  if (labels.length < 2 || !a.trials.length) { Plotly.purge("plot-pairs"); return; }
+  const dx = a.dimensions[labels.indexOf(pickX.value)], dy = a.dimensions[labels.indexOf(pickY.value)];
+  const cx = cellsOf(dx), cy = cellsOf(dy);
+  const sums = cy.labels.map(() => cx.labels.map(() => [0, 0]));
+  const measured = measuredOf(a);
+  for (const { t, i } of measured) { const cell = sums[cy.index(i)][cx.index(i)]; cell[0] += t.step_time_s; cell[1] += 1; }
+  const jitter = (k) => 0.12 * Math.sin(7.3 * k);  // several trials of one cell drawn apart
+  const at = (these, c, d) => these.map(({ i }, k) => c.index(i) + jitter(k));
+  const traces = [{
+    type: "heatmap", name: "mean step time", x: cx.labels.map((_, k) => k), y: cy.labels.map((_, k) => k),
+    z: sums.map((row) => row.map(([sum, n]) => (n ? sum / n : null))),
+    text: sums.map((row) => row.map(([, n]) => `${n} measured`)),
+    colorscale: "Viridis", colorbar: { title: { text: "mean step time (s)" } }, hoverongaps: false,
+    hovertemplate: "mean step %{z:.4f} s (%{text})<extra></extra>",
+  }, {
+    mode: "markers", name: "measured trial", x: at(measured, cx), y: at(measured, cy).map((v, k) => v + jitter(k + 3)),
+    text: measured.map(({ i }) => trialText(a, i)), hoverinfo: "text", marker: { color: "#fff", size: 6, line: { color: "#111827", width: 1 } },
+  }];
+  for (const [name, oom] of [["out of memory", true], ["other failure (crash, timeout, refused)", false]]) {
+    const these = failedOf(a, oom);
+    traces.push({ mode: "markers", name, x: at(these, cx), y: at(these, cy).map((v, k) => v + jitter(k + 3)),
+      text: these.map(({ i }) => trialText(a, i)), hoverinfo: "text", marker: FAILED_MARK[oom ? "oom" : "other"] });
+  }
+  const axis = (d, c) => ({ title: axisTitle(d.label), tickvals: c.labels.map((_, k) => k), ticktext: c.labels,
+    range: [-0.5, c.labels.length - 0.5], zeroline: false, showgrid: false });
+  Plotly.react("plot-pairs", traces, { ...LAYOUT, height: 460, xaxis: axis(dx, cx), yaxis: axis(dy, cy),
+    title: title(`${dx.label} × ${dy.label}: mean measured step time per cell (blank: never measured), failures marked`) }, CONFIG);
+}
+
 function trialVisible(t) {
   const kind = document.getElementById("filter-kind").value;
   const outcome = document.getElementById("filter-outcome").value;
@@ -228,7 +353,8 @@ async function refresh() {
   document.getElementById("study").hidden = !selected;
   if (selected) {
     const study = await getJSON(`/api/studies/${encodeURIComponent(selected)}`);
-    renderSummary(study); renderSearch(study); renderSpace(study); renderTrials(study); renderCost(study);
+    renderSummary(study); renderSearch(study); renderSpace(study); renderImportance(study); renderSlices(study);
+    renderPairs(study); renderTrials(study); renderCost(study);
     renderDoctor(study); renderVerify(study); renderInvariants(study); renderAgent(study);
   }
   document.getElementById("updated").textContent = `updated ${new Date().toISOString().slice(11, 19)} UTC`;
@@ -255,6 +381,12 @@ for (const id of ["filter-kind", "filter-outcome", "filter-text"]) {
   for (const type of ["input", "change"]) {
     document.getElementById(id).addEventListener(type, () => { if (lastStudy) renderTrials(lastStudy); });
   }
+}
+for (const id of ["pair-x", "pair-y"]) {
+  document.getElementById(id).addEventListener("change", (event) => {
+    event.target.dataset.chosen = "1";
+    if (lastStudy) renderPairs(lastStudy);
+  });
 }
 schedule();
 follow();

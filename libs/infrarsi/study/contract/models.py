@@ -350,15 +350,16 @@ class BackendSpec(StrictModel):
     """For ``kind: local``: run node ``i``'s torchrun agent inside network namespace ``netns[i]`` (an emulated
     host with its own address; ``infrarsi.trial.netns``), the rendezvous on the first one's address."""
     isolation: Literal["auto", "sandbox", "none"] = "auto"
-    """For ``kind: local``: how a trial's job is kept from the rest of the host (docs/security.md, "Trials are
-    untrusted"). ``sandbox``: in bubblewrap — it sees its worktree, its probe directory, its read-only inputs and
-    a private ``/tmp``, holds no secret, and a one-node job has no network; a host without a working ``bwrap``
-    refuses the trial (``crash``, naming why). ``auto``: the sandbox where this host has it, else none.
-    ``none``: the job runs as the launcher does and can read what it can. ``TrialLaunched.isolation`` says what
-    each trial got."""
+    """For ``kind: local`` and ``kind: slurm``: how a trial's job is kept from the rest of its host
+    (docs/security.md, "Trials are untrusted"). ``sandbox``: in bubblewrap — it sees its worktree, its probe
+    directory, its read-only inputs and a private ``/tmp``, holds no secret, and a one-node job has no network; a
+    host (for Slurm: a node) without a working ``bwrap`` refuses the trial (``crash``, naming why). ``auto``: the
+    sandbox where the launcher's host has it (Slurm nodes are taken to be the same install), else none. ``none``:
+    the job runs as the launcher's user and can read what it can. ``TrialLaunched.isolation`` says what each
+    trial got."""
     read_only: list[str] = []
-    """For ``kind: local``: absolute paths a sandboxed job may read besides its worktree and the Python
-    environment (data sets, caches). A path holding the launcher's data directory is refused."""
+    """For ``kind: local`` and ``kind: slurm``: absolute paths a sandboxed job may read besides its worktree and
+    the Python environment (data sets, caches). A path holding the launcher's data directory is refused."""
     partition: SlurmToken | None = None
     """For ``kind: slurm`` (sbatch ``--partition``)."""
     account: SlurmToken | None = None
@@ -426,7 +427,7 @@ class BackendSpec(StrictModel):
         allowed = {
             "local": {"netns", "isolation", "read_only"},
             "sim": {"scenario"},
-            "slurm": set(SLURM_FIELDS),
+            "slurm": {*SLURM_FIELDS, "isolation", "read_only"},
             "kubernetes": set(KUBERNETES_FIELDS),
         }[self.kind]
         if extra := sorted(given - allowed):
