@@ -18,15 +18,13 @@ The HF Trainer example does the same through the Trainer's own ``resume_from_che
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from infrarsi import events as ev
 from infrarsi.verdicts import verification as vf
-from support.tiny_verify import run_verification, verify_candidates
+from support.tiny_verify import EXAMPLE_DOWNSTREAM, example_contract, run_verification, verify_candidates
 
 RESTART_BUG, DOWNSTREAM_BUG, GENUINE, SAME_FORMAT = (
     "checkpoint-weights-only", "eval-mode-early-exit", "fused-qkv", "keyword-calls",
@@ -91,32 +89,14 @@ async def test_across_the_change_a_baseline_checkpoint_resumes_where_the_format_
     assert rows["checkpoint.restart"].ok and "ended crash" in rows["checkpoint.across_change"].detail
 
 
-HF_EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "hf-trainer"
 HF_RESTART_BUG = "hf-resume-weights-only"
+RESTART_AT_5 = {"checkpoint_restart": {"at_step": 5}, "downstream": EXAMPLE_DOWNSTREAM}
 
 
-def _example_contract(tmp_path: Path, example: Path, planted: str, ignore: tuple[str, ...]) -> Path:
+def _example_contract(tmp_path: Path, example: str, planted: str) -> Path:
     """An example's contract at a 10-step horizon, the restart after 5 steps, its downstream on, ``planted`` in
     the search space."""
-    repo = tmp_path / example.name
-    shutil.copytree(example, repo, ignore=shutil.ignore_patterns("__pycache__", ".infrarsi", *ignore))
-    contract = yaml.safe_load((example / "contract.yaml").read_text())
-    contract["workload"]["repo"] = str(repo)
-    contract["workload"]["steps"] = contract["workload"]["verify_steps"] = 10
-    contract["search_space"]["patches"].append(planted)
-    contract["verify"] = {
-        "top_k": 1, "repeats": 1, "passes_required": 1,
-        "checkpoint_restart": {"at_step": 5},
-        "downstream": {"command": ["{python}", "evaluate.py", "--weights", "{weights}"], "metric": "perplexity",
-                       "tolerance": 0.01},
-    }  # fmt: skip
-    path = tmp_path / f"{example.name}-verify.yaml"
-    path.write_text(yaml.safe_dump(contract, sort_keys=False))
-    return path
-
-
-def _hf_contract(tmp_path: Path) -> Path:
-    return _example_contract(tmp_path, HF_EXAMPLE, HF_RESTART_BUG, ("out",))
+    return example_contract(tmp_path, example, add_patches=[planted], verify=RESTART_AT_5, steps=10)
 
 
 @pytest.mark.slow
@@ -129,7 +109,8 @@ async def test_the_hf_trainer_restarts_through_resume_from_checkpoint_and_a_weig
     loads the weights and trains from step 0 again: ``checkpoint.restart`` names it. Both are evaluated
     downstream (held-out perplexity of ``save_pretrained`` weights)."""
     planted, honest = ev.Candidate(patches=[HF_RESTART_BUG]), ev.Candidate(knobs={"optim": "adamw_torch_fused"})
-    verdicts = await run_verification(tmp_path, _hf_contract(tmp_path), [planted, honest], timeout_s=1400)
+    contract = _example_contract(tmp_path, "hf-trainer", HF_RESTART_BUG)
+    verdicts = await run_verification(tmp_path, contract, [planted, honest], timeout_s=1400)
     assert [v.candidate_key for v in verdicts] == [planted.key(), honest.key()]
     bug, fused = verdicts
     assert bug.failed_invariants == ["checkpoint.restart"], bug.failed_invariants
@@ -140,12 +121,7 @@ async def test_the_hf_trainer_restarts_through_resume_from_checkpoint_and_a_weig
     assert rows["checkpoint.restart"].ok and rows["downstream"].ok and "perplexity" in rows["downstream"].detail
 
 
-LIGHTNING_EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "lightning"
 LIGHTNING_RESTART_BUG = "lightning-plain-loader"
-
-
-def _lightning_contract(tmp_path: Path) -> Path:
-    return _example_contract(tmp_path, LIGHTNING_EXAMPLE, LIGHTNING_RESTART_BUG, ("lightning_logs",))
 
 
 @pytest.mark.slow
@@ -156,7 +132,8 @@ async def test_lightning_restarts_through_ckpt_path_and_a_plain_loader_is_reject
     holds ``checkpoint.restart``; ``lightning-plain-loader`` restarts the epoch's data on resume (Lightning
     cannot restore a plain loader's position) and leaves the curve by more than ε."""
     planted, honest = ev.Candidate(patches=[LIGHTNING_RESTART_BUG]), ev.Candidate(knobs={"num-workers": 1})
-    verdicts = await run_verification(tmp_path, _lightning_contract(tmp_path), [planted, honest], timeout_s=1400)
+    contract = _example_contract(tmp_path, "lightning", LIGHTNING_RESTART_BUG)
+    verdicts = await run_verification(tmp_path, contract, [planted, honest], timeout_s=1400)
     assert [v.candidate_key for v in verdicts] == [planted.key(), honest.key()]
     bug, workers = verdicts
     assert bug.failed_invariants == ["checkpoint.restart"], bug.failed_invariants

@@ -5,6 +5,9 @@ contract's search space added to it, the invariants updated as a test asks), sta
 ``StudyCreated`` and one ``VerifyRequested``, and returns the final ``VerifyCompleted`` of each candidate by its
 first patch id. The shrink is ``test_verify_hacks``'s: 2 layers of width 96, 64-token sequences, 16 a step,
 20 steps, one intra-op thread, eval every 5 steps (~12 s a run on a shared 2-core host).
+
+``example_contract`` is the same for the own-job examples (``examples/hf-trainer``, ``examples/lightning``): a copy
+of the example with its contract's verify section replaced and planted patches of its library added.
 """
 
 from __future__ import annotations
@@ -22,6 +25,12 @@ from infrarsi.commands.study_log import read_study
 from infrarsi.runtime.stack import Stack
 
 ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+EXAMPLE_OUTPUTS = {"hf-trainer": ("out",), "lightning": ("lightning_logs",)}
+"""What a run by hand leaves in an example's folder, not copied."""
+EXAMPLE_DOWNSTREAM = {"command": ["{python}", "evaluate.py", "--weights", "{weights}"], "metric": "perplexity",
+                      "tolerance": 0.01}  # fmt: skip
+"""The examples' downstream evaluation: held-out perplexity of the final weights, 1 % worse at most."""
 WORKLOAD = ROOT / "workloads" / "gpt"
 DENSE = WORKLOAD / "contracts" / "dense-1node.yaml"
 TINY = {
@@ -53,6 +62,28 @@ def tiny_contract(
     contract["invariants"].update(invariants or {})
     contract["verify"] = {"top_k": 1, "repeats": 1, "passes_required": 1, **(verify or {})}
     path = tmp_path / "dense-verify.yaml"
+    path.write_text(yaml.safe_dump(contract, sort_keys=False))
+    return path
+
+
+def example_contract(
+    tmp_path: Path, example: str, *, add_patches: list[str], verify: dict[str, Any],
+    invariants: dict[str, Any] | None = None, steps: int | None = None,
+) -> Path:  # fmt: skip
+    """A copy of ``examples/<example>`` and its contract: verify ``{top_k, repeats, passes_required}`` of 1 and
+    ``verify``, ``add_patches`` in the search space, ``invariants`` updated, and both horizons ``steps`` when
+    given (else the contract's own)."""
+    repo = tmp_path / example
+    shutil.copytree(EXAMPLES / example, repo,
+                    ignore=shutil.ignore_patterns("__pycache__", ".infrarsi", *EXAMPLE_OUTPUTS[example]))  # fmt: skip
+    contract = yaml.safe_load((EXAMPLES / example / "contract.yaml").read_text())
+    contract["workload"]["repo"] = str(repo)
+    if steps is not None:
+        contract["workload"]["steps"] = contract["workload"]["verify_steps"] = steps
+    contract["search_space"]["patches"] += [p for p in add_patches if p not in contract["search_space"]["patches"]]
+    contract["invariants"].update(invariants or {})
+    contract["verify"] = {"top_k": 1, "repeats": 1, "passes_required": 1, **verify}
+    path = tmp_path / f"{example}-verify.yaml"
     path.write_text(yaml.safe_dump(contract, sort_keys=False))
     return path
 
