@@ -5,8 +5,11 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 PYTEST_ARGS ?=
+# LitGPT in a virtual environment of its own (tests/support/litgpt-requirements.txt says why)
+LITGPT_VENV  := .venv-litgpt
+LITGPT_STAMP := $(LITGPT_VENV)/.installed-$(shell cat tests/support/litgpt-requirements.txt | cksum | cut -d' ' -f1)
 
-.PHONY: venv demo test test-slow test-all schemas lint bench clean slurm-deps slurm-up slurm-down bench-scheduling prometheus-deps browser-deps sandbox-deps
+.PHONY: venv demo test test-slow test-all schemas lint bench clean slurm-deps slurm-up slurm-down bench-scheduling prometheus-deps browser-deps sandbox-deps litgpt-venv
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (set PYTHON=/path/to/python3.11)"; exit 2; }
@@ -17,19 +20,28 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+## `litgpt pretrain` for the LitGPT job's tests (tests/e2e/test_litgpt_job.py; its fixture runs this when missing).
+$(LITGPT_STAMP): tests/support/litgpt-requirements.txt
+	test -x $(LITGPT_VENV)/bin/python || $(PYTHON) -m venv $(LITGPT_VENV)
+	$(LITGPT_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -r tests/support/litgpt-requirements.txt
+	rm -f $(LITGPT_VENV)/.installed-*
+	touch $@
+
+litgpt-venv: $(LITGPT_STAMP)
+
 ## The main job end to end on the embedded default: init → doctor → run → verify → report (dense-1node).
 demo: $(STAMP)
 	$(BIN)/infrarsi demo
 
 ## The test suite CI runs (real nats-server, real PyTorch jobs; long tests excluded — see test-slow).
-test: $(STAMP)
+test: $(STAMP) $(LITGPT_STAMP)
 	$(BIN)/python -m pytest -m "not slow" -q $(PYTEST_ARGS)
 
 ## Long tests (minutes each): the full demo and every reward hack end to end.
-test-slow: $(STAMP)
+test-slow: $(STAMP) $(LITGPT_STAMP)
 	$(BIN)/python -m pytest -m "slow" -q $(PYTEST_ARGS)
 
-test-all: $(STAMP)
+test-all: $(STAMP) $(LITGPT_STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 ## Regenerate JSON Schema (events, contract) into schemas/; tests fail when schemas/ is stale.
@@ -85,4 +97,4 @@ slurm-down: $(STAMP)
 	PYTHONPATH=tests $(BIN)/python -m support.slurm_cluster down
 
 clean:
-	rm -rf .infrarsi out .pytest_cache
+	rm -rf .infrarsi out .pytest_cache $(LITGPT_VENV)

@@ -45,6 +45,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +72,7 @@ from infrarsi.study.contract import (
 )
 from infrarsi.trial import fswatch, procs, workspace
 from infrarsi.trial.launch import LaunchValueError
-from infrarsi.verdicts import stats
+from infrarsi.verdicts import policy, stats
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from .downstream import downstream_argv, run_downstream
@@ -535,10 +536,8 @@ class LauncherService(Service):
         if not workload.inputs:
             return
         drift = self._inputs_drift(study, contract)
-        if drift:
-            raise Refused("scope_violation", "data_change: the job's inputs changed since init, so the golden "
-                          "baseline's data is not this trial's (a data change needs a new study and the loss "
-                          "re-verified): " + "; ".join(drift[:5]))  # fmt: skip
+        if drift:  # the policy's data_change class: its rule says who may change data; the loss needs re-verifying
+            raise Refused("scope_violation", policy.data_change_refusal(contract.apply_policy, drift, datetime.now(UTC)))
         try:
             inputs.link_inputs(workload.repo, worktree, workload.inputs)
         except (inputs.InputError, OSError) as exc:

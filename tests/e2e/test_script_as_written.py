@@ -29,6 +29,8 @@ def job(tmp_path_factory) -> tuple[Path, Path, Path]:
     contract = root / "contract.yaml"
     proc = scaffold(repo, contract, GOLDEN_COMMAND)
     assert proc.returncode == 0, proc.stderr
+    # the draft has no apply policy; the owner adds the article's: altering data belongs to the data platform
+    contract.write_text(contract.read_text() + "policy:\n  actions:\n    data_change: {owner: data-platform, approvals: 1}\n")
     return repo, contract, root / "data"
 
 
@@ -78,6 +80,9 @@ def test_data_changed_after_init_is_refused_as_a_data_change(job: tuple[Path, Pa
     finished = report["candidate"][0]["finished"]
     assert code == 3 and finished["status"] == "scope_violation"
     assert finished["reason"].startswith("data_change:") and "data/tiny/train.bin changed" in finished["reason"]
+    # the policy's data_change class decided it: its owner's approval, and the loss re-verified on a new study
+    assert "policy: data_change: needs 1 approval(s) by role 'data-platform', has 0" in finished["reason"], finished
+    assert "requires the loss re-verified" in finished["reason"] and "new study" in finished["reason"], finished
 
 
 @pytest.mark.slow

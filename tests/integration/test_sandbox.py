@@ -188,3 +188,28 @@ def test_a_slurm_trial_with_an_input_holding_the_data_directory_is_refused_befor
     with pytest.raises(SubmitError, match=f"read-only input {tmp_path} contains"):
         backend.submit(spec)
     assert not (spec.state_dir / "node-job.json").exists()
+
+
+def test_an_installed_tool_in_its_own_virtual_environment_runs_sandboxed(tmp_path, sandbox_ready) -> None:
+    """A command that names a tool by its path in a virtual environment of its own (``.venv-litgpt/bin/litgpt``):
+    the sandbox shows the job that environment and the Python it was made from, read-only."""
+    if sandbox_ready is not None:
+        pytest.skip(f"no sandbox: {sandbox_ready}")
+    import venv
+
+    tools = tmp_path / "tools" / ".venv-tool"
+    venv.EnvBuilder(with_pip=False).create(tools)
+    tool = tools / "bin" / "tool"
+    tool.write_text(f"#!{tools / 'bin' / 'python'}\nimport pathlib, sys\nprint('TOOL', sys.prefix)\n"
+                    "pathlib.Path(sys.prefix, 'x').write_text('x')\n")  # fmt: skip
+    tool.chmod(0o755)
+    assert sandbox.program_inputs([str(tool), "pretrain"])[0] == tools
+    work = tmp_path / "work"
+    work.mkdir()
+    backend = LocalBackend(str(tmp_path / "state"))
+    handle = backend.submit(JobSpec(name="job", argv=[str(tool), "pretrain"], workdir=work, env=dict(os.environ),
+                                    state_dir=tmp_path / "state" / "job", isolation="sandbox"))  # fmt: skip
+    assert handle.isolation == "bwrap"
+    result = run_to_end(backend, handle)
+    assert f"TOOL {tools}" in result.output_tail, result.output_tail
+    assert "Read-only file system" in result.output_tail and not (tools / "x").exists()  # seen, never written

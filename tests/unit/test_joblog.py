@@ -94,3 +94,22 @@ def test_log_patterns_are_validated() -> None:
         MeasurementSpec(kind="coarse", eval_loss_regex=["(unclosed"])
     with pytest.raises(ValidationError, match="only used with kind: coarse"):
         MeasurementSpec(kind="probe", loss_regex=[r"(?P<loss>\d+)"])
+
+
+def test_litgpts_output_is_read_for_its_optimiser_steps_and_losses() -> None:
+    from infrarsi.study.scaffold import TOOL_LOGS
+
+    tool = TOOL_LOGS["litgpt"]
+    log = "".join(  # LitGPT 0.5's pretrain with 4 micro-batches per step and an eval every 2 steps
+        f"Epoch 1 | iter {4 * s} step {s} | loss train: {6 - s / 10:.3f}, val: n/a | iter time: 176.69 ms (step) "
+        f"remaining time: 0:00:03\n" + (f"Validating ...\niter {4 * s}: val loss {5.5 - s / 10:.4f}, val time: 12.00 ms\n"
+                                         if s % 2 == 0 else "")
+        for s in range(1, 7)
+    ) + "Final evaluation | val loss: 4.925 | val ppl: 137.701\n"
+    counter = OutputSteps(tool.step_regex, LogPatterns.build(tool.loss_regex, tool.eval_loss_regex, defaults=False))
+    counter.feed_text(log, 1.0)
+    assert counter.steps_done == 6  # optimiser steps, not the micro-batches `iter 24` counts
+    assert counter.loss_curve() == [ev.LossPoint(s, pytest.approx(6 - s / 10)) for s in range(1, 7)]
+    assert counter.eval_curve() == [ev.LossPoint(2, pytest.approx(5.3)), ev.LossPoint(4, pytest.approx(5.1)),
+                                    ev.LossPoint(6, pytest.approx(4.925))]  # the final eval: the last wins
+    assert counter.step_times == []  # `iter time` is the last micro-batch's, not the step's

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from infrarsi.events import ApprovalGranted
-from infrarsi.verdicts.policy import Approval, ForbiddenWindow, Policy, check
+from infrarsi.verdicts.policy import Approval, ForbiddenWindow, Policy, check, data_change_refusal
 from pydantic import ValidationError
 
 # 2026-01-02 is a Friday, 2026-01-03 a Saturday, 2026-01-05 a Monday.
@@ -187,3 +187,22 @@ def test_policy_validation_errors() -> None:
         Policy.model_validate({"forbidden_windows": [{"actions": ["deploy"]}]})
     with pytest.raises(ValidationError):
         Policy.model_validate({"actions": {"code_patch": {"aprovals": 1}}})
+
+
+CHANGED = ["data/train.bin changed (sha256:aa → sha256:bb)"]
+
+
+def test_a_change_of_data_is_refused_as_the_policys_data_change_class_says() -> None:
+    forbidden = data_change_refusal(POLICY, CHANGED, MONDAY_NOON)
+    assert forbidden.startswith("data_change: the job's inputs changed since init (data/train.bin changed")
+    assert "policy: data_change: the policy never allows applying this class of change" in forbidden
+    owned = Policy.model_validate({"actions": {"data_change": {"owner": "data-platform", "approvals": 2}},
+                                   "forbidden_windows": [{"days": ["mon"], "actions": ["data_change"], "reason": "freeze"}]})
+    reason = data_change_refusal(owned, CHANGED, MONDAY_NOON)
+    assert "data_change: needs 2 approval(s) by role 'data-platform', has 0" in reason
+    assert "forbidden window (freeze)" in reason  # every rule of the class is consulted
+    # whatever the rule, the loss must be re-verified on the new data, which the study's baseline cannot do
+    free = Policy.model_validate({"actions": {"data_change": {"owner": "data-platform", "approvals": 0}}})
+    reason = data_change_refusal(free, CHANGED, MONDAY_NOON)
+    assert "lets role 'data-platform' change data without approval" in reason
+    assert "requires the loss re-verified" in reason and "new study" in reason

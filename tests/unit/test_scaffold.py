@@ -360,6 +360,39 @@ def test_an_installed_tool_runs_as_written(tmp_path: Path) -> None:
     assert any("not a file of the repository" in n for n in report.notes)
 
 
+LITGPT_CONFIG = """\
+model_config: {name: tiny, block_size: 64, n_layer: 2}
+precision: 32-true
+data: {class_path: litgpt.data.TextFiles, init_args: {train_data_path: data/text, num_workers: 0}}
+train: {global_batch_size: 8, micro_batch_size: 2, max_seq_length: 64, max_tokens: 15360, log_interval: 1}
+eval: {interval: 10, max_iters: 2}
+"""
+
+
+def test_a_litgpt_config_with_a_token_horizon_and_a_global_batch(tmp_path: Path) -> None:
+    repo = repo_with(tmp_path, LITGPT_CONFIG, name="pretrain.yaml")
+    text, report = scaffold(["/opt/tools/bin/litgpt", "pretrain", "--config", "pretrain.yaml"], repo)
+    contract = accepted(tmp_path, text, repo)
+    # the horizon is LitGPT's token budget: N optimiser steps are N × global batch × sequence length tokens
+    assert (contract.workload.steps_key, contract.workload.steps_key_tokens) == ("train.max_tokens", 8 * 64)
+    assert contract.launch_values({}, steps=30)["train.max_tokens"] == 30 * 8 * 64
+    assert "eval.max_iters" in report.left_out  # the eval's batches, not the training horizon
+    # the job derives its accumulation from the global batch: the micro-batch is searched under it
+    gb = contract.search_space.constraints.global_batch
+    assert gb is not None and (gb.size, gb.size_key, gb.accumulation_key) == (8, "train.global_batch_size", None)
+    assert contract.search_space.knobs["train.micro_batch_size"].choices == [1, 2, 4, 8]  # type: ignore[union-attr]
+    # LitGPT's own output format, the defaults off: its `iter time` is a micro-batch's, never read as a step time
+    m = contract.workload.measurement
+    assert m.kind == "coarse" and not m.log_defaults and not m.step_time_regex and m.step_regex
+    assert any("iter time" in n for n in report.notes)
+
+
+def test_a_token_horizon_without_a_sequence_length_is_refused_by_name(tmp_path: Path) -> None:
+    repo = repo_with(tmp_path, "train: {global_batch_size: 8, micro_batch_size: 2, max_tokens: 1000}\n", name="c.yaml")
+    with pytest.raises(ScaffoldError, match=r"train.max_tokens counts tokens: state the global batch .* sequence"):
+        scaffold(["litgpt", "pretrain", "--config", "c.yaml"], repo)
+
+
 def test_data_outside_git_is_listed_as_inputs(tmp_path: Path) -> None:
     from support.gptlike_job import GOLDEN_COMMAND, make_gptlike_repo
 

@@ -278,12 +278,14 @@ class LocalBackend(Backend):
 
 def job_sandbox(spec: JobSpec, *, private_network: bool, hidden: tuple[Path, ...] = ()) -> sandbox.SandboxSpec:
     """What a sandboxed job of ``spec`` sees, on whichever host starts it (this backend's, or a Slurm node's
-    ``slurm_node``): its worktree, its writable directories, the Python environment of the interpreter asking
-    and the spec's read-only inputs; ``hidden`` adds paths no bind may hold to the spec's own."""
+    ``slurm_node``): its worktree, its writable directories, the Python environment of the interpreter asking,
+    an installed tool's own environment (``sandbox.program_inputs``) and the spec's read-only inputs; ``hidden``
+    adds paths no bind may hold to the spec's own."""
     return sandbox.SandboxSpec(
         workdir=spec.workdir,
         writable=tuple(Path(p) for p in spec.writable),
-        read_only=(*sandbox.python_inputs(), *(Path(p) for p in spec.read_only)),
+        read_only=(*sandbox.python_inputs(), *sandbox.program_inputs(spec.argv),
+                   *(Path(p) for p in spec.read_only)),
         private_network=private_network,
         hidden=(*hidden, *(Path(p) for p in spec.hidden)),
     )

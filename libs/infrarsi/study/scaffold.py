@@ -32,11 +32,12 @@ import yaml
 
 from infrarsi.study.inputs import find_inputs
 from infrarsi.trial import launch
+from infrarsi.trial.joblog import NUMBER
 
 Framework = Literal["hf_trainer", "lightning", "plain"]
 Role = Literal[
     "micro_batch", "accumulation", "precision", "checkpointing", "optimizer_impl", "attention", "compile",
-    "workers", "steps", "left_out",
+    "workers", "steps", "steps_tokens", "global_batch", "left_out",
 ]  # fmt: skip
 
 SHELL_TOKENS = frozenset({"|", "||", "&&", ";", "&", ">", ">>", "<", "2>", "2>&1", "&>"})
@@ -59,6 +60,8 @@ ROLE_NAMES: dict[str, Role] = {
     **dict.fromkeys(("torch_compile", "compile", "use_compile"), "compile"),
     **dict.fromkeys(("dataloader_num_workers", "num_workers", "workers", "loader_workers"), "workers"),
     **dict.fromkeys(("max_steps", "steps", "num_steps", "train_steps", "max_iters", "iters", "total_steps"), "steps"),
+    "max_tokens": "steps_tokens",
+    **dict.fromkeys(("global_batch_size", "global_batch"), "global_batch"),
     **dict.fromkeys(("learning_rate", "lr", "seed", "data_seed", "num_train_epochs", "epochs", "max_epochs",
                      "weight_decay", "warmup_steps", "warmup_ratio", "lr_scheduler_type", "max_grad_norm",
                      "adam_beta1", "adam_beta2", "adam_epsilon", "eval_steps", "eval_strategy",
@@ -136,6 +139,8 @@ class ScaffoldReport:
     uses_probe: bool
     knobs: list[Knob] = field(default_factory=list)
     steps_key: str | None = None
+    steps_key_tokens: int | None = None
+    """Tokens per optimiser step when the horizon flag counts tokens (``max_tokens``)."""
     global_batch: dict[str, Any] | None = None
     left_out: dict[str, str] = field(default_factory=dict)
     """Flag → why it is not searched."""
@@ -500,9 +505,17 @@ def _literal(node: ast.AST | None) -> Any:
 # --------------------------------------------------------------------------------------------------
 
 
+EVAL_SECTIONS = frozenset({"eval", "evaluation", "val", "validation", "test"})
+"""Config sections whose counts are the evaluation's, never the training horizon (LitGPT's ``eval.max_iters``)."""
+
+
 def role_of(flag: str) -> Role | None:
     """The knob role a flag name plays (``trainer.precision`` → ``precision``), or ``None``."""
-    return ROLE_NAMES.get(flag.rsplit(".", 1)[-1].replace("-", "_"))
+    *sections, name = flag.replace("-", "_").split(".")
+    role = ROLE_NAMES.get(name)
+    if role in ("steps", "steps_tokens") and EVAL_SECTIONS & {s.lstrip("_").lower() for s in sections}:
+        return "left_out"
+    return role
 
 
 def scaffold(
@@ -536,6 +549,8 @@ def scaffold(
     if script_path is None:
         report.notes.append(f"{parsed.shown} is not a file of the repository: its flags are read from the command "
                             "alone (none declared)")  # fmt: skip
+    if (tool := _tool_log(parsed)) is not None and not info.uses_probe:
+        report.notes.append(tool.note)
     positionals = _positionals(golden_args, via)
     if positionals:
         report.notes.append(f"positional arguments kept as written: {' '.join(positionals)}")
@@ -574,6 +589,10 @@ def _positionals(args: Sequence[str], via: launch.KnobsVia) -> list[str]:
 
 
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
+HORIZON_ROLES: frozenset[Role] = frozenset({"steps", "steps_tokens"})
+SEQUENCE_LENGTH_NAMES = ("max_seq_length", "seq_len", "sequence_length", "block_size")
+"""Flags that say a sequence's tokens, in the order read (LitGPT: ``train.max_seq_length``, else the model's
+``block_size``), to turn a token horizon into optimiser steps."""
 CONFIG_FLAGS = frozenset({"config", "config_file", "cfg", "config_path"})
 
 
@@ -581,7 +600,7 @@ def _config_file(args: Sequence[str], repo: Path) -> tuple[int, str, dict[str, A
     """(argument index, repo-relative path, settings) of a YAML/JSON config file the command names — a
     positional or a ``--config`` flag's value — that sets the horizon, when no flag of the command does (then
     the flags override the file, and knobs go there); else ``None``."""
-    if any(role_of(flag) == "steps" for flag in launch.argv_golden(args)):
+    if any(role_of(flag) in HORIZON_ROLES for flag in launch.argv_golden(args)):
         return None
     flags = launch.argv_flags(args)
     valued = {f.index + (0 if f.equals else 1): f for f in flags if f.value is not None}
@@ -599,7 +618,7 @@ def _config_file(args: Sequence[str], repo: Path) -> tuple[int, str, dict[str, A
             settings = yaml.safe_load(path.read_text())
         except (OSError, yaml.YAMLError):
             continue
-        if isinstance(settings, dict) and any(role_of(key) == "steps" for key in _flat(settings)):
+        if isinstance(settings, dict) and any(role_of(key) in HORIZON_ROLES for key in _flat(settings)):
             return i, path.relative_to(repo).as_posix(), settings
     return None
 
@@ -680,9 +699,16 @@ def _plan_knobs(
             by_role.setdefault(role, []).append(flag)
     # the horizon
     steps = by_role.pop("steps", [])
-    if not steps:
+    token_budget = by_role.pop("steps_tokens", [])
+    if not steps and token_budget:  # LitGPT's ``train.max_tokens``: steps × tokens per optimiser step
+        report.steps_key_tokens = _tokens_per_step(flags, by_role.get("global_batch", []), token_budget[0])
+        steps = token_budget
+    elif not steps:
         raise ScaffoldError("no flag sets the number of optimiser steps (looked for --max_steps, --steps, "
-                            "--max_iters, …): add one to the script so trials can be short")  # fmt: skip
+                            "--max_iters, --max_tokens, …): add one to the script so trials can be short")  # fmt: skip
+    else:
+        for extra in token_budget:
+            report.left_out[extra] = f"a token budget beside the step horizon; {steps[0]} sets the trial horizon"
     report.steps_key = steps[0]
     for extra in steps[1:]:
         report.left_out[extra] = f"another horizon flag; {steps[0]} sets the trial horizon"
@@ -690,8 +716,26 @@ def _plan_knobs(
     ranks = parsed.nnodes * parsed.nproc_per_node
     micro = by_role.pop("micro_batch", [])
     accum = by_role.pop("accumulation", [])
+    global_size = by_role.pop("global_batch", [])
     micro_flag = next((f for f in micro if _int_value(flags[f]) is not None), None)
-    if micro_flag is not None and accum:
+    size_flag = next((f for f in global_size if _int_value(flags[f]) is not None), None)
+    for flag in global_size:
+        report.left_out[flag] = ("the global batch: held fixed (it sets the tokens per optimiser step)" if not accum
+                                 else f"the global batch: {accum[0]} follows the micro-batch instead")  # fmt: skip
+    if micro_flag is not None and size_flag is not None and not accum:
+        # the job derives its accumulation from the global batch (LitGPT's ``train.global_batch_size``)
+        mb, size = _int_value(flags[micro_flag]), _int_value(flags[size_flag])
+        assert mb is not None and size is not None
+        if size % (mb * ranks):
+            raise ScaffoldError(f"{micro_flag} {mb} × {ranks} rank(s) does not divide {size_flag} {size}")
+        per_replica = size // ranks
+        choices = sorted({d for d in range(1, per_replica + 1) if per_replica % d == 0 and (d & (d - 1) == 0 or d == mb)})
+        report.knobs.append(Knob(micro_flag, "micro_batch", {"type": "int", "choices": choices}, mb,
+                                 f"micro-batch; the job derives its accumulation from {size_flag} {size}"))  # fmt: skip
+        report.global_batch = {"size": size, "micro_batch_key": micro_flag, "data_parallel": ranks,
+                               "size_key": size_flag}  # fmt: skip
+        explicit[micro_flag] = mb
+    elif micro_flag is not None and accum:
         mb = _int_value(flags[micro_flag])
         acc_value = _int_value(flags[accum[0]]) or 1
         assert mb is not None
@@ -723,6 +767,19 @@ def _plan_knobs(
             report.knobs.append(knob)
             explicit[flag] = knob.golden
     return _explicit_args(args, explicit, flags, via)
+
+
+def _tokens_per_step(flags: dict[str, tuple[Declared, Any]], global_size: list[str], horizon: str) -> int:
+    """Tokens of one optimiser step, global batch × sequence length, for a horizon that counts tokens."""
+    size = next((v for f in global_size if (v := _int_value(flags[f])) is not None), None)
+    by_base = {f.rsplit(".", 1)[-1].replace("-", "_"): f for f in reversed(list(flags))}
+    seq = next((v for name in SEQUENCE_LENGTH_NAMES if name in by_base and (v := _int_value(flags[by_base[name]]))),
+               None)  # fmt: skip
+    if size is None or seq is None:
+        raise ScaffoldError(f"the horizon {horizon} counts tokens: state the global batch (global_batch_size) and "
+                            f"the sequence length ({', '.join(SEQUENCE_LENGTH_NAMES)}) in the command or its config "
+                            "file, so a trial of N optimiser steps can be given N × their product")  # fmt: skip
+    return size * seq
 
 
 def _int_value(entry: tuple[Declared, Any]) -> int | None:
@@ -779,6 +836,8 @@ _WHY: dict[Role, str] = {
     "micro_batch": "micro-batch",
     "accumulation": "accumulation",
     "steps": "horizon",
+    "steps_tokens": "horizon in tokens",
+    "global_batch": "global batch",
     "left_out": LEFT_OUT_WHY,
 }
 
@@ -824,7 +883,7 @@ def _render(report: ScaffoldReport, info: ScriptInfo, parsed: ParsedCommand, arg
     repo_rel = os.path.relpath(repo, contract_dir)
     knobs = {k.key: k.spec for k in report.knobs}
     launch_keys = [k.key for k in report.knobs]
-    if report.global_batch:
+    if report.global_batch and report.global_batch.get("accumulation_key"):
         launch_keys.append(report.global_batch["accumulation_key"])
     workload: dict[str, Any] = {
         "repo": repo_rel,
@@ -835,11 +894,16 @@ def _render(report: ScaffoldReport, info: ScriptInfo, parsed: ParsedCommand, arg
         "env": parsed.env,
         "steps": steps,
         "steps_key": report.steps_key,
+        **({"steps_key_tokens": report.steps_key_tokens} if report.steps_key_tokens else {}),
         "verify_steps": 2 * steps,
     }
     if report.knobs_via == "argv" and any(d.negatable for d in info.declared.values()):
         workload["argv_switch_off"] = "no-"
-    if not report.uses_probe:
+    tool = _tool_log(parsed)
+    if not report.uses_probe and tool is not None:
+        workload["measurement"] = {"kind": "coarse", "step_regex": tool.step_regex, "loss_regex": list(tool.loss_regex),
+                                   "eval_loss_regex": list(tool.eval_loss_regex), "log_defaults": False}  # fmt: skip
+    elif not report.uses_probe:
         workload["measurement"] = {"kind": "coarse", "step_regex": default_step_regex(info.framework)}
     if report.inputs:
         workload["inputs"] = report.inputs
@@ -892,6 +956,42 @@ def _flow(value: Any) -> Any:
     if isinstance(value, list):
         return _FlowList(value)
     return value
+
+
+@dataclass(frozen=True)
+class ToolLog:
+    """How an installed training tool prints its steps and losses: read with these patterns only (a coarse
+    draft's ``step_regex``, ``loss_regex``, ``eval_loss_regex`` and ``log_defaults: false``)."""
+
+    step_regex: str
+    loss_regex: tuple[str, ...]
+    eval_loss_regex: tuple[str, ...]
+    note: str
+    """Said in the draft's header: what is read, and what is not and why."""
+
+
+TOOL_LOGS: dict[str, ToolLog] = {
+    # LitGPT 0.5 (pretrain and finetune print alike): "Epoch 1 | iter 8 step 2 | loss train: 5.773, val: n/a |
+    # iter time: 176.69 ms (step) remaining time: …" once per logged optimiser step, "iter 8: val loss 5.0673,
+    # val time: 124.99 ms" at each eval, "Final evaluation | val loss: 4.925 | val ppl: …" at the end. ``iter``
+    # counts micro-batches (the eval line has no step), so the step is read only from the step line.
+    "litgpt": ToolLog(
+        step_regex=r"\| iter \d+ step (?P<number>\d+) \|",
+        loss_regex=(rf"\| loss train: (?P<loss>{NUMBER}),",),
+        eval_loss_regex=(rf"\bval loss:? (?P<loss>{NUMBER})",),
+        note="LitGPT's output read for its steps (`iter N step M`: M), train loss (`loss train: X`) and eval loss "
+        "(`val loss X`); its `iter time` is its last micro-batch's, not the optimiser step's, so no step time is "
+        "read from it (timing unchecked)",
+    ),
+}
+"""An installed tool's command name → how it prints (``litgpt pretrain …``)."""
+
+
+def _tool_log(parsed: ParsedCommand) -> ToolLog | None:
+    """How the installed tool the command runs prints (``.venv/bin/litgpt`` is ``litgpt``), if known."""
+    if parsed.script is not None or parsed.module is not None:
+        return None
+    return TOOL_LOGS.get(Path(parsed.head[0]).name)
 
 
 def default_step_regex(framework: Framework) -> str:

@@ -5,7 +5,8 @@ Owns what a sandboxed job may see and how that is spelled as a ``bwrap`` command
 
 - its worktree and its probe directory, writable (the only places it can write that outlive it);
 - its read-only inputs: the Python environment (``sys.prefix``, ``sys.base_prefix``, the directory InfraRSI
-  itself is imported from, for the probe), the launch file, and the paths the contract declares
+  itself is imported from, for the probe), an installed tool's own virtual environment when the command names
+  the tool by its path (``program_inputs``), the launch file, and the paths the contract declares
   (``backend.read_only``: data sets, caches);
 - the system's programs and libraries (``/usr``, ``/bin``, ``/lib*``), a few files of ``/etc`` (users, hosts,
   the dynamic linker's cache, certificates; not host keys, not ``/etc/shadow``), ``/sys`` read-only, its own
@@ -30,7 +31,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -82,6 +83,27 @@ def python_inputs() -> tuple[Path, ...]:
     package_parent = Path(infrarsi.__file__).resolve().parent.parent
     paths = {Path(sys.prefix), Path(sys.base_prefix), package_parent}
     return tuple(sorted({p.resolve() for p in paths}))
+
+
+def program_inputs(argv: Sequence[str]) -> tuple[Path, ...]:
+    """What the job's program needs when it is an installed tool named by its absolute path outside the system
+    directories (``/opt/tools/.venv/bin/litgpt``): its virtual environment and the Python that environment was
+    made from (``home`` in its ``pyvenv.cfg``), or else the program file alone. ``()`` for anything else."""
+    if not argv or not os.path.isabs(argv[0]):
+        return ()
+    program = Path(argv[0])
+    if any(_inside(program, Path(d)) for d in SYSTEM_DIRS) or not program.is_file():
+        return ()
+    environment = program.parent.parent
+    config = environment / "pyvenv.cfg"
+    if program.parent.name != "bin" or not config.is_file():
+        return (program,)
+    paths = [environment]
+    for line in config.read_text(errors="replace").splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "home" and value.strip():
+            paths.append(Path(value.strip()).parent)  # ``home`` is the base install's bin/
+    return tuple(paths)
 
 
 def bwrap_path() -> str | None:

@@ -14,6 +14,11 @@ Action classes say what kind of change a candidate makes:
 - ``launch_keys``  launch-file settings (micro-batch, attention implementation, …)
 - ``data_change``  anything that touches the data pipeline
 
+A change of the job's data is the ``data_change`` class wherever it happens: a candidate's knob or patch of that
+class at ``apply``, and the inputs outside git changing after ``init`` (``data_change_refusal``: the launcher
+refuses the trial with the policy's verdict on the class, since the golden baseline's loss was measured on the
+locked data and must be re-verified on new data, by a new study).
+
 Operations are what is being done with a candidate: ``apply`` (a person runs ``infrarsi apply``)
 and ``auto_apply`` (a service applies a winner on its own). A forbidden window that lists ``apply``
 blocks both; one that lists ``auto_apply`` blocks only the unattended path.
@@ -250,3 +255,20 @@ def check(
                 f"forbidden window ({label}): no {' / '.join(window.actions)} at {now.isoformat()}"
             )
     return reasons
+
+
+DATA_CHANGE: ActionClass = "data_change"
+
+
+def data_change_refusal(policy: Policy, changes: Sequence[str], now: datetime) -> str:
+    """Why a trial whose inputs outside git changed since ``init`` (``changes``: one line per input) is not run,
+    as the policy's ``data_change`` class decides it at ``now``: never allowed, or whose approval a change of
+    data needs — and, whatever the rule, the loss re-verified on the new data, which this study cannot do (its
+    golden baseline was measured on the locked data): a new study locks the new data and measures its baseline.
+    """
+    verdict = check(policy, [DATA_CHANGE], [], now)
+    if not verdict:
+        verdict = [f"{DATA_CHANGE}: the policy lets role {policy.rule(DATA_CHANGE).owner!r} change data without approval"]
+    return (f"{DATA_CHANGE}: the job's inputs changed since init ({'; '.join(changes[:5])}); policy: {'; '.join(verdict)}; "
+            "a change of data requires the loss re-verified on the new data, and this study's golden baseline was "
+            "measured on the locked data: start a new study (`infrarsi init` locks the new data)")

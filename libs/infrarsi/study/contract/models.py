@@ -222,6 +222,9 @@ class WorkloadSpec(StrictModel):
     steps_key: str = "steps"
     """Knob-style key that receives the horizon: a launch key (dotted for nested sections, e.g.
     ``run.steps``), a flag (``max_steps`` or ``--max_steps``), a variable or an override path."""
+    steps_key_tokens: int | None = Field(default=None, ge=1)
+    """Set when ``steps_key`` counts tokens, not optimiser steps (LitGPT's ``train.max_tokens``): the tokens of
+    one optimiser step (global batch × sequence length). A trial of N steps is then given N × this."""
     verify_steps: int = Field(ge=1)
     """Longer horizon used at verify, to catch slow divergence."""
     patch_dir: str = "patches"
@@ -908,7 +911,8 @@ class Contract(StrictModel):
                 parallel = {key: values[key] if key in values else get_dotted(self.baseline_launch(), key)[1]
                             for key in gb.parallel_keys}
                 values[gb.accumulation_key] = gb.accumulation(micro_batch, gb.data_parallel_for(parallel))
-        values[self.workload.steps_key] = steps if steps is not None else self.workload.steps
+        horizon = steps if steps is not None else self.workload.steps
+        values[self.workload.steps_key] = horizon * (self.workload.steps_key_tokens or 1)
         return values
 
     def launch_for(self, knobs: Mapping[str, Any], steps: int | None = None) -> dict[str, Any]:
