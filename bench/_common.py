@@ -12,8 +12,10 @@ from typing import Any, Protocol
 
 import numpy as np
 from infrarsi.modeling.memory_model import MemoryModel, TransformerMeta
+from infrarsi.modeling.pool import CandidatePool
 from infrarsi.modeling.priors import KnowledgeBase
-from infrarsi.modeling.search import CandidatePool, SearchConfig, Searcher
+from infrarsi.modeling.search import Searcher
+from infrarsi.modeling.search_config import SearchConfig
 from infrarsi.modeling.space import Candidate, SearchSpace
 from infrarsi.sim.scenarios import get_scenario
 

@@ -60,8 +60,9 @@ from _common import pool_for  # noqa: E402
 from infrarsi.agent.answers import MIN_RISK, RISK_KINDS, prior_from_answer  # noqa: E402
 from infrarsi.agent.prior_check import TIMED, judge  # noqa: E402
 from infrarsi.modeling.adapt import invariant_overrides, prior_overrides, with_priors  # noqa: E402
+from infrarsi.modeling.observations import Observation  # noqa: E402
 from infrarsi.modeling.priors import default_knowledge_base  # noqa: E402
-from infrarsi.modeling.search import Observation, Searcher  # noqa: E402
+from infrarsi.modeling.search import Searcher
 from infrarsi.modeling.space import Candidate, FeatureEncoder, SearchSpace  # noqa: E402
 from infrarsi.modeling.time_model import TimeModel  # noqa: E402
 from infrarsi.sim.scenarios import enumerate_scenario, get_scenario, oracle  # noqa: E402

@@ -30,7 +30,10 @@ from collections.abc import Sequence
 
 import numpy as np
 from _common import write_json
-from infrarsi.modeling.search import CandidatePool, Observation, SearchConfig, Searcher
+from infrarsi.modeling.observations import Observation
+from infrarsi.modeling.pool import CandidatePool
+from infrarsi.modeling.search import Searcher
+from infrarsi.modeling.search_config import SearchConfig
 from infrarsi.sim.scenarios import get_scenario
 
 

@@ -49,7 +49,8 @@ from typing import Any
 import numpy as np
 from _common import BenchSpace, write_json
 from infrarsi import events as ev
-from infrarsi.modeling.search import CandidatePool, SearchConfig
+from infrarsi.modeling.pool import CandidatePool
+from infrarsi.modeling.search_config import SearchConfig
 from infrarsi.modeling.space import Candidate
 from infrarsi.sim.scenarios import SimOutcome
 from infrarsi.study.model import noise_floor

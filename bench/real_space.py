@@ -43,7 +43,7 @@ import numpy as np
 from _common import BenchSpace
 from infrarsi import events as ev
 from infrarsi.commands.init import prepare_study
-from infrarsi.modeling.search import CandidatePool
+from infrarsi.modeling.pool import CandidatePool
 from infrarsi.modeling.space import Candidate
 from infrarsi.runtime.logs import setup_logging
 from infrarsi.runtime.service import Outbox, Service

@@ -58,8 +58,10 @@ from typing import Any
 import numpy as np
 from _common import BenchSpace
 from infrarsi.modeling.memory_model import MemoryFit, MemoryModel
+from infrarsi.modeling.pool import CandidatePool
 from infrarsi.modeling.priors import KnowledgeBase
-from infrarsi.modeling.search import CandidatePool, SearchConfig, Searcher
+from infrarsi.modeling.search import Searcher
+from infrarsi.modeling.search_config import SearchConfig
 from infrarsi.modeling.space import Candidate
 from robust_family import FamilyModel, draw_model  # bench/ is the script's directory
 from search_vs_peers import TUNERS, Trial, _cell, score

@@ -44,7 +44,9 @@ from typing import Any
 
 import numpy as np
 from _common import BenchSpace, Outcome, write_json
-from infrarsi.modeling.search import CandidatePool, Observation, Searcher
+from infrarsi.modeling.observations import Observation
+from infrarsi.modeling.pool import CandidatePool
+from infrarsi.modeling.search import Searcher
 from infrarsi.modeling.space import Candidate
 
 

@@ -7,7 +7,7 @@ can be told its shape exactly as the probe reports it (``WorkloadShape``, throug
 the golden baseline's measured peak), which turns the search's memory model into the structural formula of
 ``infrarsi.modeling.memory_model``. The point of this family is to measure that path on a memory truth the
 formula was not written against, so the true peak comes from accountings written here, from the published
-formulas, each drawn with its own deviations (docs/modeling.md, "The shaped family"):
+formulas, each drawn with its own deviations (docs/modeling.md, "The shaped family (`bench/shaped_family.py`)"):
 
 - model states (Rajbhandari et al. 2020, ZeRO, §3/§5): 2Ψ bf16 parameters, gradients of 2Ψ (or 4Ψ where the
   framework accumulates them in fp32), KΨ optimizer states (K = 12 with fp32 master weights, 8 without), each

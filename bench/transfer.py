@@ -48,7 +48,8 @@ from infrarsi.modeling.adapt import (  # noqa: E402
     to_event_candidate,
     to_space_candidate,
 )
-from infrarsi.modeling.search import Observation, Searcher  # noqa: E402
+from infrarsi.modeling.observations import Observation  # noqa: E402
+from infrarsi.modeling.search import Searcher
 from infrarsi.modeling.space import Candidate  # noqa: E402
 from infrarsi.sim.scenarios import Scenario, get_scenario, oracle  # noqa: E402
 

@@ -52,7 +52,8 @@ import msgspec
 from infrarsi import events as ev
 from infrarsi.agent.answers import golden_editable_files
 from infrarsi.events import RunRequested
-from infrarsi.modeling.search import SearchConfig, Searcher
+from infrarsi.modeling.search import Searcher
+from infrarsi.modeling.search_config import SearchConfig
 from infrarsi.modeling.space import Candidate
 from infrarsi.runtime.service import Emission
 from infrarsi.study.contract import Contract

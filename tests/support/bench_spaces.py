@@ -17,7 +17,7 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
-from infrarsi.modeling.search import CandidatePool
+from infrarsi.modeling.pool import CandidatePool
 from infrarsi.modeling.space import Candidate, Categorical, IntChoice, Patch, SearchSpace
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"

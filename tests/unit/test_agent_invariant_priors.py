@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from infrarsi import events as ev
 from infrarsi.agent.answers import MAX_RISK, MIN_RISK, GoldenRepo, check_proposals, prior_from_answer
-from infrarsi.modeling.search import Observation, Searcher
+from infrarsi.modeling.observations import Observation
+from infrarsi.modeling.search import Searcher
 from test_study_space import synthetic_space
 
 

@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 import pytest
-from infrarsi.modeling.search import CandidatePool
+from infrarsi.modeling.pool import CandidatePool
 from support.bench_spaces import import_bench_module
 
 noise = import_bench_module("noise")

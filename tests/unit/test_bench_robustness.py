@@ -7,7 +7,10 @@ import json
 
 import numpy as np
 import pytest
-from infrarsi.modeling.search import CandidatePool, Observation, SearchConfig, Searcher
+from infrarsi.modeling.observations import Observation
+from infrarsi.modeling.pool import CandidatePool
+from infrarsi.modeling.search import Searcher
+from infrarsi.modeling.search_config import SearchConfig
 from support.bench_spaces import import_bench_module, load_bench
 
 bench = load_bench()

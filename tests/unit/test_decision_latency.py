@@ -6,7 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from infrarsi.modeling.acquisition import InvariantModel
-from infrarsi.modeling.search import Observation, SearchConfig, Searcher
+from infrarsi.modeling.observations import Observation
+from infrarsi.modeling.search import Searcher
+from infrarsi.modeling.search_config import SearchConfig
 from infrarsi.modeling.space import BoolKnob, Candidate, Categorical, IntChoice, SearchSpace
 from infrarsi.modeling.time_model import TimeModel
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import yaml
 from infrarsi import events as ev
+from infrarsi.modeling.observations import Observation
 from infrarsi.modeling.priors import default_knowledge_base
-from infrarsi.modeling.search import Observation
 from infrarsi.study.contract import load_contract
 from infrarsi.study.model import build_searcher
 from infrarsi.study.space import StudySpace

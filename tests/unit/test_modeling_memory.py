@@ -4,8 +4,10 @@ import math
 
 import numpy as np
 from infrarsi.modeling.memory_model import MemoryModel
+from infrarsi.modeling.observations import Observation, Prediction
 from infrarsi.modeling.priors import KnowledgeBase
-from infrarsi.modeling.search import Observation, Prediction, SearchConfig, Searcher
+from infrarsi.modeling.search import Searcher
+from infrarsi.modeling.search_config import SearchConfig
 from infrarsi.modeling.space import BoolKnob, Candidate, Categorical, IntChoice, SearchSpace
 
 SPACE = SearchSpace(knobs=(IntChoice("micro_batch", (1, 2, 4, 8, 16, 32)), BoolKnob("checkpointing")))

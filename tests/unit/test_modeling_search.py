@@ -6,8 +6,10 @@ from typing import cast
 import numpy as np
 from infrarsi.modeling.acquisition import InvariantModel, acquisition, expected_improvement
 from infrarsi.modeling.memory_model import TransformerMeta
+from infrarsi.modeling.observations import Observation, Suggestion
 from infrarsi.modeling.priors import KnowledgeBase, default_knowledge_base
-from infrarsi.modeling.search import Observation, SearchConfig, Searcher, Suggestion
+from infrarsi.modeling.search import Searcher
+from infrarsi.modeling.search_config import SearchConfig
 from infrarsi.modeling.space import BoolKnob, Candidate, Categorical, IntChoice, Patch, SearchSpace
 
 GIB = 2**30

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 from infrarsi import events as ev
-from infrarsi.modeling.search import SearchConfig
+from infrarsi.modeling.search_config import SearchConfig
 from infrarsi.modeling.space import Candidate
 from infrarsi.study.contract import contract_from_dict
 from infrarsi.study.space import StudySpace

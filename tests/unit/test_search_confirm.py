@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+from infrarsi.modeling.observations import Observation
 from infrarsi.modeling.priors import default_knowledge_base
-from infrarsi.modeling.search import Observation, SearchConfig, Searcher
+from infrarsi.modeling.search import Searcher
+from infrarsi.modeling.search_config import SearchConfig
 from infrarsi.modeling.space import Candidate, IntChoice, SearchSpace
 
 CAP = 80e9

@@ -8,7 +8,9 @@ import zlib
 import numpy as np
 import pytest
 from infrarsi.modeling.memory_model import TransformerMeta, structural_components
-from infrarsi.modeling.search import Observation, SearchConfig, Searcher
+from infrarsi.modeling.observations import Observation
+from infrarsi.modeling.search import Searcher
+from infrarsi.modeling.search_config import SearchConfig
 from infrarsi.modeling.space import Candidate, Categorical, IntChoice, SearchSpace
 
 GIB = 2**30

@@ -8,8 +8,10 @@ import math
 import numpy as np
 import pytest
 from infrarsi.modeling.memory_model import TransformerMeta, mix_normals
+from infrarsi.modeling.observations import Observation
 from infrarsi.modeling.priors import default_knowledge_base
-from infrarsi.modeling.search import Observation, SearchConfig, Searcher
+from infrarsi.modeling.search import Searcher
+from infrarsi.modeling.search_config import SearchConfig
 from infrarsi.modeling.space import Candidate
 from support.sum_of_terms import ALL, CAP, SPACE, peak
 

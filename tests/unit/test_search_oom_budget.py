@@ -4,8 +4,10 @@ space whose fitting candidates have all run stops instead of burning its last tr
 import math
 
 import numpy as np
+from infrarsi.modeling.observations import Observation
 from infrarsi.modeling.priors import default_knowledge_base
-from infrarsi.modeling.search import Observation, SearchConfig, Searcher
+from infrarsi.modeling.search import Searcher
+from infrarsi.modeling.search_config import SearchConfig
 from infrarsi.modeling.space import Candidate, IntChoice, SearchSpace
 
 GIB = 2**30

@@ -3,7 +3,8 @@ holding the same patch set again, whatever its knobs (before, it learnt nothing 
 
 import math
 
-from infrarsi.modeling.search import Observation, Searcher
+from infrarsi.modeling.observations import Observation
+from infrarsi.modeling.search import Searcher
 from infrarsi.modeling.space import Candidate, IntChoice, Patch, SearchSpace
 
 GIB = 2**30

@@ -7,8 +7,9 @@ import math
 import numpy as np
 import pytest
 from infrarsi import events as ev
+from infrarsi.modeling.observations import Observation
 from infrarsi.modeling.priors import default_knowledge_base
-from infrarsi.modeling.search import Observation, Searcher
+from infrarsi.modeling.search import Searcher
 from infrarsi.modeling.space import BoolKnob, Categorical, IntChoice, SearchSpace
 from infrarsi.study.ledger import TrialLedger
 from infrarsi.trial.slow import MIN_STEADY_STEPS, may_stop, slow_threshold, slow_verdict

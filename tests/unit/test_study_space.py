@@ -222,7 +222,8 @@ def test_every_pair_of_distinct_candidates_has_distinct_event_keys(tmp_path: Pat
 def test_an_oom_at_one_zero_stage_does_not_exclude_a_higher_stage_untried(tmp_path: Path) -> None:
     # issue 13: the OOM-domination rule took "more sharding never raises memory" for ZeRO stages; a real stage 3
     # can need more than stage 2 (prefetch buffers, fragmentation), and settings that fit were excluded untried
-    from infrarsi.modeling.search import Observation, Searcher
+    from infrarsi.modeling.observations import Observation
+    from infrarsi.modeling.search import Searcher
 
     data = synthetic_contract_dict(tmp_path)
     data["scope"]["launch_keys"] = ["train.micro_batch_size", "train.zero_stage"]

@@ -4,15 +4,11 @@ No I/O here; the proposer/modeler services wrap `Searcher` and feed it observati
 """
 
 from infrarsi.modeling.memory_model import MemoryModel, TransformerMeta
+from infrarsi.modeling.observations import Observation, Prediction, Suggestion
+from infrarsi.modeling.pool import CandidatePool
 from infrarsi.modeling.priors import KnowledgeBase, default_knowledge_base
-from infrarsi.modeling.search import (
-    CandidatePool,
-    Observation,
-    Prediction,
-    SearchConfig,
-    Searcher,
-    Suggestion,
-)
+from infrarsi.modeling.search import Searcher
+from infrarsi.modeling.search_config import SearchConfig
 from infrarsi.modeling.space import (
     BoolKnob,
     Candidate,

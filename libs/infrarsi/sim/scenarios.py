@@ -17,7 +17,7 @@ from typing import Any, cast
 import numpy as np
 
 from infrarsi.modeling.memory_model import TransformerMeta
-from infrarsi.modeling.search import Status
+from infrarsi.modeling.observations import Status
 from infrarsi.modeling.space import (
     BoolKnob,
     Candidate,

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 from infrarsi import events as ev
 
 if TYPE_CHECKING:
-    from infrarsi.modeling.search import Status
+    from infrarsi.modeling.observations import Status
 
 _FAILED_STATUS: dict[str, Status] = {
-    # events.TrialStatus (not ok) → modeling.search.Status
+    # events.TrialStatus (not ok) → modeling.observations.Status
     "oom": "oom",
     "crash": "crash",
     "cancelled": "crash",
@@ -38,7 +38,7 @@ class TrialOutcome:
     """``None`` when no ``TrialProposed`` or known candidate key names it."""
     kind: str
     status: Status
-    """A ``modeling.search.Status``: ok | oom | crash | timeout | stopped_slow | scope_violation |
+    """A ``modeling.observations.Status``: ok | oom | crash | timeout | stopped_slow | scope_violation |
     invariant_violation."""
     step_time_s: float | None
     """Measured (for ``stopped_slow``: over the steps it ran); for a timeout the censoring bound (the step time

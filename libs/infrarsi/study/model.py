@@ -27,7 +27,9 @@ import numpy as np
 
 from infrarsi import events as ev
 from infrarsi.modeling.memory_model import structural_components
-from infrarsi.modeling.search import Observation, SearchConfig, Searcher
+from infrarsi.modeling.observations import Observation
+from infrarsi.modeling.search import Searcher
+from infrarsi.modeling.search_config import SearchConfig
 from infrarsi.modeling.space import Candidate, FloatRange, KnobValue
 from infrarsi.runtime.service import Emission, Fold
 from infrarsi.study.ledger import TrialLedger, TrialOutcome
