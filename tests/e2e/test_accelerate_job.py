@@ -6,15 +6,12 @@ and (slow) the five stages with every work and loss invariant the coarse mode ca
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from support.accelerate_job import GOLDEN_COMMAND, make_accelerate_repo
-from support.user_jobs import five_stages, scaffold, user_env
+from support.user_jobs import five_stages, scaffold, trial_json
 
 STEPS = 10
 
@@ -33,12 +30,7 @@ def test_an_accelerate_launch_job_goes_through_scaffold_and_trial_unchanged(tmp_
     _repo, contract = drafted(tmp_path)
     workload = yaml.safe_load(contract.read_text())["workload"]
     assert workload["command"][:3] == ["{python}", "-m", "accelerate.commands.launch"] and workload["inputs"] == ["data"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "infrarsi.cli", "trial", str(contract), "--data-dir", str(tmp_path / "data"),
-         "--steps", str(STEPS), "--peak-budget", "5", "--json", "--set", "per_device_train_batch_size=8"],
-        capture_output=True, text=True, timeout=900, env=user_env(),
-    )  # fmt: skip
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    returncode, report = trial_json(contract, tmp_path / "data", STEPS, "per_device_train_batch_size=8", timeout_s=900)
     for run in (report["baseline"], report["candidate"][0]):
         m, f = run["measured"], run["finished"]
         assert f["status"] == "ok" and m["status"] == "ok", (f.get("reason"), f.get("output_tail"), m["invariants"])
@@ -46,7 +38,7 @@ def test_an_accelerate_launch_job_goes_through_scaffold_and_trial_unchanged(tmp_
     checks = {i["name"]: i for i in report["candidate"][0]["measured"]["invariants"]}
     assert checks["work.optimizer_steps"]["ok"] and checks["loss"]["ok"] and checks["timing"]["ok"], checks
     assert {u["name"] for u in report["candidate"][0]["measured"]["unchecked_invariants"]} == {"work.tokens"}
-    assert proc.returncode == 0, report
+    assert returncode == 0, report
 
 
 @pytest.mark.slow

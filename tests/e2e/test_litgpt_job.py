@@ -13,7 +13,6 @@ first, and the loss read from the log says so.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 from support.litgpt_job import golden_command, install_reason, make_litgpt_repo
+from support.user_jobs import trial_json, user_env
 
 STEPS = 10
 
@@ -33,16 +33,12 @@ def litgpt_ready() -> None:
         pytest.skip(reason)
 
 
-def _env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("INFRARSI_")}
-
-
 def drafted(root: Path) -> tuple[Path, Path]:
     """(repo, contract): the repo made, its data prepared and its contract drafted by the CLI, used as drafted."""
     repo = make_litgpt_repo(root / "litgpt-job")
     contract = root / "contract.yaml"
     proc = subprocess.run([sys.executable, "-m", "infrarsi.cli", "scaffold", "--repo", str(repo), "--out", str(contract),
-                           "--", *golden_command()], capture_output=True, text=True, timeout=120, env=_env())  # fmt: skip
+                           "--", *golden_command()], capture_output=True, text=True, timeout=120, env=user_env())  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     return repo, contract
 
@@ -53,12 +49,7 @@ def test_a_litgpt_pretrain_job_goes_through_scaffold_and_trial_unchanged(tmp_pat
     workload = yaml.safe_load(contract.read_text())["workload"]
     assert workload["command"][1:] == ["pretrain", "--config", "{launch_file}"] and workload["inputs"] == ["checkpoints", "data"]
     assert (workload["steps_key"], workload["steps_key_tokens"]) == ("train.max_tokens", 8 * 64)
-    proc = subprocess.run(
-        [sys.executable, "-m", "infrarsi.cli", "trial", str(contract), "--data-dir", str(tmp_path / "data"),
-         "--steps", str(STEPS), "--peak-budget", "5", "--json", "--set", "train.micro_batch_size=8"],
-        capture_output=True, text=True, timeout=1400, env=_env(),
-    )  # fmt: skip
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    returncode, report = trial_json(contract, tmp_path / "data", STEPS, "train.micro_batch_size=8", timeout_s=1400)
     baseline, candidate = report["baseline"], report["candidate"][0]
     for run in (baseline, candidate):
         f = run["finished"]
@@ -75,7 +66,7 @@ def test_a_litgpt_pretrain_job_goes_through_scaffold_and_trial_unchanged(tmp_pat
     assert candidate["measured"]["status"] == "invariant_violation"
     unchecked = {u["name"] for u in candidate["measured"]["unchecked_invariants"]}
     assert unchecked == {"work.tokens", "timing"}, unchecked  # LitGPT prints no optimiser-step time
-    assert proc.returncode != 0, report
+    assert returncode != 0, report
 
 
 @pytest.mark.slow
@@ -85,7 +76,7 @@ def test_a_litgpt_pretrain_job_through_the_five_stages(tmp_path: Path, litgpt_re
     proc = subprocess.run(
         [sys.executable, "-m", "infrarsi.cli", "--data-dir", str(tmp_path / "data"), "demo", "--contract", str(contract),
          "--trials", "4", "--skip-hacks", "--json"],
-        env=_env(), capture_output=True, text=True, timeout=5300,
+        env=user_env(), capture_output=True, text=True, timeout=5300,
     )  # fmt: skip
     out = proc.stdout
     summary = json.loads(out[out.index("{\n"):]) if "{\n" in out else {}

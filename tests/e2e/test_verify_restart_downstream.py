@@ -93,10 +93,19 @@ HF_RESTART_BUG = "hf-resume-weights-only"
 RESTART_AT_5 = {"checkpoint_restart": {"at_step": 5}, "downstream": EXAMPLE_DOWNSTREAM}
 
 
-def _example_contract(tmp_path: Path, example: str, planted: str) -> Path:
-    """An example's contract at a 10-step horizon, the restart after 5 steps, its downstream on, ``planted`` in
-    the search space."""
-    return example_contract(tmp_path, example, add_patches=[planted], verify=RESTART_AT_5, steps=10)
+async def _restart_verdicts(tmp_path: Path, example: str, planted: str, honest: ev.Candidate
+                            ) -> tuple[ev.VerifyCompleted, ev.VerifyCompleted]:
+    """(the planted bug's, the honest candidate's) verdicts, verified on the example's contract at a 10-step
+    horizon with the restart after 5 steps and its downstream on; the bug must fail ``checkpoint.restart`` alone
+    and the honest candidate nothing."""
+    contract = example_contract(tmp_path, example, add_patches=[planted], verify=RESTART_AT_5, steps=10)
+    bug_candidate = ev.Candidate(patches=[planted])
+    verdicts = await run_verification(tmp_path, contract, [bug_candidate, honest], timeout_s=1400)
+    assert [v.candidate_key for v in verdicts] == [bug_candidate.key(), honest.key()]
+    bug, kept = verdicts
+    assert bug.failed_invariants == ["checkpoint.restart"], bug.failed_invariants
+    assert kept.failed_invariants == [], kept.failed_invariants
+    return bug, kept
 
 
 @pytest.mark.slow
@@ -108,15 +117,10 @@ async def test_the_hf_trainer_restarts_through_resume_from_checkpoint_and_a_weig
     it through ``trainer.train(resume_from_checkpoint=...)`` and continues the curve; ``hf-resume-weights-only``
     loads the weights and trains from step 0 again: ``checkpoint.restart`` names it. Both are evaluated
     downstream (held-out perplexity of ``save_pretrained`` weights)."""
-    planted, honest = ev.Candidate(patches=[HF_RESTART_BUG]), ev.Candidate(knobs={"optim": "adamw_torch_fused"})
-    contract = _example_contract(tmp_path, "hf-trainer", HF_RESTART_BUG)
-    verdicts = await run_verification(tmp_path, contract, [planted, honest], timeout_s=1400)
-    assert [v.candidate_key for v in verdicts] == [planted.key(), honest.key()]
-    bug, fused = verdicts
-    assert bug.failed_invariants == ["checkpoint.restart"], bug.failed_invariants
+    bug, fused = await _restart_verdicts(tmp_path, "hf-trainer", HF_RESTART_BUG,
+                                         ev.Candidate(knobs={"optim": "adamw_torch_fused"}))
     rows = {i.name: i for i in bug.invariants}
     assert "first step is 0, not 5" in rows["checkpoint.restart"].detail and rows["downstream"].ok
-    assert fused.failed_invariants == [], fused.failed_invariants
     rows = {i.name: i for i in fused.invariants}
     assert rows["checkpoint.restart"].ok and rows["downstream"].ok and "perplexity" in rows["downstream"].detail
 
@@ -131,14 +135,8 @@ async def test_lightning_restarts_through_ckpt_path_and_a_plain_loader_is_reject
     ``trainer.fit(ckpt_path=...)`` continue mid-epoch exactly, so the honest candidate (1 data-loader worker)
     holds ``checkpoint.restart``; ``lightning-plain-loader`` restarts the epoch's data on resume (Lightning
     cannot restore a plain loader's position) and leaves the curve by more than ε."""
-    planted, honest = ev.Candidate(patches=[LIGHTNING_RESTART_BUG]), ev.Candidate(knobs={"num-workers": 1})
-    contract = _example_contract(tmp_path, "lightning", LIGHTNING_RESTART_BUG)
-    verdicts = await run_verification(tmp_path, contract, [planted, honest], timeout_s=1400)
-    assert [v.candidate_key for v in verdicts] == [planted.key(), honest.key()]
-    bug, workers = verdicts
-    assert bug.failed_invariants == ["checkpoint.restart"], bug.failed_invariants
+    bug, workers = await _restart_verdicts(tmp_path, "lightning", LIGHTNING_RESTART_BUG, ev.Candidate(knobs={"num-workers": 1}))
     rows = {i.name: i for i in bug.invariants}
     assert rows["checkpoint.restart"].observed > 1.0 and rows["downstream"].ok and rows["loss"].ok
-    assert workers.failed_invariants == [], workers.failed_invariants
     rows = {i.name: i for i in workers.invariants}
     assert rows["checkpoint.restart"].ok and rows["downstream"].ok

@@ -43,6 +43,19 @@ def scaffold(repo: Path, out: Path, command: Sequence[str]) -> subprocess.Comple
                           capture_output=True, text=True, timeout=120, env=user_env())  # fmt: skip
 
 
+def trial_json(contract: Path, data_dir: Path, steps: int, knob: str, *, timeout_s: float) -> tuple[int, dict]:
+    """``infrarsi trial CONTRACT --steps N --peak-budget 5 --json --set KNOB``: the baseline and one candidate,
+    (the verb's exit status, the JSON report it prints last)."""
+    proc = subprocess.run(
+        [*CLI, "trial", str(contract), "--data-dir", str(data_dir), "--steps", str(steps), "--peak-budget", "5",
+         "--json", "--set", knob],
+        capture_output=True, text=True, timeout=timeout_s, env=user_env(),
+    )  # fmt: skip
+    assert proc.stdout.strip(), proc.stderr[-3000:]
+    report: dict = json.loads(proc.stdout.strip().splitlines()[-1])
+    return proc.returncode, report
+
+
 def five_stages(contract: Path, data_dir: Path, *, trials: int = 4) -> tuple[subprocess.CompletedProcess[str], dict]:
     """``infrarsi --data-dir DATA_DIR demo --contract CONTRACT --trials N --skip-hacks --json``: the process and its
     summary (``{}`` when it printed none). The output is printed: ``pytest -rA`` shows the verdict, the speed-up
