@@ -75,14 +75,14 @@ HOSTS = {h.name: h for h in (Host("cv2", 0.02), Host("cv5", 0.05), Host("cv10", 
                              Host("drift", 0.05, drift=True))}
 TUNERS: dict[str, Callable[[BenchSpace, int, int], list[Trial]]] = {
     "race": run_infrarsi,
+    "off": run_infrarsi,
     "today": run_infrarsi,
-    "race_end": run_infrarsi,
-    "race_quarter": run_infrarsi,
+    "race_half": run_infrarsi,
     "tpe": lambda bs, seed, budget: run_optuna(bs, seed, budget, "tpe"),
 }
-CONFIGS = {"race": SearchConfig(race=True), "today": SearchConfig(race=False),
-           "race_end": SearchConfig(race=True, race_share=0.0),
-           "race_quarter": SearchConfig(race=True, race_share=0.25)}
+CONFIGS = {"race": SearchConfig(), "off": SearchConfig(race=False),
+           "today": SearchConfig(race=False, select_posterior=False),
+           "race_half": SearchConfig(race_share=0.5, select_posterior=False)}
 
 
 class Measured:
@@ -132,7 +132,10 @@ def study(model: FamilyModel, pool: CandidatePool, host: Host, tuner: str, seed:
     assert baseline is not None
     true_base = model.true_time(baseline)
     true_chosen = model.true_time(chosen) if chosen is not None else math.inf
+    measured = [model.true_time(t.candidate) for t in trials if t.status == "ok" and t.step_time_s is not None]
+    true_found = min(measured, default=math.inf)
     return {"model": model.seed, "seed": seed, "chosen_over_oracle": model.oracle_time / true_chosen,
+            "found_over_oracle": model.oracle_time / true_found,
             "vs_baseline": true_base / true_chosen, "slower_than_baseline": true_chosen > true_base,
             "oom_share": sum(t.status == "oom" for t in trials) / max(len(trials), 1), "runs": len(trials),
             "race_runs": sum(t.origin == "confirm" for t in trials), "doctor_noise_floor": bs.noise_floor,

@@ -1059,7 +1059,7 @@ class Searcher:
         mu, sd = self.time_model.predict_encoded(self.pool.x_time[idx])
         assert sd is not None
         tied = tied_all[sub]
-        key = np.where(tied, 0.5 * (measured[sub] + mu), measured[sub])
+        key = np.where(tied, mu if self.config.select_posterior else 0.5 * (measured[sub] + mu), measured[sub])
         order = sorted(range(sub.size), key=lambda i: (not tied[i], key[i]))[:k]
         return [(self.pool.candidates[idx[i]], float(math.exp(measured[sub[i]])), float(sd[i]), bool(tied[i]))
                 for i in order]
@@ -1078,7 +1078,7 @@ class Searcher:
         assert sd is not None
         n_sub, m_sub = n[sub], m[sub]
         tied = m_sub <= m.min() + tie
-        key = np.where(tied, (n_sub * m_sub + mu) / (n_sub + 1.0), m_sub)
+        key = np.where(tied, mu if self.config.select_posterior else (n_sub * m_sub + mu) / (n_sub + 1.0), m_sub)
         remaining = sorted(range(sub.size), key=lambda i: (not tied[i], key[i]))
         # a single run is held back by any re-measured candidate left whose mean is within the race's test of it
         hold = m_sub - z * sigma * np.sqrt(1.0 + 1.0 / n_sub)  # (S,) a single run above this is held back
@@ -1168,9 +1168,11 @@ class Searcher:
         if race is None:
             return None
         suggestion, need = race
-        if left is not None and need >= left:
+        end = min(need, math.floor(self.config.race_end_share * (self._design_count(pending) + left))) \
+            if left is not None else 0
+        if left is not None and end >= left:
             return replace(suggestion, reason=f"{suggestion.reason}; the race needs up to {need} runs "
-                                                          f"and the budget has {left} left")
+                                              f"and the budget has {left} left")
         since = self._design_count(pending) - (1 + self.config.n_seeds)
         repeats = self._repeats + sum(c.key in self._seen for c in pending)
         if repeats < self.config.race_share * (since + 1) or self._stop_reason() is not None:

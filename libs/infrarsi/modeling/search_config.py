@@ -81,12 +81,18 @@ class SearchConfig:
     select_tie_sigmas: float = 2.0
     """``top_candidates``: measured step times within this many noise stds of the fastest are ranked by the mean
     of measured and posterior log time (0: by the measurement alone)."""
+    select_posterior: bool = True
+    """``top_candidates``: within the tie (``select_tie_sigmas``) rank by the time model's posterior mean log time
+    alone, which pools every run of every candidate and a candidate's neighbours, rather than by a mix of it and
+    the candidate's own runs (the mean of the measured and the posterior log time; with ``race`` the posterior
+    counting as one run more). On the noise benchmark's CV 2% and CV 10% hosts the posterior alone chose better
+    than any mix with the runs (docs/modeling.md, "Racing on a noisy host")."""
     confirm_repeats: int = 2
     """With ``race`` off: before the study stops for want of expected gain, each leader tied within noise
     (``top_candidates``' tie set, at most ``confirm_top``) is measured this many times in all (1: never
     re-measured). With ``race`` on the race replaces it."""
     confirm_top: int = 3
-    race: bool = False
+    race: bool = True
     """Racing (SMAC-style intensification): after the initial design, a challenger whose mean log step time is
     within noise of the incumbent's (``race_z``) is re-run, interleaved with the incumbent (the one of the pair
     with fewer runs goes next), until the difference is resolved or both have ``race_cap`` runs (then the
@@ -108,12 +114,14 @@ class SearchConfig:
     """Most runs of one candidate a race asks for. At CV 2% a 5% effect needs 3 runs; at 5% and beyond the
     doctor's count (15 and more) is more than a study of tens of trials can spend on one pair, so the bound
     decides: past it the models' pooling of every run and the verification settle the rest."""
-    race_share: float = 0.5
+    race_share: float = 0.0
     """Races take at most this share of the trials after the initial design: a race run is proposed while the
     race runs so far (repeats of a measured candidate, run and pending) are fewer than ``race_share`` × (trials
     since the design + 1) — at 0.5 a race run and a new candidate alternate, as SMAC's intensification does, so
     exploration keeps half the budget. Not applied when nothing new is worth a trial (``should_stop``'s reason)
     or when the open race needs the trials the budget has left (``suggest``'s ``left``)."""
+    race_end_share: float = 0.1
+    """The budget's end gives the open race at most this share of the study's trials (run, pending and left)."""
     race_noise_df: float = 4.0
     """``race_noise``: the weight, in degrees of freedom, of the doctor's run-to-run noise (the time model's noise
     floor) against the spread of the study's own repeated runs (a doctor's CV from 3 runs is itself noisy)."""
