@@ -81,8 +81,8 @@ TUNERS: dict[str, Callable[[BenchSpace, int, int], list[Trial]]] = {
     "tpe": lambda bs, seed, budget: run_optuna(bs, seed, budget, "tpe"),
 }
 CONFIGS = {"race": SearchConfig(), "off": SearchConfig(race=False),
-           "today": SearchConfig(race=False, select_posterior=False),
-           "race_half": SearchConfig(race_share=0.5, select_posterior=False)}
+           "today": SearchConfig(race=False, select_posterior_noise=None),
+           "race_half": SearchConfig(race_share=0.5, race_end_share=1.0, select_posterior_noise=None)}
 
 
 class Measured:

@@ -1059,10 +1059,15 @@ class Searcher:
         mu, sd = self.time_model.predict_encoded(self.pool.x_time[idx])
         assert sd is not None
         tied = tied_all[sub]
-        key = np.where(tied, mu if self.config.select_posterior else 0.5 * (measured[sub] + mu), measured[sub])
+        key = np.where(tied, mu if self._by_posterior() else 0.5 * (measured[sub] + mu), measured[sub])
         order = sorted(range(sub.size), key=lambda i: (not tied[i], key[i]))[:k]
         return [(self.pool.candidates[idx[i]], float(math.exp(measured[sub[i]])), float(sd[i]), bool(tied[i]))
                 for i in order]
+
+    def _by_posterior(self) -> bool:
+        """Whether the tie is ranked by the posterior alone (``SearchConfig.select_posterior_noise``)."""
+        at = self.config.select_posterior_noise
+        return at is not None and self.race_noise() >= at
 
     def _ranked_by_runs(self, k: int) -> list[tuple[Candidate, float, float, bool]]:
         """``_ranked`` with ``SearchConfig.race`` on (``top_candidates``' docstring has the rule)."""
@@ -1078,7 +1083,7 @@ class Searcher:
         assert sd is not None
         n_sub, m_sub = n[sub], m[sub]
         tied = m_sub <= m.min() + tie
-        key = np.where(tied, mu if self.config.select_posterior else (n_sub * m_sub + mu) / (n_sub + 1.0), m_sub)
+        key = np.where(tied, mu if self._by_posterior() else (n_sub * m_sub + mu) / (n_sub + 1.0), m_sub)
         remaining = sorted(range(sub.size), key=lambda i: (not tied[i], key[i]))
         # a single run is held back by any re-measured candidate left whose mean is within the race's test of it
         hold = m_sub - z * sigma * np.sqrt(1.0 + 1.0 / n_sub)  # (S,) a single run above this is held back
