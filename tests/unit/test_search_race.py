@@ -164,4 +164,4 @@ def test_on_a_noisy_host_the_tie_is_ranked_by_the_posterior_which_pools_every_ru
     assert SearchConfig().select_posterior_noise == 0.04
     assert ranked(0.10) == _mb(8)
     assert ranked(0.10, None) == _mb(4)  # the mix of measured and posterior keeps the lucky draw
-    assert ranked(0.02) == _mb(4)  # a quiet host: below the setting the mix ranks, as before
+    assert ranked(0.10, 0.2) == _mb(4)  # noise below the setting: the mix ranks, as before
