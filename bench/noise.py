@@ -10,21 +10,24 @@ CV of those runs (``study.model.noise_floor``); every tuner is told the runs (be
 
 Tuners, each given ``--budget`` runs (40):
 
-- ``race``: InfraRSI with racing (``SearchConfig(race=True)``; racing is off by default);
-- ``race_end``: racing only when the budget's end or the search's stop leaves the open race the runs it needs
-  (``race_share=0``: no race runs interleaved during the search);
-- ``race_quarter``: racing at most a quarter of the runs after the initial design (``race_share=0.25``);
-- ``today``: InfraRSI as before racing (``SearchConfig(race=False)``, the confirmation before the stop);
+- ``race``: InfraRSI with racing on (``SearchConfig(race=True)``: races when the search would stop and in the
+  budget's last trials, at most ``race_end_share`` of them);
+- ``off``: InfraRSI as it ships (racing off; the tie ranked by the posterior on a noisy host,
+  ``select_posterior_noise``);
+- ``today``: InfraRSI before that ranking (racing off, the tie ranked by the mix of runs and posterior);
+- ``race_half``: racing that takes up to half the runs after the initial design (``race_share=0.5``) and as
+  much of the budget's end as the open race needs, with the mixed ranking;
 - ``tpe``: Optuna TPE; its choice is its best trial's measured value.
 
 Scored on the noise-free times of the candidate each chooses after its last run (``Trial.chosen_best``):
 chosen/oracle = oracle time / true time of the choice, vs_baseline = true time of the baseline / true time of the
 choice, the share of studies whose choice is truly slower than the baseline (no choice at all counts as slower),
-and the OOM share of the runs. InfraRSI may stop before the budget (``should_stop``); the runs it used are
-reported.
+the OOM share of the runs, and found/oracle: oracle time / true time of the fastest candidate the study measured
+at all (what a perfect choice among its runs would get; the gap to chosen/oracle is what the choice lost).
+InfraRSI may stop before the budget (``should_stop``); the runs it used are reported.
 
     nice -n 10 python bench/noise.py [--models 30] [--first-model 0] [--seeds 3] [--budget 40]
-                                     [--hosts cv2 cv5 cv10 cv15 drift] [--tuners race today race_end race_quarter tpe] [--jobs 1]
+                                     [--hosts cv2 cv5 cv10 cv15 drift] [--tuners race off today race_half tpe] [--jobs 1]
                                      [--json OUT.json]
 """
 
@@ -80,9 +83,9 @@ TUNERS: dict[str, Callable[[BenchSpace, int, int], list[Trial]]] = {
     "race_half": run_infrarsi,
     "tpe": lambda bs, seed, budget: run_optuna(bs, seed, budget, "tpe"),
 }
-CONFIGS = {"race": SearchConfig(), "off": SearchConfig(race=False),
+CONFIGS = {"race": SearchConfig(race=True), "off": SearchConfig(),
            "today": SearchConfig(race=False, select_posterior_noise=None),
-           "race_half": SearchConfig(race_share=0.5, race_end_share=1.0, select_posterior_noise=None)}
+           "race_half": SearchConfig(race=True, race_share=0.5, race_end_share=1.0, select_posterior_noise=None)}
 
 
 class Measured:
@@ -166,6 +169,8 @@ def summarise(records: list[dict[str, Any]], hosts: Sequence[str], tuners: Seque
                 "studies": len(rs),
                 "chosen_over_oracle_median": float(np.median(q)),
                 "chosen_over_oracle_p10": float(np.quantile(q, 0.1)),
+                "chosen_over_oracle_mean": float(np.mean(q)),
+                "found_over_oracle_mean": float(np.mean([r["found_over_oracle"] for r in rs])),
                 "vs_baseline_median": float(np.median([r["vs_baseline"] for r in rs])),
                 "slower_than_baseline_share": float(np.mean([r["slower_than_baseline"] for r in rs])),
                 "oom_share": float(np.mean([r["oom_share"] for r in rs])),
@@ -228,13 +233,14 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{args.seeds} seeds, {args.budget} runs per study, {args.doctor_runs} doctor runs of the baseline "
               "told; scored on TRUE (noise-free) times of each tuner's final choice")
         print(f"{'host':6s} {'tuner':6s} {'n':>4s} {'chosen/oracle':>13s} {'p10':>6s} {'vs_base':>7s} "
-              f"{'slower':>6s} {'oom':>6s} {'runs':>5s} {'race':>5s}")
+              f"{'slower':>6s} {'oom':>6s} {'runs':>5s} {'race':>5s} {'mean':>6s} {'found':>6s}")
         for h, by_tuner in summary.items():
             for t, v in by_tuner.items():
                 print(f"{h:6s} {t:6s} {v['studies']:4d} {v['chosen_over_oracle_median']:13.3f} "
                       f"{v['chosen_over_oracle_p10']:6.3f} {v['vs_baseline_median']:7.3f} "
                       f"{v['slower_than_baseline_share']:6.3f} {v['oom_share']:6.3f} {v['runs_median']:5.0f} "
-                      f"{v['race_runs_median']:5.0f}")
+                      f"{v['race_runs_median']:5.0f} {v['chosen_over_oracle_mean']:6.3f} "
+                      f"{v['found_over_oracle_mean']:6.3f}")
         print(f"targets at cv10: {checks}")
         print(f"wall {wall:.0f}s")
 

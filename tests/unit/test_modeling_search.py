@@ -57,7 +57,7 @@ def run(seed: int, n: int, searcher: Searcher | None = None):
 
 def test_never_repeats_and_respects_pending():
     s, log = run(0, 40, Searcher(SPACE, CAP, seed=0, kb=default_knowledge_base(),
-                                 config=SearchConfig(race_share=0.5)))  # races interleaved with new candidates
+                                 config=SearchConfig(race=True, race_share=0.5)))  # races between new candidates
     keys = [o.candidate.key for sg, o in log if sg.origin != "confirm"]
     assert len(keys) == len(set(keys))
     # a race run re-measures a candidate measured before, to at most the race's cap of runs (SearchConfig.race)

@@ -22,7 +22,7 @@ def _ok(mb: int, t: float) -> Observation:
 
 
 def _searcher(**config: int) -> Searcher:
-    # the confirmation as it was: with racing on (the default) the race replaces it (tests/unit/test_search_race.py)
+    # racing off (the default): the confirmation; with racing on the race replaces it (tests/unit/test_search_race.py)
     s = Searcher(SPACE, CAP, seed=0, kb=default_knowledge_base(), config=SearchConfig(race=False, **config))
     # the whole space measured: nothing new is worth a trial; micro-batch 4 had the luckiest draw
     for mb, t in ((1, 2.0), (2, 1.40), (4, 0.90), (8, 0.95)):

@@ -1,4 +1,4 @@
-"""Racing on a noisy host (``SearchConfig.race``, on by default): a challenger within noise of the incumbent is
+"""Racing on a noisy host (``SearchConfig.race``, off by default): a challenger within noise of the incumbent is
 re-run, interleaved with it, until the difference is resolved or both reach the cap; ``top_candidates`` never
 ranks a single run above a re-measured candidate within its noise; the budget's last trials (at most
 ``race_end_share`` of the study's) go to the open race (``Searcher.suggest``'s ``left``)."""
@@ -42,7 +42,7 @@ def _measured_once(config: SearchConfig) -> Searcher:
 def test_a_lucky_single_run_loses_the_race_to_a_truly_faster_candidate() -> None:
     # racing off, the tie ranked as before (measured and posterior mixed): one run each, the lucky draw is chosen
     assert _measured_once(SearchConfig(race=False, select_posterior_noise=None)).top_candidates(1)[0][0] == _mb(4)
-    s = _measured_once(SearchConfig())  # the default: racing on
+    s = _measured_once(SearchConfig(race=True))
     draws = {mb: iter(ts) for mb, ts in LATER_DRAWS.items()}
     runs = []
     while True:
@@ -126,12 +126,12 @@ def _re_measured(config: SearchConfig) -> Searcher:
     return s
 
 
-def test_with_the_default_search_a_lucky_single_run_is_not_chosen_over_a_faster_re_measured_one() -> None:
-    on = _re_measured(SearchConfig())
-    assert on.config.race and on.top_candidates(1)[0][0] == FASTER
-    # racing off: the single lucky run is chosen, by the posterior (the default ranking) as by the mix of it and
-    # the runs (the ranking before)
-    assert _re_measured(SearchConfig(race=False)).top_candidates(1)[0][0] == LUCKY
+def test_racing_keeps_a_lucky_single_run_from_being_chosen_over_a_faster_re_measured_one() -> None:
+    on = _re_measured(SearchConfig(race=True))  # racing's own settings at their defaults
+    assert on.top_candidates(1)[0][0] == FASTER
+    # racing off (the default): the single lucky run is chosen, by the posterior (the default ranking) as by the
+    # mix of it and the runs (the ranking before)
+    assert not SearchConfig().race and _re_measured(SearchConfig()).top_candidates(1)[0][0] == LUCKY
     assert _re_measured(SearchConfig(race=False, select_posterior_noise=None)).top_candidates(1)[0][0] == LUCKY
     # the study's last trial (14 run, 1 left: a tenth of 15) re-runs the lucky one instead of a new candidate
     (last,) = on.suggest(1, left=1)
@@ -142,13 +142,16 @@ def test_with_the_default_search_a_lucky_single_run_is_not_chosen_over_a_faster_
 
 
 def test_the_budget_end_gives_the_race_at_most_its_share_of_the_study() -> None:
-    s = _re_measured(SearchConfig(race_end_share=0.2))  # 14 run: at most 3 of 15, 3 of 16, 3 of 17
-    need = s._race([])[1]  # type: ignore[index]
+    s = _re_measured(SearchConfig(race=True, race_end_share=0.2))  # 14 run: at most 3 of 15, 3 of 16, 3 of 17
+    race = s._race([])
+    assert race is not None
+    need = race[1]  # the runs the open race may still take: more than the share leaves it
     assert need > 3
     assert s.suggest(1, left=3)[0].origin == "confirm"
     assert s.suggest(1, left=4)[0].origin != "confirm"
-    assert _re_measured(SearchConfig(race_end_share=0.0)).suggest(1, left=1)[0].origin != "confirm"
-    assert _re_measured(SearchConfig(race_end_share=1.0)).suggest(1, left=need)[0].origin == "confirm"
+    assert _re_measured(SearchConfig(race=True, race_end_share=0.0)).suggest(1, left=1)[0].origin != "confirm"
+    assert _re_measured(SearchConfig(race=True, race_end_share=1.0)).suggest(1, left=need)[0].origin == "confirm"
+    assert SearchConfig().race_end_share == 0.1
 
 
 def test_on_a_noisy_host_the_tie_is_ranked_by_the_posterior_which_pools_every_run() -> None:

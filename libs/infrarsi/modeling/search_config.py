@@ -95,16 +95,17 @@ class SearchConfig:
     (``top_candidates``' tie set, at most ``confirm_top``) is measured this many times in all (1: never
     re-measured). With ``race`` on the race replaces it."""
     confirm_top: int = 3
-    race: bool = True
+    race: bool = False
     """Racing (SMAC-style intensification): after the initial design, a challenger whose mean log step time is
     within noise of the incumbent's (``race_z``) is re-run, interleaved with the incumbent (the one of the pair
     with fewer runs goes next), until the difference is resolved or both have ``race_cap`` runs (then the
-    challenger is dropped). ``top_candidates`` then ranks by the repeated runs. Off (the default): one run per
-    candidate and the confirmation before the stop (``confirm_repeats``). Off because, measured at equal runs on the
-    noise benchmark (``bench/noise.py``, 30 models x 3 seeds, 40 runs), racing chose worse than the search without
-    it at every CV from 5% (CV 10%: median chosen/oracle 0.946 against 0.959): its 14-20 re-runs cost the search
-    half its new candidates, and the tie-aware ranking (``select_tie_sigmas``) already keeps most lucky single runs
-    from winning. docs/modeling.md, "Racing on a noisy host"."""
+    challenger is dropped): when the search would stop, at the budget's end (``race_end_share``) and, with
+    ``race_share``, during the search. ``top_candidates`` then never ranks a single run above a re-measured
+    candidate within its noise. Off (the default): one run per candidate and the confirmation before the stop
+    (``confirm_repeats``). Off because, measured at equal runs on the noise benchmark (``bench/noise.py``, 40 runs),
+    every variant tried chose worse than the search without it: its re-runs cost new candidates, and what they buy
+    the ranking already has from the posterior (``select_posterior_noise``). docs/modeling.md, "Racing on a noisy
+    host"."""
     race_z: float = 1.5
     """A difference of mean log times is resolved when it is at least this many of its standard errors,
     σ·sqrt(1/n_c + 1/n_i) (σ: ``race_noise``): 1.5 is a one-sided 93% call. The same test keeps a single run from
@@ -124,7 +125,10 @@ class SearchConfig:
     exploration keeps half the budget. Not applied when nothing new is worth a trial (``should_stop``'s reason)
     or when the open race needs the trials the budget has left (``suggest``'s ``left``)."""
     race_end_share: float = 0.1
-    """The budget's end gives the open race at most this share of the study's trials (run, pending and left)."""
+    """The budget's end gives the open race at most this share of the study's trials (run, pending and left): the
+    race takes the last trials once what it needs is at least the trials left, capped here (4 of 40, 1 of 10, none
+    under 10). Unbounded (1.0), a race at CV 10% (cap 5 runs each) took up to 8 of 40 and every trial after the
+    design of a 10-trial study."""
     race_noise_df: float = 4.0
     """``race_noise``: the weight, in degrees of freedom, of the doctor's run-to-run noise (the time model's noise
     floor) against the spread of the study's own repeated runs (a doctor's CV from 3 runs is itself noisy)."""
