@@ -1165,8 +1165,8 @@ class Searcher:
 
     def _race_turn(self, pending: Sequence[Candidate], left: int | None) -> Suggestion | None:
         """The open race's next run when it is the race's turn (``SearchConfig.race_share``), when the race needs
-        the trials the budget has ``left``, or when nothing new is worth a trial; else ``None``. Never during the
-        initial design."""
+        the trials the budget has ``left`` (at most ``race_end_share`` of the study's trials), or when nothing new
+        is worth a trial; else ``None``. Never during the initial design."""
         if self._design_count(pending) < 1 + self.config.n_seeds or not self._ok_rows:
             return None
         race = self._race(pending)
