@@ -828,6 +828,8 @@ def _with_output_steps(finished: ev.TrialFinished, output: OutputTail, job: JobR
         output_losses=output.counter.loss_curve(),
         output_eval_losses=output.counter.eval_curve(),
         output_step_times=list(output.counter.step_times),
+        output_tokens=output.counter.tokens,
+        output_micro_batches=output.counter.micro_batches,
         warmup_accelerator_s=finished.ranks * warmup_end,
         steady_accelerator_s=finished.ranks * (finished.wall_s - warmup_end),
     )
