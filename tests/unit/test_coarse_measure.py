@@ -321,3 +321,31 @@ def test_a_coarse_verify_round_compares_the_tokens_and_evals_both_runs_gave() ->
     assert vf.decide(_round(runs), passes_before=0, passes_required=1, loss_rule=RULE).failed_invariants == ["work.tokens"]
     runs[1] = run("candidate0", "candidate", 0, 0.8, 2560, evals[:1])
     assert vf.decide(_round(runs), passes_before=0, passes_required=1, loss_rule=RULE).failed_invariants == ["work.eval"]
+
+
+def test_a_coarse_pair_under_loss_at_every_eval_is_compared_on_its_printed_eval_loss() -> None:
+    # LitGPT at another micro-batch: litdata deals the samples in another order, so the per-step train loss is of
+    # other batches (10 % apart), while the validation loss it prints stays within ε
+    base_train = tuple(ev.LossPoint(n, 4.0 - n / 20) for n in range(1, 61))
+    reordered = tuple(ev.LossPoint(p.step, p.loss * (1.1 if p.step % 2 else 0.9)) for p in base_train)
+    evals = tuple(ev.LossPoint(n, 6.0 + n / 100) for n in range(10, 61, 10))
+
+    def run(trial_id: str, arm: vf.Arm, pair: int, t: float, train: tuple[ev.LossPoint, ...], scale: float
+            ) -> vf.RunMeasurement:  # fmt: skip
+        return vf.RunMeasurement(trial_id=trial_id, arm=arm, pair=pair, status="ok", step_time_s=t, optimizer_steps=60,
+                                 tokens=0, invariants=(ev.InvariantResult(name="scope", ok=True, detail="in scope"),),
+                                 coarse=True, loss_from_log=True, unchecked=("work.tokens", "work.eval"), loss_curve=train,
+                                 eval_curve=tuple(ev.LossPoint(p.step, p.loss * scale) for p in evals))  # fmt: skip
+
+    def rounds(scale: float) -> vf.Round:
+        return _round([run(f"{a}{i}", a, i, t, c, s) for i in range(3)
+                       for a, t, c, s in (("baseline", 1.0, base_train, 1.0), ("candidate", 0.8, reordered, scale))])  # fmt: skip
+
+    at_eval = vf.LossRule(tolerance=0.05, mode="relative", eval_only_when_coarse=True)
+    done = vf.decide(rounds(1.01), passes_before=0, passes_required=1, loss_rule=at_eval)
+    assert done.promotable and {"loss", "loss.trend"} <= {i.name for i in done.invariants}, done.invariants
+    assert "eval loss" in {i.name: i for i in done.invariants}["loss"].detail
+    # a candidate whose held-out loss is off is still rejected; every step's train loss is what every_step compares
+    assert vf.decide(rounds(1.08), passes_before=0, passes_required=1, loss_rule=at_eval).failed_invariants == ["loss"]
+    every_step = vf.LossRule(tolerance=0.05, mode="relative")
+    assert "loss" in vf.decide(rounds(1.01), passes_before=0, passes_required=1, loss_rule=every_step).failed_invariants

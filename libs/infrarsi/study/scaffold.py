@@ -909,6 +909,8 @@ def _render(report: ScaffoldReport, info: ScriptInfo, parsed: ParsedCommand, arg
     if report.knobs_via == "argv" and any(d.negatable for d in info.declared.values()):
         workload["argv_switch_off"] = "no-"
     tool = _tool_log(parsed)
+    # a tool that prints its held-out loss is compared on it: its train loss is of whichever batches it drew
+    held_out = not report.uses_probe and tool is not None and bool(tool.eval_loss_regex) and tool.eval_held_out
     if not report.uses_probe and tool is not None:
         workload["measurement"] = {"kind": "coarse", "step_regex": tool.step_regex, "loss_regex": list(tool.loss_regex),
                                    "eval_loss_regex": list(tool.eval_loss_regex),
@@ -929,7 +931,7 @@ def _render(report: ScaffoldReport, info: ScriptInfo, parsed: ParsedCommand, arg
         "backend": {"kind": "local", "parallel": 1, "timeout_s": 900},
         "scope": {"files": [], "launch_keys": launch_keys},
         "search_space": {"knobs": knobs, **({"constraints": {"global_batch": report.global_batch}} if report.global_batch else {})},
-        "invariants": {"loss": {"tolerance": 0.05, "mode": "relative", "at": "every_eval" if eval_on else "every_step"},
+        "invariants": {"loss": {"tolerance": 0.05, "mode": "relative", "at": "every_eval" if eval_on or held_out else "every_step"},
                        "steps": True, "tokens": True, "eval": eval_on, "timing_tolerance": 0.10},  # fmt: skip
         "budget": {"trials": 12, "accelerator_hours": 2.0},
     }
@@ -981,6 +983,10 @@ class ToolLog:
     eval_loss_regex: tuple[str, ...]
     tokens_regex: tuple[str, ...]
     """The work done so far as the tool prints it (a group ``tokens`` or ``micro_batches``)."""
+    eval_held_out: bool
+    """The loss invariant compares the tool's printed eval loss (``loss.at: every_eval``), not its train loss:
+    the tool's data loader deals the samples in an order that depends on speed knobs, so a candidate's per-step
+    train loss is of other batches."""
     note: str
     """Said in the draft's header: what is read, and what is not and why."""
 
@@ -995,11 +1001,14 @@ TOOL_LOGS: dict[str, ToolLog] = {
         loss_regex=(rf"\| loss train: (?P<loss>{NUMBER}),",),
         eval_loss_regex=(rf"\bval loss:? (?P<loss>{NUMBER})",),
         tokens_regex=(r"\| iter (?P<micro_batches>\d+) step \d+ \|",),
+        eval_held_out=True,
         note="LitGPT's output read for its steps (`iter N step M`: M), micro-batches (N: the tokens are N × the "
         "trial's micro-batch × the sequence length, LitGPT's own count), train loss (`loss train: X`) and eval loss "
         "(`val loss X`); its `iter time` is its last micro-batch's, not the optimiser step's, so no step time is "
         "read from it: timing is unchecked unless you give workload.measurement.step_time_regex for a line that "
-        "prints an optimiser step's time",
+        "prints an optimiser step's time. The loss is compared at every eval (its validation loss): litdata deals the "
+        "training samples by micro-batch size, so another micro-batch trains on other batches first and its per-step "
+        "train loss differs by their noise",
     ),
 }
 """An installed tool's command name → how it prints (``litgpt pretrain …``)."""

@@ -327,6 +327,12 @@ class LossRule:
     """The divergence check over the horizon; ``None`` = off."""
     parity: ParityRule = ParityRule()
     """Numeric parity beyond ε (off by default)."""
+    eval_only_when_coarse: bool = False
+    """The contract compares the loss at every eval (``invariants.loss.at: every_eval``): a coarse pair whose
+    baseline printed eval losses is compared on those (and their trend) only. A job measured from outside
+    prints the train loss of whichever batches it drew, and a candidate that deals the same samples in
+    another order (LitGPT's litdata at another micro-batch) trains on other batches first: its per-step train
+    loss differs by the batches' noise while its held-out loss does not (docs/own-job.md)."""
 
     def allowed(self, baseline_loss: float) -> float:
         return self.tolerance * abs(baseline_loss) if self.mode == "relative" else self.tolerance
@@ -340,6 +346,7 @@ def loss_rule_of(invariants: Invariants) -> LossRule:
         mode=loss.mode,
         trend=None if trend is None else TrendRule(trend.horizon_multiple, trend.alpha, trend.min_points),
         parity=ParityRule(invariants.parity, tight.max_abs, tight.max_rel),
+        eval_only_when_coarse=loss.at == "every_eval",
     )
 
 
@@ -578,9 +585,11 @@ def _eval_pair_check(baseline: RunMeasurement, candidate: RunMeasurement) -> ev.
 
 def _loss_pair_checks(baseline: RunMeasurement, candidate: RunMeasurement, rule: LossRule) -> list[ev.InvariantResult]:
     """The train loss curve (and the eval curve, where the baseline has one) with their trends; a coarse
-    baseline that printed no train loss is not compared on an empty curve."""
+    baseline that printed no train loss is not compared on an empty curve, and a coarse pair under
+    ``eval_only_when_coarse`` is compared on its printed eval losses alone."""
     out = []
-    if baseline.loss_curve or not baseline.coarse:
+    eval_only = rule.eval_only_when_coarse and (baseline.coarse or candidate.coarse) and bool(baseline.eval_curve)
+    if (baseline.loss_curve or not baseline.coarse) and not eval_only:
         out.append(_curve_check("loss", "train loss", baseline.loss_curve, candidate.loss_curve, rule))
     if baseline.eval_curve:
         out.append(
@@ -588,7 +597,7 @@ def _loss_pair_checks(baseline: RunMeasurement, candidate: RunMeasurement, rule:
         )
     if rule.trend is not None:
         for what, base_curve, cand_curve in (
-            ("train loss", baseline.loss_curve, candidate.loss_curve),
+            *((("train loss", baseline.loss_curve, candidate.loss_curve),) if not eval_only else ()),
             ("eval loss", baseline.eval_curve, candidate.eval_curve),
         ):
             trend = _trend_check(what, base_curve, cand_curve, rule, rule.trend)
