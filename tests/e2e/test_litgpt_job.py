@@ -92,10 +92,12 @@ def test_a_litgpt_pretrain_job_through_the_five_stages(tmp_path: Path, litgpt_re
     assert summary["baseline_step_s"] is not None  # the doctor took the untouched baseline's own work and loss
     report = Path(summary["report"]).with_suffix(".md").read_text()
     by_name = {i["name"]: i for i in summary["invariants"]}
-    if by_name:  # a candidate reached verify: held to the baseline's step count and its loss, read from the log
-        assert by_name["work.optimizer_steps"]["ok"], by_name
-        assert "not checked" not in by_name["loss"]["detail"] and "loss" not in summary["unchecked_invariants"], by_name
-    else:  # none held every invariant: the micro-batch and worker candidates reorder litdata's samples, and the
-        # loss read from LitGPT's log rejected them (the report counts each invariant's failures)
+    # every work and loss invariant checked: only timing is left, named (LitGPT prints no optimiser-step time)
+    assert set(summary["unchecked_invariants"]) <= {"timing"}, summary["unchecked_invariants"]
+    if by_name:  # a candidate reached verify: held to the baseline's steps, LitGPT's token count and eval loss
+        for name in ("work.optimizer_steps", "work.tokens", "loss"):
+            assert by_name[name]["ok"], by_name
+        assert "eval loss" in by_name["loss"]["detail"] and "loss.trend" in by_name, by_name
+    else:  # none was faster than the baseline in the search, and none was rejected for its loss
         assert "No verification ran." in report
-        assert re.search(r"Invariant failures over all measured runs: [^\n]*\bloss: [1-9]", report), report[-3000:]
+        assert not re.search(r"Invariant failures over all measured runs: [^\n]*\bloss: [1-9]", report), report[-3000:]
