@@ -75,7 +75,7 @@ def stated_work(contract: Contract, knobs: Mapping[str, Any]) -> stats.StatedWor
     per_step, how = workload.steps_key_tokens, "workload.steps_key_tokens"
     if per_step is None and gb is not None and seq is not None:
         per_step, how = gb.size * seq, f"global batch {gb.size} × sequence {seq}"
-    per_micro_batch = None
+    per_micro_batch, micro_batch_how = None, ""
     if gb is not None and seq is not None:
         try:
             golden = contract.baseline_launch()
@@ -85,8 +85,9 @@ def stated_work(contract: Contract, knobs: Mapping[str, Any]) -> stats.StatedWor
         parallel = gb.data_parallel_for({key: knobs.get(key, get_dotted(golden, key)[1]) for key in gb.parallel_keys})
         if isinstance(micro_batch, int) and not isinstance(micro_batch, bool) and micro_batch > 0 and parallel:
             per_micro_batch = micro_batch * seq * parallel
-            how = f"micro-batch {micro_batch} × sequence {seq} × {parallel} data-parallel"
-    return stats.StatedWork(tokens_per_step=per_step, tokens_per_micro_batch=per_micro_batch, how=how)
+            micro_batch_how = f"micro-batch {micro_batch} × sequence {seq} × {parallel} data-parallel"
+    return stats.StatedWork(tokens_per_step=per_step, tokens_per_micro_batch=per_micro_batch, how=how,
+                            micro_batch_how=micro_batch_how)  # fmt: skip
 
 
 @dataclass

@@ -266,10 +266,10 @@ def test_printed_micro_batches_are_tokens_by_the_trials_micro_batch() -> None:
     run = logged(steps=10, losses=[4.0] * 10)
     # LitGPT: `iter 40 step 10` at micro-batch 2 (accumulation 4), `iter 10 step 10` at micro-batch 8
     base = worked(msgspec.structs.replace(run, output_micro_batches=40),
-                  stats.StatedWork(tokens_per_step=512, tokens_per_micro_batch=2 * 64, how="micro-batch 2 × sequence 64"),
+                  stats.StatedWork(tokens_per_step=512, tokens_per_micro_batch=2 * 64, micro_batch_how="micro-batch 2 × sequence 64"),
                   kind="baseline")  # fmt: skip
-    assert base.tokens == 5120 and "40 micro-batches read from the job's log" in tokens_of(base).detail
-    larger = stats.StatedWork(tokens_per_step=512, tokens_per_micro_batch=8 * 64, how="micro-batch 8 × sequence 64")
+    assert base.tokens == 5120 and "40 micro-batches read from the job's log × 128 tokens (micro-batch 2 × sequence 64)" in tokens_of(base).detail
+    larger = stats.StatedWork(tokens_per_step=512, tokens_per_micro_batch=8 * 64, micro_batch_how="micro-batch 8 × sequence 64")
     assert worked(msgspec.structs.replace(run, output_micro_batches=10), larger, baseline=base).status == "ok"
     # a step that ran fewer micro-batches than its global batch needs: the steps counted agree, the tokens do not
     short = worked(msgspec.structs.replace(run, output_micro_batches=9), larger, baseline=base)

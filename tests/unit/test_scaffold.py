@@ -403,7 +403,8 @@ def test_a_coarse_draft_says_how_its_tokens_are_known(tmp_path: Path) -> None:
     # the script's own --seq_len default (16) is the sequence: tokens are derived from the steps counted
     assert contract.workload.shape is not None and contract.workload.shape.seq_len == 16
     assert "work.tokens: DERIVED" in text
-    assert stated_work(contract, {"per_device_train_batch_size": 8}).tokens_per_step == 8 * 16
+    stated = stated_work(contract, {"per_device_train_batch_size": 8})
+    assert (stated.tokens_per_step, stated.how) == (8 * 16, "global batch 8 × sequence 16"), stated
     # a script that says no sequence length: the draft says work.tokens stays unchecked, and what to give
     (tmp_path / "bare").mkdir()
     bare = repo_with(tmp_path / "bare", PLAIN)

@@ -609,7 +609,9 @@ class StatedWork:
     tokens_per_micro_batch: int | None = None
     """This trial's micro-batch × sequence length × data-parallel ranks (for a printed micro-batch count)."""
     how: str = ""
-    """Where those came from, for the verdict's detail (``global batch 8 × sequence 64``)."""
+    """Where the tokens per step came from, for the verdict's detail (``global batch 8 × sequence 64``)."""
+    micro_batch_how: str = ""
+    """Where the tokens per micro-batch came from (``micro-batch 2 × sequence 64 × 1 data-parallel``)."""
     missing: str = "workload.measurement.tokens_regex (the tokens or micro-batches the job prints), or " \
         "workload.shape.seq_len with constraints.global_batch"
     """What the contract lacks for tokens (said when nothing gives them)."""
@@ -624,7 +626,7 @@ def coarse_tokens(finished: ev.TrialFinished, stated: StatedWork) -> tuple[int, 
     if finished.output_micro_batches is not None and stated.tokens_per_micro_batch:
         return (finished.output_micro_batches * stated.tokens_per_micro_batch,
                 f"{finished.output_micro_batches} micro-batches read from the job's log × {stated.tokens_per_micro_batch} "
-                f"tokens ({stated.how})")  # fmt: skip
+                f"tokens ({stated.micro_batch_how})")  # fmt: skip
     if finished.steps_completed and stated.tokens_per_step:
         return (finished.steps_completed * stated.tokens_per_step,
                 f"derived: {finished.steps_completed} steps counted × {stated.tokens_per_step} tokens per step the "
