@@ -177,6 +177,16 @@ class SearchConfig:
     corrects (the residuals are heavier-tailed than a normal). Raising only: a two-sided map also lowered the
     high P(OOM)s, and the candidates it then admitted ran out of memory 70% of the time at a predicted 41%
     (docs/modeling.md, "P(OOM) calibrated on the study's own outcomes")."""
+    oom_step_calibration: tuple[float, float, float, float] | None = (-0.95, 1.2, 0.5, 0.3)
+    """With ``oom_calibration``: (a, c, σ_a, σ_log c) of a second map of the same form for the candidates one step
+    from the incumbent along a knob the measured fits have varied — the move a memory step probe makes
+    (``None``: one map for every candidate). Fitted per study on those candidates' own outcomes; P(OOM) is then
+    the posterior mean of this map, which may lower p as well as raise it. Such a step adds the formula's change
+    of peak to a measured one, but the mixture's std is the same anywhere, so it overstates the step's error: on
+    the shaped family the steps the search proposed at a predicted 0.2-0.5 ran out of memory at half that rate
+    (6-18% at 30%, 18-23% at 42%), while every other move at those P(OOM)s was within 5 points. A slope above 1
+    is a sharper P(OOM), a negative a a lower one. The prior's centre fits the development models' (0-29) steps
+    (docs/modeling.md, "P(OOM) calibrated on the study's own outcomes")."""
     memory_formula_floor: float = 0.0
     """The smallest weight any member of that average keeps (0: none). A floor keeps the outvoted models'
     means in the mixture's variance (it holds the spread of its means): where the formula is right and the
