@@ -608,12 +608,14 @@ class Searcher:
         return [Prediction(float(mu[i]), float(sd[i]), float(mem_mu[i]), float(mem_sd[i]), float(p_oom[i]),
                            float(p_hold[i]), float(ei[i])) for i in range(idx.size)]
 
-    def _p_oom(self, idx: np.ndarray) -> np.ndarray:
+    def _p_oom(self, idx: np.ndarray, step_map: bool = True) -> np.ndarray:
+        """P(OOM) at pool rows ``idx``; ``step_map`` off: as if no row were a step from the incumbent (the P(OOM)
+        that decides which rule may propose a step, ``suggest``)."""
         from scipy.special import ndtr
 
         mu, sd = self._memory_arrays(idx)
         p = self._calibrated_p_oom(ndtr((mu - math.log(self.capacity_bytes)) / sd),
-                                   self._steps(idx) if self._step_calibrated() else None)
+                                   self._steps(idx) if step_map and self._step_calibrated() else None)
         return np.where(self._domination().mask[idx], 1.0, p)
 
     def _p_hold(self, idx: np.ndarray) -> np.ndarray:
@@ -723,11 +725,14 @@ class Searcher:
         mu, sd = self.time_model.predict_encoded(self.pool.x_time[idx])
         assert sd is not None
         p_oom = self._p_oom(idx)
+        # a step the cut-off excluded before its own P(OOM) map remains the step probe's to propose (its worth,
+        # risk-neutral, is what a step is for), at that map's P(OOM)
+        p_rule = self._p_oom(idx, step_map=False) if self._step_calibrated() else p_oom
         p_hold = self._p_hold(idx)
         allowance = self.oom_allowance(pending)
         cutoff = self._cutoff(n_done, allowance)
         probe = p_hold >= self.config.invariant_exclude
-        usable = (p_oom <= cutoff) & probe
+        usable = (p_rule <= cutoff) & probe
         lifted = budgeted = False
         stuck = not usable.any() and probe.any()  # every candidate above the cut-off, some not known to break
         if not self._ok_rows and (self._ooms or stuck):
@@ -826,7 +831,8 @@ class Searcher:
                     origin = "pairing"
                     reason = (f"memory saver paired with {self.pool.candidates[idx[r]]} "
                               f"(P(oom)={p_oom[r]:.2f}) -> P(oom)={p_oom[j]:.2f}; " + reason)
-            step = self._step_probe(idx, ei, p_oom, p_hold, usable, probed, cost, cutoff, float(acq[j]), allowance)
+            step = self._step_probe(idx, ei, p_oom, p_hold, usable, probed, cost, cutoff, float(acq[j]), allowance,
+                                    p_rule)
             if step is not None:
                 j, origin, admission = step, "ei", "step_probe"
                 reason = (f"memory step probe: one step from the incumbent that the cut-off {cutoff:.2f} excludes, "
@@ -844,14 +850,15 @@ class Searcher:
 
     def _step_probe(self, idx: np.ndarray, ei: np.ndarray, p_oom: np.ndarray, p_hold: np.ndarray,
                     usable: np.ndarray, taken: np.ndarray, cost: np.ndarray, cutoff: float, admitted: float,
-                    allowance: float) -> int | None:
+                    allowance: float, p_rule: np.ndarray) -> int | None:
         """The shortlist row of the best memory step probe (``SearchConfig.probe_max_p_oom``), or None.
 
         A step is one knob moved from the incumbent (the fastest measured fit) to the next value in its order
         (any level of a categorical or bool), patches unchanged. Valued risk-neutrally, EI × P(fit): an OOM there
         is a censored bound one step from a measured peak, the most informative OOM the memory model can get,
         and a fit unlocks the steps after it. Only a step whose P(OOM) fits in the OOM budget left
-        (``allowance``, ``SearchConfig.oom_budget``) is a probe."""
+        (``allowance``, ``SearchConfig.oom_budget``) is a probe; the cut-off excludes it by ``p_rule``, its P(OOM)
+        before the steps' own map (``SearchConfig.oom_step_calibration``)."""
         limit = self.config.probe_max_p_oom
         if limit is None or not self._best_ok or self.pool.codes is None:
             return None
@@ -870,7 +877,7 @@ class Searcher:
             unvaried = (ok == ok[0]).all(axis=0)
             moved = np.argmax(diff[:, :nk], axis=1)
             cap = np.where(unvaried[moved], max(fresh, limit), limit)
-        cand = one & ~far & ~usable & ~taken & (p_oom > cutoff) & (p_oom <= np.minimum(cap, allowance)) & (p_hold > 0.5)
+        cand = one & ~far & ~usable & ~taken & (p_rule > cutoff) & (p_oom <= np.minimum(cap, allowance)) & (p_hold > 0.5)
         if not cand.any():
             return None
         worth = np.where(cand, ei * (1.0 - p_oom) * p_hold / np.maximum(cost, 1e-9), -np.inf)
@@ -1049,8 +1056,7 @@ class Searcher:
         ``SearchConfig.confirm_repeats`` times each), the ``pending`` runs counted."""
         why = self._stop_reason()
         if why is None:
-            thr = self.config.stop_ei_fraction * self.time_model.noise_std
-            return False, f"max EI {self._stop_scan()[0]:.4g} >= threshold {thr:.4g}"
+            return False, f"max EI {self._stop_scan()[0]:.4g} >= threshold {self._stop_threshold()[0]:.4g}"
         if self.config.race:
             race = self._race(pending)
             return (False, f"{why}; {race[0].reason}") if race is not None else (True, why)
@@ -1065,10 +1071,20 @@ class Searcher:
         if used_up:
             return (f"every candidate under the P(oom) cut-off has run, none of the rest is more likely to "
                     f"fit than not, and the OOM budget left ({self.oom_allowance():.2f}) holds none of them")
-        thr = self.config.stop_ei_fraction * self.time_model.noise_std
+        thr, noise, which = self._stop_threshold()
         if ei < thr:
-            return f"max EI {ei:.4g} < {self.config.stop_ei_fraction} x noise std {self.time_model.noise_std:.4g}"
+            return f"max EI {ei:.4g} < {self.config.stop_ei_fraction} x {which} {noise:.4g}"
         return None
+
+    def _stop_threshold(self) -> tuple[float, float, str]:
+        """(the expected improvement below which the search stops, the noise it is a fraction of, its name):
+        ``stop_ei_fraction`` of the run-to-run noise (``SearchConfig.stop_noise``)."""
+        tm = self.time_model
+        if self.config.stop_noise == "floor":
+            noise, which = min(tm.noise_floor, tm.noise_std), "run-to-run noise"
+        else:
+            noise, which = tm.noise_std, "noise std"
+        return self.config.stop_ei_fraction * noise, noise, which
 
     def _confirmation(self, pending: Sequence[Candidate] = ()) -> Suggestion | None:
         """The best-ranked leader tied within noise with the fastest measured one (``top_candidates``) that has

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 DesignFirst = Literal["auto", "prior", "seed"]
+StopNoise = Literal["fitted", "floor"]
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,11 @@ class SearchConfig:
     """Candidates sampled when the space is infinite or too large to enumerate."""
     cost_power: float = 1.0
     stop_ei_fraction: float = 0.05
-    """Stop when max expected improvement (log units) < this × the noise std."""
+    """Stop when max expected improvement (log units) < this × the noise (``stop_noise``)."""
+    stop_noise: StopNoise = "floor"
+    """The noise the stop's threshold is a fraction of: ``fitted``, the time model's fitted noise std, or ``floor``,
+    the run-to-run noise the doctor measured (the time model's noise floor; the fitted std when that is
+    smaller)."""
     memory_interaction_std: float | None = 0.1
     """Without a workload shape: prior std of the memory model's knob-pair columns (``None``: none). A peak is
     a sum of terms (activations growing with the batch beside states split by sharding), which per-knob factors
