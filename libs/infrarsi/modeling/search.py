@@ -405,7 +405,7 @@ class Searcher:
         ``p``, never below ``p``; at the rows ``steps`` marks (a step from the incumbent, ``_steps``) whose ``p``
         is at most ``probe_max_p_oom`` the posterior mean of ``oom_step_calibration``'s map, which may lower it
         too."""
-        out = np.maximum(p, self._mapped(p, *self.oom_map()))
+        out: np.ndarray = np.maximum(p, self._mapped(p, *self.oom_map()))
         limit = self.config.probe_max_p_oom
         if steps is not None and limit is not None:
             # above the step probe's limit no such step is ever proposed: no outcome of the study speaks there
@@ -420,7 +420,7 @@ class Searcher:
         if a.size == 1 and a[0] == 0.0 and c[0] == 1.0:
             return p
         lp = logit(np.clip(p, 1e-6, 1 - 1e-6))
-        out = np.empty_like(lp)
+        out: np.ndarray = np.empty_like(lp)
         for lo in range(0, lp.size, 4096):  # (grid points, rows) a block at a time
             out[lo:lo + 4096] = w @ expit(a[:, None] + c[:, None] * lp[None, lo:lo + 4096])
         return out
@@ -608,15 +608,21 @@ class Searcher:
         return [Prediction(float(mu[i]), float(sd[i]), float(mem_mu[i]), float(mem_sd[i]), float(p_oom[i]),
                            float(p_hold[i]), float(ei[i])) for i in range(idx.size)]
 
-    def _p_oom(self, idx: np.ndarray, step_map: bool = True) -> np.ndarray:
-        """P(OOM) at pool rows ``idx``; ``step_map`` off: as if no row were a step from the incumbent (the P(OOM)
-        that decides which rule may propose a step, ``suggest``)."""
+    def _p_oom(self, idx: np.ndarray) -> np.ndarray:
+        return self._p_oom_and_rule(idx)[0]
+
+    def _p_oom_and_rule(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """P(OOM) at pool rows ``idx``, and the P(OOM) as if no row were a step from the incumbent: the one that
+        decides which rule may propose a step (``suggest``); the same array without the steps' own map."""
         from scipy.special import ndtr
 
         mu, sd = self._memory_arrays(idx)
-        p = self._calibrated_p_oom(ndtr((mu - math.log(self.capacity_bytes)) / sd),
-                                   self._steps(idx) if step_map and self._step_calibrated() else None)
-        return np.where(self._domination().mask[idx], 1.0, p)
+        raw = ndtr((mu - math.log(self.capacity_bytes)) / sd)
+        known = self._domination().mask[idx]
+        p = np.where(known, 1.0, self._calibrated_p_oom(raw, self._steps(idx) if self._step_calibrated() else None))
+        if not self._step_calibrated():
+            return p, p
+        return p, np.where(known, 1.0, self._calibrated_p_oom(raw))
 
     def _p_hold(self, idx: np.ndarray) -> np.ndarray:
         """Vectorised `InvariantModel.p_hold` over pool rows (items = knob settings + patches)."""
@@ -724,10 +730,9 @@ class Searcher:
             return out
         mu, sd = self.time_model.predict_encoded(self.pool.x_time[idx])
         assert sd is not None
-        p_oom = self._p_oom(idx)
         # a step the cut-off excluded before its own P(OOM) map remains the step probe's to propose (its worth,
         # risk-neutral, is what a step is for), at that map's P(OOM)
-        p_rule = self._p_oom(idx, step_map=False) if self._step_calibrated() else p_oom
+        p_oom, p_rule = self._p_oom_and_rule(idx)
         p_hold = self._p_hold(idx)
         allowance = self.oom_allowance(pending)
         cutoff = self._cutoff(n_done, allowance)
