@@ -609,20 +609,17 @@ class Searcher:
                            float(p_hold[i]), float(ei[i])) for i in range(idx.size)]
 
     def _p_oom(self, idx: np.ndarray) -> np.ndarray:
-        return self._p_oom_and_rule(idx)[0]
+        return self._p_oom_with(idx, step_map=True)
 
-    def _p_oom_and_rule(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """P(OOM) at pool rows ``idx``, and the P(OOM) as if no row were a step from the incumbent: the one that
-        decides which rule may propose a step (``suggest``); the same array without the steps' own map."""
+    def _p_oom_with(self, idx: np.ndarray, step_map: bool) -> np.ndarray:
+        """P(OOM) at pool rows ``idx``; ``step_map`` off: as if no row were a step from the incumbent (the
+        P(OOM) that decides which rule may propose a step, ``suggest``)."""
         from scipy.special import ndtr
 
         mu, sd = self._memory_arrays(idx)
-        raw = ndtr((mu - math.log(self.capacity_bytes)) / sd)
-        known = self._domination().mask[idx]
-        p = np.where(known, 1.0, self._calibrated_p_oom(raw, self._steps(idx) if self._step_calibrated() else None))
-        if not self._step_calibrated():
-            return p, p
-        return p, np.where(known, 1.0, self._calibrated_p_oom(raw))
+        steps = self._steps(idx) if step_map and self._step_calibrated() else None
+        p = self._calibrated_p_oom(ndtr((mu - math.log(self.capacity_bytes)) / sd), steps)
+        return np.where(self._domination().mask[idx], 1.0, p)
 
     def _p_hold(self, idx: np.ndarray) -> np.ndarray:
         """Vectorised `InvariantModel.p_hold` over pool rows (items = knob settings + patches)."""
@@ -732,7 +729,8 @@ class Searcher:
         assert sd is not None
         # a step the cut-off excluded before its own P(OOM) map remains the step probe's to propose (its worth,
         # risk-neutral, is what a step is for), at that map's P(OOM)
-        p_oom, p_rule = self._p_oom_and_rule(idx)
+        p_oom = self._p_oom(idx)
+        p_rule = self._p_oom_with(idx, step_map=False) if self._step_calibrated() else p_oom
         p_hold = self._p_hold(idx)
         allowance = self.oom_allowance(pending)
         cutoff = self._cutoff(n_done, allowance)
@@ -855,7 +853,7 @@ class Searcher:
 
     def _step_probe(self, idx: np.ndarray, ei: np.ndarray, p_oom: np.ndarray, p_hold: np.ndarray,
                     usable: np.ndarray, taken: np.ndarray, cost: np.ndarray, cutoff: float, admitted: float,
-                    allowance: float, p_rule: np.ndarray) -> int | None:
+                    allowance: float, p_rule: np.ndarray | None = None) -> int | None:
         """The shortlist row of the best memory step probe (``SearchConfig.probe_max_p_oom``), or None.
 
         A step is one knob moved from the incumbent (the fastest measured fit) to the next value in its order
@@ -882,6 +880,7 @@ class Searcher:
             unvaried = (ok == ok[0]).all(axis=0)
             moved = np.argmax(diff[:, :nk], axis=1)
             cap = np.where(unvaried[moved], max(fresh, limit), limit)
+        p_rule = p_oom if p_rule is None else p_rule
         cand = one & ~far & ~usable & ~taken & (p_rule > cutoff) & (p_oom <= np.minimum(cap, allowance)) & (p_hold > 0.5)
         if not cand.any():
             return None
