@@ -232,7 +232,8 @@ def search_analysis(study_trials: list[dict[str, Any]]) -> dict[str, Any]:
     outcome (OOMs, crashes and invariant violations included, each with its outcome; cancelled ones left out)
     with its value on every dimension (``_dimensions``) and its step time, and the importance of each dimension
     (``importance.main_effects``) for the log step time of the trials that measured one and for running out of
-    memory over the trials that ran."""
+    memory over the trials that ran; the pairwise interactions' shares of the log step time (``importance.pairwise``)
+    where there are trials enough, else why not."""
     searched = [t for t in study_trials if t["kind"] == "search"]
     done = [t for t in searched if t["outcome"] not in UNDECIDED]
     dimensions = _dimensions(searched, done)
@@ -248,11 +249,21 @@ def search_analysis(study_trials: list[dict[str, Any]]) -> dict[str, Any]:
         if fit is not None:
             importances.append({"target": fit.target, "trials": fit.trials, "unexplained": fit.unexplained,
                                 "ranked": [{"label": label, "share": share} for label, share in fit.ranked()]})
+    pairs = importance.pairwise({d["label"]: [d["values"][i] for i in timed] for d in dimensions},
+                                [math.log(done[i]["step_time_s"]) for i in timed], "log step time")
+    interactions: dict[str, Any] = {"target": "log step time", "trials": len(timed)}
+    if isinstance(pairs, importance.Importance):
+        interactions["ranked"] = [{"label": label, "share": share} for label, share in pairs.ranked()
+                                  if importance.PAIR in label]
+        interactions["unexplained"] = pairs.unexplained
+    else:
+        interactions["reason"] = pairs
     return {
         "dimensions": dimensions,
         "trials": [{"trial_id": t["trial_id"], "n": t["n"], "outcome": t["outcome"], "step_time_s": t["step_time_s"],
                     "speedup": t["speedup"], "censored_peak_bytes": t["censored_peak_bytes"]} for t in done],
         "importance": importances,
+        "interactions": interactions,
         "timed_trials": len(timed),
         "ran_trials": len(ran),
         "oom_trials": sum(ooms),

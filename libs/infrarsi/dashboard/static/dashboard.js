@@ -159,11 +159,17 @@ function renderImportance(study) {
   const counts = `${a.timed_trials} search trial(s) with a step time; ${a.oom_trials} of ${a.ran_trials} that ran went out of memory`;
   if (!a.importance.length) {
     note.textContent = `Needs ${a.min_trials} finished search trials that differ (${counts}).`;
+    document.getElementById("importance-interactions").textContent = "";
     Plotly.purge("plot-importance");
     return;
   }
   note.textContent = `Share of each target's variance carried by a knob's main effect, from an additive model fitted over `
     + `all knobs and patches at once (docs/dashboard.md); "unexplained" is the rest: interactions and noise. ${counts}.`;
+  const pairs = a.interactions;
+  document.getElementById("importance-interactions").textContent = pairs.ranked
+    ? `Pairwise interactions (second order, ${pairs.trials} trials; each net of what its columns would fit of noise): `
+      + pairs.ranked.map((r) => `${r.label} ${fmt(100 * r.share, 1)} %`).join(", ") + `; unexplained ${fmt(100 * pairs.unexplained, 1)} %.`
+    : `Pairwise interactions: not estimated — ${pairs.reason}.`;
   const order = a.importance[0].ranked.map((r) => r.label).reverse();
   const labels = ["unexplained", ...order];
   const traces = a.importance.map((imp) => ({
