@@ -525,7 +525,7 @@ function renderTrialPage(detail) {
     ? `${rank0.step.length} step(s) reported by rank ${rank0.rank}'s probe, ${detail.steps.length} rank(s).`
     : "No per-step record of this trial in the analyst DB (its probe reported none on the telemetry stream).";
   if (!traces.length) { Plotly.purge("plot-trial-steps"); return; }
-  Plotly.react("plot-trial-steps", traces, { ...LAYOUT, title: title("Per-step time (and loss) as the trial ran"),
+  Plotly.react("plot-trial-steps", traces, { ...LAYOUT, margin: { ...LAYOUT.margin, r: 60 }, title: title("Per-step time (and loss) as the trial ran"),
     xaxis: { title: axisTitle("step") }, yaxis: { title: axisTitle("step time (s)") },
     yaxis2: { title: axisTitle("loss"), overlaying: "y", side: "right", showgrid: false } }, CONFIG);
 }
