@@ -16,6 +16,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from infrarsi.runtime.settings import JobEnv
 
@@ -29,7 +30,10 @@ class CheckpointError(Exception):
 
 @dataclass(frozen=True)
 class CheckpointRequest:
-    """The checkpoint work verify asks of this run (all ``None``: a plain run; the job does nothing extra)."""
+    """The checkpoint work verify asks of a run (all ``None``: a plain run; the job does nothing extra).
+
+    The launcher decides it for a verify trial and puts it in the job's ``JobEnv`` (``job_env``); the job reads it
+    back (``from_env``)."""
 
     save_dir: Path | None = None
     save_after_steps: int | None = None
@@ -41,6 +45,11 @@ class CheckpointRequest:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> CheckpointRequest:
         job = JobEnv.from_env(environ)
         return cls(job.checkpoint_dir, job.checkpoint_step, job.resume_from, job.final_weights_dir)
+
+    def job_env(self) -> dict[str, Any]:
+        """``JobEnv``'s fields that carry this request to the job (``from_env`` reads them back)."""
+        return {"checkpoint_dir": self.save_dir, "checkpoint_step": self.save_after_steps,
+                "resume_from": self.resume_from, "final_weights_dir": self.final_weights_dir}  # fmt: skip
 
     def saves_after(self, steps_done: int) -> bool:
         return self.save_dir is not None and self.save_after_steps == steps_done
