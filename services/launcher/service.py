@@ -56,7 +56,6 @@ from infrarsi.backends import Backend, JobHandle, JobResult, JobSpec, SubmitErro
 from infrarsi.backends.base import read_json_record
 from infrarsi.bus import credentials
 from infrarsi.bus.subjects import TELEMETRY_STREAM, telemetry_subject
-from infrarsi.probe.checkpointing import CheckpointRequest
 from infrarsi.runtime import metrics, tracing
 from infrarsi.runtime.logs import get_logger
 from infrarsi.runtime.service import Outbox, Service
@@ -72,6 +71,7 @@ from infrarsi.study.contract import (
     locked_contract,
 )
 from infrarsi.trial import fswatch, procs, workspace
+from infrarsi.trial.checkpoints import CheckpointRequest
 from infrarsi.trial.launch import LaunchValueError
 from infrarsi.verdicts import policy, stats
 from prometheus_client.core import GaugeMetricFamily, Metric

@@ -1,9 +1,11 @@
 """What verify asks a job to save or resume travels from the launcher to the job as one ``CheckpointRequest``:
 the launcher's ``job_env`` fields become ``INFRARSI_*`` variables and the job's ``from_env`` reads back the
-same request."""
+same request. The launcher builds it without importing torch; a job reads it at the probe's import path."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -36,3 +38,14 @@ def test_the_request_goes_under_the_documented_variables() -> None:
         "INFRARSI_RESUME_FROM": "/r",
         "INFRARSI_FINAL_WEIGHTS_DIR": "/w",
     }
+
+
+def test_the_launcher_builds_the_request_jobs_read_without_importing_torch() -> None:
+    code = (
+        "import sys\n"
+        "from infrarsi_services.launcher import service\n"
+        "assert 'torch' not in sys.modules, 'the launcher imported torch'\n"
+        "from infrarsi.probe.checkpointing import CheckpointRequest\n"
+        "assert service.CheckpointRequest is CheckpointRequest\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
