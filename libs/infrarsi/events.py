@@ -411,6 +411,12 @@ class TrialFinished(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """Coarse measurement only: the step times the job printed on its step lines (``time 81.2ms``,
     ``| 812.3 ms``), in order, with when each line became visible: held against the launcher's clock (the
     timing invariant)."""
+    output_tokens: int | None = None
+    """Coarse measurement only: the tokens trained so far as the job last printed them (``tokens_regex``'s
+    ``tokens`` group, HF's ``num_input_tokens_seen``); ``None`` when it printed none."""
+    output_micro_batches: int | None = None
+    """Coarse measurement only: the micro-batches run so far as the job last printed them (``tokens_regex``'s
+    ``micro_batches`` group, LitGPT's ``iter N``); ``None`` when it printed none."""
     downstream: DownstreamResult | None = None
     """Verify runs under ``verify.downstream``: the evaluation command's result on this run's final weights."""
 

@@ -13,8 +13,9 @@ and noting when the step count went up, on the launcher's clock. The count rule 
 - without any of them, each matching line is one step.
 
 The count never goes down (a progress bar redrawn for another epoch does not undo steps). Each line is also
-read for the train and eval loss and, on a step line (the step pattern matched), the step time the job printed
-(``infrarsi.trial.joblog``: its default patterns and the contract's); a loss belongs to the step count reached
+read for the train and eval loss, the work done so far (tokens or micro-batches, the largest printed wins) and, on
+a step line (the step pattern matched), the step time the job printed (``infrarsi.trial.joblog``: its default
+patterns and the contract's); a loss belongs to the step count reached
 with its line, the last print of a step winning. It derives no statistics: telemetry turns the counts,
 losses and printed times into a measurement.
 """
@@ -45,6 +46,8 @@ class OutputSteps:
         self.losses: dict[int, float] = {}
         self.eval_losses: dict[int, float] = {}
         self.step_times: list[ev.PrintedStepTime] = []
+        self.tokens: int | None = None
+        self.micro_batches: int | None = None
 
     def feed_line(self, line: str, seen_s: float) -> None:
         counted = self._count(line, seen_s)
@@ -57,6 +60,10 @@ class OutputSteps:
             self.eval_losses[self.steps_done] = said.eval_loss
         if said.step_time_s is not None:
             self.step_times.append(ev.PrintedStepTime(seen_s, said.step_time_s))
+        if said.tokens is not None:
+            self.tokens = max(said.tokens, self.tokens or 0)
+        if said.micro_batches is not None:
+            self.micro_batches = max(said.micro_batches, self.micro_batches or 0)
 
     def loss_curve(self) -> list[ev.LossPoint]:
         return [ev.LossPoint(step, loss) for step, loss in sorted(self.losses.items())]

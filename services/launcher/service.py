@@ -71,6 +71,7 @@ from infrarsi.study.contract import (
     locked_contract,
 )
 from infrarsi.trial import fswatch, procs, workspace
+from infrarsi.trial.checkpoints import CheckpointRequest
 from infrarsi.trial.launch import LaunchValueError
 from infrarsi.verdicts import policy, stats
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -109,25 +110,17 @@ class Study:
     patch id: patches of this study beside the library, applied with the same checks."""
 
 
-@dataclass(frozen=True)
-class JobCheckpoints:
-    """The checkpoint and weight paths a verify run is told (``JobEnv``'s fields of the same names)."""
+def _checkpoint_reads(checkpoints: CheckpointRequest) -> list[str]:
+    """The checkpoint a restart trial resumes from (another trial's: read, never written)."""
+    return [str(checkpoints.resume_from)] if checkpoints.resume_from is not None else []
 
-    checkpoint_dir: Path | None = None
-    checkpoint_step: int | None = None
-    resume_from: Path | None = None
-    final_weights_dir: Path | None = None
 
-    def writable(self) -> list[str]:
-        """The directories the run saves into, made now: a sandboxed job sees only what is bound for it."""
-        made = [d for d in (self.checkpoint_dir, self.final_weights_dir) if d is not None]
-        for directory in made:
-            directory.mkdir(parents=True, exist_ok=True)
-        return [str(d) for d in made]
-
-    def read_only(self) -> list[str]:
-        """The checkpoint a restart trial resumes from (another trial's: read, never written)."""
-        return [str(self.resume_from)] if self.resume_from is not None else []
+def _checkpoint_writes(checkpoints: CheckpointRequest) -> list[str]:
+    """The directories a verify run saves into, made now: a sandboxed job sees only what is bound for it."""
+    made = [d for d in (checkpoints.save_dir, checkpoints.final_weights_dir) if d is not None]
+    for directory in made:
+        directory.mkdir(parents=True, exist_ok=True)
+    return [str(d) for d in made]
 
 
 def _input_paths(contract: Contract) -> list[str]:
@@ -482,8 +475,8 @@ class LauncherService(Service):
             memory_capacity_bytes=_emulated_capacity(study.cluster),
             isolation=contract.backend.isolation,
             read_only=[*([str(launch_path)] if launch.launch_file is not None else []), *contract.backend.read_only,
-                       *_input_paths(contract), *checkpoints.read_only()],
-            writable=[str(probe_dir), *checkpoints.writable()],
+                       *_input_paths(contract), *_checkpoint_reads(checkpoints)],
+            writable=[str(probe_dir), *_checkpoint_writes(checkpoints)],
             hidden=[str(self.data_dir)],
         )
         stall_before = procs.cpu_stall_s()
@@ -543,14 +536,16 @@ class LauncherService(Service):
         except (inputs.InputError, OSError) as exc:
             raise Refused("crash", f"the job's inputs could not be placed in the trial: {exc}") from None
 
-    def _verify_checkpoints(self, proposed: ev.TrialProposed, contract: Contract, tdir: Path) -> JobCheckpoints:
+    def _verify_checkpoints(
+        self, proposed: ev.TrialProposed, contract: Contract, tdir: Path
+    ) -> CheckpointRequest:
         """What a verify run is told to save or resume (``verify.checkpoint_restart``, ``verify.downstream``).
 
         A run from step zero saves its checkpoint under its state directory (which outlives its worktree), so a
         later restart trial can resume from it; a restart trial resumes from the named trial's checkpoint and
         saves nothing. Only runs from step zero are evaluated downstream."""
         if proposed.kind != "verify":
-            return JobCheckpoints()
+            return CheckpointRequest()
         restart, downstream = contract.verify.checkpoint_restart, contract.verify.downstream
         if proposed.resume_from is not None:
             source = self.state_root / proposed.resume_from / "checkpoint"
@@ -558,16 +553,16 @@ class LauncherService(Service):
                 raise Refused("scope_violation", "a restart trial under a contract without verify.checkpoint_restart")
             if not source.is_dir():
                 raise Refused("crash", f"trial {proposed.resume_from} left no checkpoint to resume from ({source})")
-            return JobCheckpoints(resume_from=source)
+            return CheckpointRequest(resume_from=source)
         horizon = proposed.steps if proposed.steps is not None else contract.workload.verify_steps
         save = restart is not None and restart.step_for(horizon) < horizon
         final = tdir / "final" if downstream is not None else None
         for made in (tdir / "checkpoint", final):
             if made is not None:
                 shutil.rmtree(made, ignore_errors=True)
-        return JobCheckpoints(
-            checkpoint_dir=tdir / "checkpoint" if save else None,
-            checkpoint_step=restart.step_for(horizon) if save and restart is not None else None,
+        return CheckpointRequest(
+            save_dir=tdir / "checkpoint" if save else None,
+            save_after_steps=restart.step_for(horizon) if save and restart is not None else None,
             final_weights_dir=final,
         )
 
@@ -685,7 +680,7 @@ class LauncherService(Service):
 
     def _job_env(self, event: ev.Event, study: Study, probe_dir: Path, workload_env: dict[str, str], *,
                  retry_of: str | None = None, deterministic: bool = False,
-                 checkpoints: JobCheckpoints | None = None) -> dict[str, str]:  # fmt: skip
+                 checkpoints: CheckpointRequest | None = None) -> dict[str, str]:  # fmt: skip
         env = {k: v for k, v in os.environ.items() if not k.startswith(SETTINGS_PREFIX)}
         if self.settings.log_level is not None:
             env[env_var("log_level")] = self.settings.log_level
@@ -701,7 +696,7 @@ class LauncherService(Service):
             peak_flops=float(study.cluster.peak_flops) if study.cluster.peak_flops else None,
             retry_of=retry_of,
             deterministic=True if deterministic else None,
-            **dataclasses.asdict(checkpoints or JobCheckpoints()),
+            **(checkpoints or CheckpointRequest()).job_env(),
         )
         env.update(job.to_env())
         if deterministic:  # cuBLAS reads it when it starts, perhaps before the probe can set it
@@ -828,6 +823,8 @@ def _with_output_steps(finished: ev.TrialFinished, output: OutputTail, job: JobR
         output_losses=output.counter.loss_curve(),
         output_eval_losses=output.counter.eval_curve(),
         output_step_times=list(output.counter.step_times),
+        output_tokens=output.counter.tokens,
+        output_micro_batches=output.counter.micro_batches,
         warmup_accelerator_s=finished.ranks * warmup_end,
         steady_accelerator_s=finished.ranks * (finished.wall_s - warmup_end),
     )

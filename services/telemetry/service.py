@@ -33,13 +33,15 @@ import asyncio
 import contextlib
 import dataclasses
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from infrarsi import events as ev
 from infrarsi.bus.subjects import TELEMETRY_STREAM, telemetry_subject
 from infrarsi.runtime.logs import get_logger
 from infrarsi.runtime.service import Outbox, Service
-from infrarsi.study.contract import ContractError, locked_contract
+from infrarsi.study.contract import Contract, ContractError, get_dotted, locked_contract
 from infrarsi.trial import slow as slow_trials
 from infrarsi.verdicts import stats
 
@@ -61,6 +63,33 @@ def defines_work(kind: ev.TrialKind, proposed: ev.TrialProposed | None, *, coars
             and not proposed.candidate.patches)  # fmt: skip
 
 
+def stated_work(contract: Contract, knobs: Mapping[str, Any]) -> stats.StatedWork:
+    """What ``contract`` states of the work of a trial with ``knobs``, for a coarse trial's tokens: the tokens
+    per optimiser step (``steps_key_tokens``, or the global batch × ``shape.seq_len``) and per micro-batch
+    (the trial's micro-batch × the sequence length × data-parallel ranks). The sequence length is
+    ``shape.seq_len``, else what a token horizon implies (``steps_key_tokens`` / the global batch)."""
+    workload, gb = contract.workload, contract.search_space.constraints.global_batch
+    seq = workload.shape.seq_len if workload.shape is not None else None
+    if seq is None and gb is not None and workload.steps_key_tokens and workload.steps_key_tokens % gb.size == 0:
+        seq = workload.steps_key_tokens // gb.size
+    per_step, how = workload.steps_key_tokens, "workload.steps_key_tokens"
+    if per_step is None and gb is not None and seq is not None:
+        per_step, how = gb.size * seq, f"global batch {gb.size} × sequence {seq}"
+    per_micro_batch, micro_batch_how = None, ""
+    if gb is not None and seq is not None:
+        try:
+            golden = contract.baseline_launch()
+        except (OSError, ContractError):  # the launch file is not readable here: the knobs alone say
+            golden = {}
+        micro_batch = knobs.get(gb.micro_batch_key, get_dotted(golden, gb.micro_batch_key)[1])
+        parallel = gb.data_parallel_for({key: knobs.get(key, get_dotted(golden, key)[1]) for key in gb.parallel_keys})
+        if isinstance(micro_batch, int) and not isinstance(micro_batch, bool) and micro_batch > 0 and parallel:
+            per_micro_batch = micro_batch * seq * parallel
+            micro_batch_how = f"micro-batch {micro_batch} × sequence {seq} × {parallel} data-parallel"
+    return stats.StatedWork(tokens_per_step=per_step, tokens_per_micro_batch=per_micro_batch, how=how,
+                            micro_batch_how=micro_batch_how)  # fmt: skip
+
+
 @dataclass
 class StudyState:
     spec: stats.InvariantSpec
@@ -72,6 +101,8 @@ class StudyState:
     """The contract measures trials coarsely (the job has no probe): ``stats.measure_coarse``."""
     counts_steps: bool = False
     """Coarse: the contract gives a step pattern, so the launcher counted steps in the output."""
+    contract: Contract | None = None
+    """Coarse: the locked contract, for what it states of each trial's work (``stated_work``)."""
     baselines: dict[int, tuple[str, stats.Series]] = field(default_factory=dict)
     """Horizon → (trial id, series) of the study's first successful baseline at that horizon."""
     coarse_baselines: dict[int, ev.TrialMeasured] = field(default_factory=dict)
@@ -216,6 +247,7 @@ class TelemetryService(Service):
                     peak_flops=cluster.peak_flops,
                     coarse=contract.workload.measurement.kind == "coarse",
                     counts_steps=contract.workload.measurement.step_regex is not None,
+                    contract=contract,
                     stop_slow_factor=contract.budget.stop_slow_factor,
                     noise_cv=prior.noise_cv if prior is not None else None,
                     incumbent=prior.incumbent if prior is not None else None,
@@ -322,6 +354,8 @@ class TelemetryService(Service):
                     trial.finished, candidate_key=proposed.candidate_key if proposed else "", kind=kind,
                     horizon=horizon, spec=study.spec, counts_steps=study.counts_steps, is_baseline=is_baseline,
                     baseline=None if is_baseline else study.coarse_baselines.get(horizon),
+                    stated=stats.StatedWork() if study.contract is None else stated_work(
+                        study.contract, proposed.candidate.knobs if proposed is not None else {}),
                 )  # fmt: skip
             else:
                 measured, series = stats.measure(

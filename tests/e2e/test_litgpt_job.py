@@ -6,8 +6,10 @@ suite), and (slow) the five stages with every work and loss invariant the coarse
 What LitGPT brings that no other job here has: its horizon is a token budget (``train.max_tokens``, turned
 into optimiser steps by ``workload.steps_key_tokens``), the job derives its accumulation from
 ``train.global_batch_size``, its output says ``iter N step M`` (micro-batches and optimiser steps), and its data
-loader (litdata) orders the samples by the micro-batch size — so a larger micro-batch trains on other samples
-first, and the loss read from the log says so.
+loader (litdata) orders the samples by the micro-batch size — so a larger micro-batch trains on other batches
+first, and the contract the scaffold drafts compares the validation loss LitGPT prints, not the per-step train
+loss of whichever batches were drawn. Its tokens are LitGPT's own count (``iter N`` micro-batches × the trial's
+micro-batch × the sequence length).
 """
 
 from __future__ import annotations
@@ -60,13 +62,17 @@ def test_a_litgpt_pretrain_job_goes_through_scaffold_and_trial_unchanged(tmp_pat
     assert baseline["measured"]["status"] == "ok", baseline["measured"]["invariants"]
     checks = {i["name"]: i for i in candidate["measured"]["invariants"]}
     assert checks["work.optimizer_steps"]["ok"], checks
+    # the tokens are LitGPT's own count: `iter 10` micro-batches of 8 × 64 against the baseline's `iter 40` of 2 × 64
+    tokens = checks["work.tokens"]
+    assert tokens["ok"] and tokens["observed"] == STEPS * 8 * 64 and "10 micro-batches read from the job's log" in tokens["detail"], tokens
     # 8 × 1 instead of 2 × 4 sequences: litdata deals the samples out by micro-batch, so the candidate trains on
-    # other samples first and its loss, read from LitGPT's log, leaves the tolerance from the first step on
-    assert not checks["loss"]["ok"] and "read from the job's log" in checks["loss"]["detail"], checks["loss"]
-    assert candidate["measured"]["status"] == "invariant_violation"
+    # other batches first; the contract compares the validation loss LitGPT prints, which that does not move
+    loss = checks["loss"]
+    assert loss["ok"] and "eval loss read from the job's log" in loss["detail"], loss
+    assert candidate["measured"]["status"] == "ok", candidate["measured"]["invariants"]
     unchecked = {u["name"] for u in candidate["measured"]["unchecked_invariants"]}
-    assert unchecked == {"work.tokens", "timing"}, unchecked  # LitGPT prints no optimiser-step time
-    assert returncode != 0, report
+    assert unchecked == {"timing"}, unchecked  # LitGPT prints no optimiser-step time
+    assert returncode == 0, report
 
 
 @pytest.mark.slow
@@ -86,10 +92,12 @@ def test_a_litgpt_pretrain_job_through_the_five_stages(tmp_path: Path, litgpt_re
     assert summary["baseline_step_s"] is not None  # the doctor took the untouched baseline's own work and loss
     report = Path(summary["report"]).with_suffix(".md").read_text()
     by_name = {i["name"]: i for i in summary["invariants"]}
-    if by_name:  # a candidate reached verify: held to the baseline's step count and its loss, read from the log
-        assert by_name["work.optimizer_steps"]["ok"], by_name
-        assert "not checked" not in by_name["loss"]["detail"] and "loss" not in summary["unchecked_invariants"], by_name
-    else:  # none held every invariant: the micro-batch and worker candidates reorder litdata's samples, and the
-        # loss read from LitGPT's log rejected them (the report counts each invariant's failures)
+    # every work and loss invariant checked: only timing is left, named (LitGPT prints no optimiser-step time)
+    assert set(summary["unchecked_invariants"]) <= {"timing"}, summary["unchecked_invariants"]
+    if by_name:  # a candidate reached verify: held to the baseline's steps, LitGPT's token count and eval loss
+        for name in ("work.optimizer_steps", "work.tokens", "loss"):
+            assert by_name[name]["ok"], by_name
+        assert "eval loss" in by_name["loss"]["detail"] and "loss.trend" in by_name, by_name
+    else:  # none was faster than the baseline in the search, and none was rejected for its loss
         assert "No verification ran." in report
-        assert re.search(r"Invariant failures over all measured runs: [^\n]*\bloss: [1-9]", report), report[-3000:]
+        assert not re.search(r"Invariant failures over all measured runs: [^\n]*\bloss: [1-9]", report), report[-3000:]

@@ -105,4 +105,5 @@ def test_the_script_through_the_five_stages_its_doctor_accepting_its_own_work(tm
     by_name = {i["name"]: i for i in summary["invariants"]}
     assert by_name["work.optimizer_steps"]["ok"] and "counted 61 at horizon 60" in by_name["work.optimizer_steps"]["detail"]
     assert by_name["loss"]["ok"] and "not checked" not in by_name["loss"]["detail"], by_name["loss"]
-    assert summary["unchecked_invariants"] == ["work.eval", "work.tokens"], summary["unchecked_invariants"]
+    # its sequence length is in its .py config file, which the draft does not read: its header says to state it
+    assert summary["unchecked_invariants"] == ["work.tokens"], summary["unchecked_invariants"]

@@ -95,6 +95,13 @@ async def test_the_dashboard_follows_a_study_on_an_authorized_bus(authorized, tm
             assert _get(f"{page}api/studies/{study}", method="DELETE")[0] == 405
             status, body = _get(page + "api/studies/nope")
             assert status == 404 and b"no study 'nope'" in body
+            # A trial's own page: its JSON, an unknown trial or study named, read-only too.
+            trial = _json(f"{page}api/studies/{study}/trials/search2")
+            assert trial["trial"]["outcome"] == "oom" and trial["finish"]["finish_reason"] == "oom"
+            status, body = _get(f"{page}api/studies/{study}/trials/nosuch")
+            assert status == 404 and b"no trial 'nosuch'" in body
+            assert _get(f"{page}api/studies/nope/trials/search2")[0] == 404
+            assert _get(f"{page}api/studies/{study}/trials/search2", method="DELETE")[0] == 405
 
             # Server-sent events: the first message says which version of the DB the page sees.
             with urllib.request.urlopen(page + "api/stream", timeout=10) as stream:

@@ -110,7 +110,7 @@ def test_measure_coarse_checks_what_it_can_and_names_the_rest() -> None:
 
 
 def _coarse_run(trial_id: str, arm: vf.Arm, pair: int, t: float, steps: int = 20, *, counted: bool = True) -> vf.RunMeasurement:
-    unchecked = ("work.tokens", "loss", "timing") + (() if counted else ("work.optimizer_steps",))
+    unchecked = ("work.tokens", "work.eval", "loss", "timing") + (() if counted else ("work.optimizer_steps",))
     checks = (ev.InvariantResult(name="scope", ok=True, detail="in scope"),)
     return vf.RunMeasurement(trial_id=trial_id, arm=arm, pair=pair, status="ok", step_time_s=t, optimizer_steps=steps,
                              tokens=0, invariants=checks, coarse=True, unchecked=unchecked)  # fmt: skip
@@ -234,3 +234,118 @@ def test_a_printed_time_mismatch_under_cpu_pressure_is_a_rerun_not_a_verdict() -
     assert m.interfered and m.status == "invariant_violation"
     assert "measured under interference" in {i.name: i for i in m.invariants}["timing"].detail
     assert not coarse(logged(steps=31, losses=[4.0] * 31, printed_s=0.3), baseline=base).interfered
+
+
+# --------------------------------------------------------------------------------------------------
+# Tokens and evals of a coarse job: printed, or stated by the contract, and held to the golden baseline's
+# --------------------------------------------------------------------------------------------------
+
+
+def worked(f: ev.TrialFinished, stated: stats.StatedWork, *, baseline: ev.TrialMeasured | None = None,
+           kind: ev.TrialKind = "search") -> ev.TrialMeasured:  # fmt: skip
+    return stats.measure_coarse(f, candidate_key="k", kind=kind, horizon=10, spec=SPEC, counts_steps=True,
+                                is_baseline=kind == "baseline", baseline=baseline, stated=stated)  # fmt: skip
+
+
+def tokens_of(m: ev.TrialMeasured) -> ev.InvariantResult:
+    return {i.name: i for i in m.invariants}["work.tokens"]
+
+
+def test_printed_tokens_are_held_to_the_golden_baselines() -> None:
+    run = logged(steps=10, losses=[4.0] * 10)
+    base = worked(msgspec.structs.replace(run, output_tokens=5120), stats.StatedWork(), kind="baseline")
+    assert tokens_of(base).ok and base.tokens == 5120 and "read from the job's log" in tokens_of(base).detail
+    same = worked(msgspec.structs.replace(run, output_tokens=5120), stats.StatedWork(), baseline=base)
+    assert same.status == "ok" and "the golden baseline trained 5120" in tokens_of(same).detail
+    # the same steps counted, but fewer tokens trained (a micro-batch dropped from each step): caught
+    fewer = worked(msgspec.structs.replace(run, output_tokens=3840), stats.StatedWork(), baseline=base)
+    assert fewer.status == "invariant_violation" and [i.name for i in fewer.invariants if not i.ok] == ["work.tokens"]
+
+
+def test_printed_micro_batches_are_tokens_by_the_trials_micro_batch() -> None:
+    run = logged(steps=10, losses=[4.0] * 10)
+    # LitGPT: `iter 40 step 10` at micro-batch 2 (accumulation 4), `iter 10 step 10` at micro-batch 8
+    base = worked(msgspec.structs.replace(run, output_micro_batches=40),
+                  stats.StatedWork(tokens_per_step=512, tokens_per_micro_batch=2 * 64, micro_batch_how="micro-batch 2 × sequence 64"),
+                  kind="baseline")  # fmt: skip
+    assert base.tokens == 5120 and "40 micro-batches read from the job's log × 128 tokens (micro-batch 2 × sequence 64)" in tokens_of(base).detail
+    larger = stats.StatedWork(tokens_per_step=512, tokens_per_micro_batch=8 * 64, micro_batch_how="micro-batch 8 × sequence 64")
+    assert worked(msgspec.structs.replace(run, output_micro_batches=10), larger, baseline=base).status == "ok"
+    # a step that ran fewer micro-batches than its global batch needs: the steps counted agree, the tokens do not
+    short = worked(msgspec.structs.replace(run, output_micro_batches=9), larger, baseline=base)
+    assert [i.name for i in short.invariants if not i.ok] == ["work.tokens"], short.invariants
+
+
+def test_without_a_printed_count_the_tokens_are_derived_from_what_the_contract_states() -> None:
+    stated = stats.StatedWork(tokens_per_step=8 * 16, how="global batch 8 × sequence 16")
+    base = worked(logged(steps=10, losses=[4.0] * 10), stated, kind="baseline")
+    assert base.tokens == 1280 and tokens_of(base).detail.startswith("1280 tokens, derived: 10 steps counted × 128")
+    assert worked(logged(steps=10, losses=[4.0] * 10), stated, baseline=base).status == "ok"
+    # before any golden baseline at this horizon: the horizon × the stated tokens per step
+    alone = worked(logged(steps=10, losses=[4.0] * 10), stated)
+    assert tokens_of(alone).ok and "horizon 10 × 128" in tokens_of(alone).detail
+    # nothing printed and nothing stated: unchecked, saying what to give
+    bare = worked(logged(steps=10, losses=[4.0] * 10), stats.StatedWork(), baseline=base)
+    reason = {u.name: u.reason for u in bare.unchecked_invariants}["work.tokens"]
+    assert "workload.measurement.tokens_regex" in reason and "workload.shape.seq_len" in reason, reason
+
+
+def test_printed_evals_are_held_to_the_golden_baselines() -> None:
+    base = worked(logged(steps=10, losses=[4.0] * 10, eval_every=5), stats.StatedWork(), kind="baseline")
+    evals = {i.name: i for i in base.invariants}["work.eval"]
+    assert evals.ok and "evals after steps [1, 6] read from the job's log" in evals.detail, evals
+    assert worked(logged(steps=10, losses=[4.0] * 10, eval_every=5), stats.StatedWork(), baseline=base).status == "ok"
+    fewer = worked(logged(steps=10, losses=[4.0] * 10, eval_every=10), stats.StatedWork(), baseline=base)
+    assert "work.eval" in [i.name for i in fewer.invariants if not i.ok]  # (and the eval loss it lacks)
+    # a job that prints no eval: unchecked, by name
+    assert "work.eval" in {u.name for u in worked(logged(steps=10, losses=[4.0] * 10), stats.StatedWork()).unchecked_invariants}
+
+
+def test_a_coarse_verify_round_compares_the_tokens_and_evals_both_runs_gave() -> None:
+    scope = ev.InvariantResult(name="scope", ok=True, detail="in scope")
+    counted_work = (scope, ev.InvariantResult(name="work.tokens", ok=True, detail="t"),
+                    ev.InvariantResult(name="work.eval", ok=True, detail="e"))  # fmt: skip
+    evals = (ev.LossPoint(10, 5.0), ev.LossPoint(20, 4.0))
+
+    def run(trial_id: str, arm: vf.Arm, pair: int, t: float, tokens: int, eval_curve: tuple[ev.LossPoint, ...] = evals
+            ) -> vf.RunMeasurement:  # fmt: skip
+        return vf.RunMeasurement(trial_id=trial_id, arm=arm, pair=pair, status="ok", step_time_s=t, optimizer_steps=20,
+                                 tokens=tokens, invariants=counted_work, coarse=True, unchecked=("loss", "timing"),
+                                 eval_curve=eval_curve)  # fmt: skip
+
+    runs = [run(f"{a}{i}", a, i, t, 2560) for i in range(3) for a, t in (("baseline", 1.0), ("candidate", 0.8))]
+    done = vf.decide(_round(runs), passes_before=0, passes_required=1, loss_rule=RULE)
+    assert {"work.tokens", "work.eval"} <= {i.name for i in done.invariants} and done.promotable, done
+    assert not {"work.tokens", "work.eval"} & set(done.unchecked_invariants)
+    runs[1] = run("candidate0", "candidate", 0, 0.8, 1280)
+    assert vf.decide(_round(runs), passes_before=0, passes_required=1, loss_rule=RULE).failed_invariants == ["work.tokens"]
+    runs[1] = run("candidate0", "candidate", 0, 0.8, 2560, evals[:1])
+    assert vf.decide(_round(runs), passes_before=0, passes_required=1, loss_rule=RULE).failed_invariants == ["work.eval"]
+
+
+def test_a_coarse_pair_under_loss_at_every_eval_is_compared_on_its_printed_eval_loss() -> None:
+    # LitGPT at another micro-batch: litdata deals the samples in another order, so the per-step train loss is of
+    # other batches (10 % apart), while the validation loss it prints stays within ε
+    base_train = tuple(ev.LossPoint(n, 4.0 - n / 20) for n in range(1, 61))
+    reordered = tuple(ev.LossPoint(p.step, p.loss * (1.1 if p.step % 2 else 0.9)) for p in base_train)
+    evals = tuple(ev.LossPoint(n, 6.0 + n / 100) for n in range(10, 61, 10))
+
+    def run(trial_id: str, arm: vf.Arm, pair: int, t: float, train: tuple[ev.LossPoint, ...], scale: float
+            ) -> vf.RunMeasurement:  # fmt: skip
+        return vf.RunMeasurement(trial_id=trial_id, arm=arm, pair=pair, status="ok", step_time_s=t, optimizer_steps=60,
+                                 tokens=0, invariants=(ev.InvariantResult(name="scope", ok=True, detail="in scope"),),
+                                 coarse=True, loss_from_log=True, unchecked=("work.tokens", "work.eval"), loss_curve=train,
+                                 eval_curve=tuple(ev.LossPoint(p.step, p.loss * scale) for p in evals))  # fmt: skip
+
+    def rounds(scale: float) -> vf.Round:
+        return _round([run(f"{a}{i}", a, i, t, c, s) for i in range(3)
+                       for a, t, c, s in (("baseline", 1.0, base_train, 1.0), ("candidate", 0.8, reordered, scale))])  # fmt: skip
+
+    at_eval = vf.LossRule(tolerance=0.05, mode="relative", eval_only_when_coarse=True)
+    done = vf.decide(rounds(1.01), passes_before=0, passes_required=1, loss_rule=at_eval)
+    assert done.promotable and {"loss", "loss.trend"} <= {i.name for i in done.invariants}, done.invariants
+    assert "eval loss" in {i.name: i for i in done.invariants}["loss"].detail
+    # a candidate whose held-out loss is off is still rejected; every step's train loss is what every_step compares
+    assert vf.decide(rounds(1.08), passes_before=0, passes_required=1, loss_rule=at_eval).failed_invariants == ["loss"]
+    every_step = vf.LossRule(tolerance=0.05, mode="relative")
+    assert "loss" in vf.decide(rounds(1.01), passes_before=0, passes_required=1, loss_rule=every_step).failed_invariants

@@ -116,6 +116,65 @@ def test_the_search_space_view_has_one_axis_per_knob_and_patch(db):
     assert space["counts"] == [t["outcome"] == "ok" for t in measured]
 
 
+def test_the_history_has_every_finished_trial_and_the_best_search_step_so_far(db):
+    """optuna-dashboard's optimisation history: one point per trial with a final outcome (live0 is running: none),
+    failed trials without a step time, the best line the lowest step time of a search trial that ran ok with its
+    invariants held (search7 is faster but broke the loss invariant)."""
+    page = views.study(db.con, STUDY)
+    points = page["history"]
+    trials = {t["trial_id"]: t for t in page["trials"]}
+    assert [p["trial_id"] for p in points] == [t["trial_id"] for t in page["trials"] if t["trial_id"] != "live0"]
+    assert [p["n"] for p in points] == sorted(p["n"] for p in points)
+    by_id = {p["trial_id"]: p for p in points}
+    assert by_id["search2"]["outcome"] == "oom" and by_id["search2"]["step_time_s"] is None
+    assert all(by_id[t]["step_time_s"] == trials[t]["step_time_s"] for t in by_id)
+    best_ok = min(t["step_time_s"] for t in page["trials"] if t["kind"] == "search" and t["outcome"] == "ok")
+    assert points[-1]["best_step_s"] == pytest.approx(best_ok)
+    assert trials["search7"]["step_time_s"] < best_ok and not by_id["search7"]["counts"]
+    assert all(p["best_step_s"] is None for p in points if p["n"] < by_id["search0"]["n"])  # the doctor's: not search
+    bests = [p["best_step_s"] for p in points if p["best_step_s"] is not None]
+    assert bests == sorted(bests, reverse=True)
+
+
+def test_the_edf_is_each_kinds_ok_step_times_sorted_with_their_fractions(db):
+    page = views.study(db.con, STUDY)
+    edf = {e["kind"]: e for e in page["edf"]}
+    assert set(edf) == {"doctor", "search", "verify"}
+    ok_search = sorted(t["step_time_s"] for t in page["trials"] if t["kind"] == "search" and t["outcome"] == "ok")
+    assert edf["search"]["step_time_s"] == ok_search  # search7 (invariant broken) and the failed ones left out
+    assert edf["search"]["fraction"] == pytest.approx([(i + 1) / len(ok_search) for i in range(len(ok_search))])
+    assert len(edf["doctor"]["step_time_s"]) == 5
+
+
+def test_a_trial_page_holds_its_prediction_measurement_steps_and_verdicts(db):
+    live = views.trial_detail(db.con, STUDY, "live0")
+    assert live["trial"]["outcome"] == "running" and live["trial"]["steps_seen"] == 3
+    assert live["proposal"]["prediction"]["step_time_s"] == pytest.approx(0.19)
+    assert live["proposal"]["prediction"]["p_oom"] == pytest.approx(0.02)
+    assert live["launch"]["host"] == "localhost" and live["launch"]["ranks"] == 2
+    # The probe's records per rank (rank 1 reported steps 1 and 2 only).
+    assert [(r["rank"], r["step"]) for r in live["steps"]] == [(0, [1, 2, 3]), (1, [1, 2])]
+    assert live["steps"][0]["step_time_s"] == [0.2, 0.2, 0.2] and live["steps"][0]["loss"] == [3.0, 3.0, 3.0]
+
+    measured = views.trial_detail(db.con, STUDY, "search7")
+    assert measured["trial"]["knobs"] == {"micro_batch_size": 4} and measured["trial"]["patches"] == ["fused-qkv"]
+    assert measured["measured"]["step_time_s"] == pytest.approx(measured["trial"]["step_time_s"])
+    assert measured["measured"]["measured_steps"] == 60 and len(measured["measured"]["peak_memory_per_rank"]) == 2
+    assert {v["name"]: v["ok"] for v in measured["trial"]["invariants"]} == {"timing": True, "loss": False}
+    assert [step for step, _ in measured["loss_curve"]] == [10, 20, 30, 40, 50, 60]  # the measurement's curve
+    assert measured["steps"] == []  # no telemetry for it in the synthetic log
+
+    oom = views.trial_detail(db.con, STUDY, "search2")
+    assert oom["trial"]["outcome"] == "oom" and oom["finish"]["finish_reason"] == "oom"
+    assert oom["finish"]["censored_peak_bytes"] == int(7.9 * GIB) and oom["finish"]["accelerator_s"] == 8.0
+    assert oom["measured"]["step_time_s"] is None
+
+    with pytest.raises(views.UnknownTrial, match="nosuch"):
+        views.trial_detail(db.con, STUDY, "nosuch")
+    with pytest.raises(views.UnknownStudy):
+        views.trial_detail(db.con, "nope", "live0")
+
+
 def test_an_unknown_study_is_named(db):
     with pytest.raises(views.UnknownStudy, match="nope"):
         views.study(db.con, "nope")

@@ -106,10 +106,21 @@ def test_litgpts_output_is_read_for_its_optimiser_steps_and_losses() -> None:
                                          if s % 2 == 0 else "")
         for s in range(1, 7)
     ) + "Final evaluation | val loss: 4.925 | val ppl: 137.701\n"
-    counter = OutputSteps(tool.step_regex, LogPatterns.build(tool.loss_regex, tool.eval_loss_regex, defaults=False))
+    counter = OutputSteps(tool.step_regex, LogPatterns.build(tool.loss_regex, tool.eval_loss_regex,
+                                                             tokens=tool.tokens_regex, defaults=False))  # fmt: skip
     counter.feed_text(log, 1.0)
     assert counter.steps_done == 6  # optimiser steps, not the micro-batches `iter 24` counts
     assert counter.loss_curve() == [ev.LossPoint(s, pytest.approx(6 - s / 10)) for s in range(1, 7)]
     assert counter.eval_curve() == [ev.LossPoint(2, pytest.approx(5.3)), ev.LossPoint(4, pytest.approx(5.1)),
                                     ev.LossPoint(6, pytest.approx(4.925))]  # the final eval: the last wins
     assert counter.step_times == []  # `iter time` is the last micro-batch's, not the step's
+    assert counter.micro_batches == 24 and counter.tokens is None  # `iter 24`: micro-batches, for work.tokens
+
+
+def test_hf_trainers_printed_tokens_are_read_and_the_largest_wins() -> None:
+    counter = OutputSteps(r"(?P<step>\d+)/\d+ \[", LogPatterns.build())
+    counter.feed_text("{'loss': 2.5, 'num_input_tokens_seen': 2048, 'epoch': 0.1}\n"
+                      "{'loss': 2.4, 'num_input_tokens_seen': '4096'}\n{'eval_loss': 2.2, 'num_input_tokens_seen': 4096}\n", 1.0)
+    assert counter.tokens == 4096 and counter.micro_batches is None
+    with pytest.raises(ValidationError, match="no group named micro_batches or tokens"):
+        MeasurementSpec(kind="coarse", tokens_regex=[r"seen (\d+)"])

@@ -385,6 +385,32 @@ def test_a_litgpt_config_with_a_token_horizon_and_a_global_batch(tmp_path: Path)
     m = contract.workload.measurement
     assert m.kind == "coarse" and not m.log_defaults and not m.step_time_regex and m.step_regex
     assert any("iter time" in n for n in report.notes)
+    # its tokens: the micro-batches it prints (`iter N`) × the trial's micro-batch × the sequence length
+    assert m.tokens_regex and "work.tokens: the work the job prints" in text
+    from infrarsi_services.telemetry.service import stated_work
+
+    golden, larger = stated_work(contract, {}), stated_work(contract, {"train.micro_batch_size": 8})
+    assert (golden.tokens_per_step, golden.tokens_per_micro_batch, larger.tokens_per_micro_batch) == (512, 2 * 64, 8 * 64)
+
+
+def test_a_coarse_draft_says_how_its_tokens_are_known(tmp_path: Path) -> None:
+    from infrarsi_services.telemetry.service import stated_work
+    from support.accelerate_job import GOLDEN_COMMAND, make_accelerate_repo
+
+    repo = make_accelerate_repo(tmp_path / "acc")
+    text, _report = scaffold(GOLDEN_COMMAND, repo)
+    contract = accepted(tmp_path, text, repo)
+    # the script's own --seq_len default (16) is the sequence: tokens are derived from the steps counted
+    assert contract.workload.shape is not None and contract.workload.shape.seq_len == 16
+    assert "work.tokens: DERIVED" in text
+    stated = stated_work(contract, {"per_device_train_batch_size": 8})
+    assert (stated.tokens_per_step, stated.how) == (8 * 16, "global batch 8 × sequence 16"), stated
+    # a script that says no sequence length: the draft says work.tokens stays unchecked, and what to give
+    (tmp_path / "bare").mkdir()
+    bare = repo_with(tmp_path / "bare", PLAIN)
+    text, _report = scaffold(["python", "train.py", "--batch_size", "8"], bare)
+    assert "work.tokens: UNCHECKED until you give workload.shape.seq_len" in text
+    assert stated_work(accepted(tmp_path / "bare", text, bare), {}).tokens_per_step is None
 
 
 def test_a_token_horizon_without_a_sequence_length_is_refused_by_name(tmp_path: Path) -> None:

@@ -138,7 +138,7 @@ def test_the_mixture_is_recalibrated_on_peaks_it_mispredicts_and_a_rerun_adds_no
 def test_p_oom_is_raised_where_the_studys_own_proposals_ran_out_of_memory_more_often_than_predicted() -> None:
     capacity = 2.0 * formula(c_(16, 3))
 
-    def mapped(outcomes: list[tuple[float, bool]], config: SearchConfig | None = None) -> np.ndarray:
+    def mapped(outcomes: list[tuple[float, bool, bool]], config: SearchConfig | None = None) -> np.ndarray:
         s = run(scattered(0.25, 0.2), capacity, SCATTER_MEASURED, config)
         s.memory_calibration()  # its own outcomes recorded, then replaced by the ones given
         s._oom_outcomes[:] = outcomes
@@ -148,13 +148,47 @@ def test_p_oom_is_raised_where_the_studys_own_proposals_ran_out_of_memory_more_o
     s = run(scattered(0.25, 0.2), capacity, [*SCATTER_MEASURED, c_(16, 0)])
     s.memory_calibration()
     assert len(s._oom_outcomes) == len(s._memory_residuals) > 0
-    assert [oom for _, oom in s._oom_outcomes] == [oom for _, oom in s._memory_residuals]
-    assert all(0.0 <= p <= 1.0 for p, _ in s._oom_outcomes)
+    assert [oom for _, oom, _ in s._oom_outcomes] == [oom for _, oom in s._memory_residuals]
+    assert all(0.0 <= p <= 1.0 for p, _, _ in s._oom_outcomes)
     # 30 proposals at a predicted 3% of which 9 ran out of memory: 3% is raised well beyond the prior's
-    bitten = mapped([(0.03, i < 9) for i in range(30)])
+    bitten = mapped([(0.03, i < 9, False) for i in range(30)])
     prior = mapped([])
-    spared = mapped([(0.03, False) for _ in range(30)])
+    spared = mapped([(0.03, False, False) for _ in range(30)])
     assert bitten[1] > 0.15 and bitten[1] > prior[1] > spared[1] >= 0.03, (bitten, prior, spared)
     assert prior[2] == spared[2] == 0.4 <= bitten[2]  # raised only: a P(OOM) above the map's keeps its value
-    off = mapped([(0.03, i < 9) for i in range(30)], SearchConfig(oom_calibration=None))
+    off = mapped([(0.03, i < 9, False) for i in range(30)], SearchConfig(oom_calibration=None))
     assert list(off) == [0.001, 0.03, 0.4]
+
+
+def test_a_step_from_the_incumbent_has_its_own_p_oom_map_that_may_lower_it() -> None:
+    capacity = 2.0 * formula(c_(16, 3))
+    s = run(scattered(0.25, 0.2), capacity, SCATTER_MEASURED)
+    s.memory_calibration()
+    assert s.pool.candidates[s._best_ok[0][2]] == c_(4, 0, "drop")  # the incumbent: the fastest measured fit
+    rows = np.array(s.pool.extend([c_(8, 0, "drop"), c_(4, 1, "drop"), c_(4, 0), c_(16, 0, "drop"),
+                                   c_(8, 1, "drop")]))
+    # one knob to its next value (micro-batch 8, ZeRO-1, the other cache mode) is a step; two values on
+    # (micro-batch 16) or two knobs moved are not
+    assert list(s._steps(rows)) == [True, True, True, False, False]
+    # each outcome is recorded with whether its candidate was a step from the incumbent when it was observed
+    after = run(scattered(0.25, 0.2), capacity, [*SCATTER_MEASURED, c_(8, 0, "drop")])
+    after.memory_calibration()
+    assert [step for *_, step in after._oom_outcomes] == [False] * (len(after._oom_outcomes) - 1) + [True]
+
+    def mapped(outcomes: list[tuple[float, bool, bool]], config: SearchConfig | None = None) -> np.ndarray:
+        t = run(scattered(0.25, 0.2), capacity, SCATTER_MEASURED, config)
+        t.memory_calibration()
+        t._oom_outcomes[:] = outcomes
+        t._oom_maps.clear()
+        return t._calibrated_p_oom(np.array([0.4, 0.4, 0.05]), np.array([True, False, True]))
+
+    # 30 steps proposed at a predicted 40% of which 6 ran out of memory: a step at 40% is lowered, any other
+    # candidate at 40% is not (the map for the rest only raises), and a step at 5% stays low
+    spared = mapped([(0.4, i < 6, True) for i in range(30)])
+    assert spared[0] < 0.3 and spared[1] == 0.4 and spared[2] < 0.1, spared
+    # 30 steps at 40% of which 20 ran out of memory: the step's P(OOM) is raised instead
+    bitten = mapped([(0.4, i < 20, True) for i in range(30)])
+    assert bitten[0] > 0.45, bitten
+    # without the step map a step is mapped as every candidate is: never below its predictive's P(OOM)
+    off = mapped([(0.4, i < 6, True) for i in range(30)], SearchConfig(oom_step_calibration=None))
+    assert off[0] >= 0.4 and off[2] >= 0.05, off

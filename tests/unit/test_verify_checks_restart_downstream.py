@@ -232,8 +232,8 @@ def test_the_launcher_tells_verify_runs_where_to_save_and_refuses_a_resume_witho
         return ev.TrialProposed(candidate=CAND, candidate_key=CAND.key(), origin="verify", **kwargs)  # type: ignore[arg-type]
 
     told = launcher._verify_checkpoints(proposed(kind="verify", steps=20), contract, tdir)
-    assert (told.checkpoint_dir, told.checkpoint_step, told.final_weights_dir) == (tdir / "checkpoint", 4, tdir / "final")
-    assert launcher._verify_checkpoints(proposed(kind="search"), contract, tdir).checkpoint_dir is None
+    assert (told.save_dir, told.save_after_steps, told.final_weights_dir) == (tdir / "checkpoint", 4, tdir / "final")
+    assert launcher._verify_checkpoints(proposed(kind="search"), contract, tdir).save_dir is None
     with pytest.raises(Refused, match="trial t0 left no checkpoint to resume from"):
         launcher._verify_checkpoints(proposed(kind="verify", resume_from="t0"), contract, tdir)
     (launcher.state_root / "t0" / "checkpoint").mkdir(parents=True)

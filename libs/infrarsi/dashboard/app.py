@@ -5,7 +5,8 @@ Routes, all ``GET`` (read-only: any other method is answered 405):
 - ``/`` the page (``static/index.html``), ``/static/…`` its script and style;
 - ``/vendor/plotly.min.js`` plotly.js as the installed ``plotly`` package ships it (nothing from a CDN: the page
   works on a host that reaches nothing outside);
-- ``/api/studies``, ``/api/studies/{id}`` the views (``infrarsi.dashboard.views``) as JSON;
+- ``/api/studies``, ``/api/studies/{id}``, ``/api/studies/{id}/trials/{trial}`` the views
+  (``infrarsi.dashboard.views``) as JSON;
 - ``/api/state`` the feed's version and last error; ``/api/stream`` server-sent events: ``version`` each time
   the private DB moved, so the page fetches again within a catch-up of an event landing on the bus.
 
@@ -116,6 +117,15 @@ def create_app(db: AnalystDB, feed: LiveFeed | None, access: Access, *, stopping
         except views.UnknownStudy as exc:
             return _MsgspecJSON({"error": f"no study {exc.args[0]!r} in the analyst DB"}, status_code=404)
 
+    async def trial(request: Request) -> Response:
+        study_id, trial_id = request.path_params["study_id"], request.path_params["trial_id"]
+        try:
+            return _MsgspecJSON(await query(views.trial_detail, study_id, trial_id))
+        except views.UnknownStudy:
+            return _MsgspecJSON({"error": f"no study {study_id!r} in the analyst DB"}, status_code=404)
+        except views.UnknownTrial:
+            return _MsgspecJSON({"error": f"no trial {trial_id!r} in study {study_id!r}"}, status_code=404)
+
     async def state(request: Request) -> Response:
         return _MsgspecJSON({
             "live": feed is not None,
@@ -152,6 +162,7 @@ def create_app(db: AnalystDB, feed: LiveFeed | None, access: Access, *, stopping
         Route("/vendor/plotly.min.js", plotly_js),
         Route("/api/studies", studies),
         Route("/api/studies/{study_id}", study),
+        Route("/api/studies/{study_id}/trials/{trial_id}", trial),
         Route("/api/state", state),
         Route("/api/stream", stream),
         Mount("/static", app=StaticFiles(directory=_static_dir()), name="static"),

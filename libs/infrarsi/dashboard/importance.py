@@ -13,6 +13,12 @@ that knob's credit.
 Two targets, so that failed trials are counted rather than dropped: ``log step time`` over the trials that
 measured one, and ``OOM`` (1 for a trial that ran out of memory, 0 for one that did not) over every search trial
 with a final outcome. Pure numbers in, numbers out: no I/O, no view logic.
+
+Second order (``pairwise``), only where the trials can carry it: each pair of dimensions gets the products of
+their main-effect columns, with the part the main effects already span projected out (so an interaction never
+takes a main effect's credit, as in fANOVA's decomposition); everything is fitted jointly, and each effect's
+variance is reduced by what fitting that many columns to pure noise would capture (its column count times the
+residual variance per trial), so that a model with many columns does not pass noise off as interactions.
 """
 
 from __future__ import annotations
@@ -79,6 +85,30 @@ def design_block(values: Sequence[Value]) -> np.ndarray:
     return centred
 
 
+def _fit_shares(blocks: Mapping[str, np.ndarray], y: np.ndarray, *, noise_adjusted: bool) -> tuple[dict[str, float], float]:
+    """Fit centred ``y`` on every block's columns at once (ridge ``RIDGE``); each block's share of the variance and
+    the residual's. ``noise_adjusted``: a block's variance less what its columns would fit of pure noise, that part
+    counted as unexplained."""
+    n = len(y)
+    x = np.hstack([*blocks.values(), np.zeros((n, 0))])  # (n, p)
+    p = x.shape[1]
+    beta = np.linalg.solve(x.T @ x + RIDGE * n * np.eye(p), x.T @ y) if p else np.zeros(0)  # (p,)
+    residual = y - x @ beta  # (n,)
+    unexplained = float(residual @ residual) / n
+    noise_per_column = float(residual @ residual) / max(1, n - p - 1) / n if noise_adjusted else 0.0
+    variances: dict[str, float] = {}
+    start = 0
+    for label, block in blocks.items():
+        effect = block @ beta[start:start + block.shape[1]]  # (n,): this block's fitted effect per trial
+        start += block.shape[1]
+        variance = float(effect @ effect) / n
+        adjusted = max(0.0, variance - block.shape[1] * noise_per_column)
+        unexplained += variance - adjusted
+        variances[label] = adjusted
+    parts = sum(variances.values()) + unexplained
+    return {k: v / parts for k, v in variances.items()}, unexplained / parts
+
+
 def main_effects(dimensions: Mapping[str, Sequence[Value]], target: Sequence[float], name: str) -> Importance | None:
     """Decompose ``target`` (one number per trial) into the main effects of ``dimensions`` (one value per trial
     each) and a residual; ``None`` with fewer than ``MIN_TRIALS`` trials or a target that does not vary."""
@@ -93,17 +123,54 @@ def main_effects(dimensions: Mapping[str, Sequence[Value]], target: Sequence[flo
     if total <= 0.0:
         return None
     blocks = {label: design_block(values) for label, values in dimensions.items()}
-    x = np.hstack([*blocks.values(), np.zeros((n, 0))])  # (n, p)
-    p = x.shape[1]
-    beta = np.linalg.solve(x.T @ x + RIDGE * n * np.eye(p), x.T @ y) if p else np.zeros(0)  # (p,)
-    residual = y - x @ beta  # (n,)
-    variances: dict[str, float] = {}
-    start = 0
-    for label, block in blocks.items():
-        effect = block @ beta[start:start + block.shape[1]]  # (n,): this dimension's fitted effect per trial
-        start += block.shape[1]
-        variances[label] = float(effect @ effect) / n
-    unexplained = float(residual @ residual) / n
-    parts = sum(variances.values()) + unexplained
-    return Importance(target=name, trials=n, shares={k: v / parts for k, v in variances.items()},
-                      unexplained=unexplained / parts)
+    shares, unexplained = _fit_shares(blocks, y, noise_adjusted=False)
+    return Importance(target=name, trials=n, shares=shares, unexplained=unexplained)
+
+
+INTERACTION_TRIALS_PER_COLUMN = 3
+"""Pairwise interactions are fitted only with at least this many trials per fitted column (main effects and
+interactions together): with fewer, the fit would be mostly noise (``pairwise`` then says so)."""
+PAIR = " × "
+"""Joins a pair's labels: ``"micro_batch_size × patch fused-qkv"``."""
+
+
+def interaction_block(a: np.ndarray, b: np.ndarray, main: np.ndarray) -> np.ndarray:
+    """The centred products of two dimensions' main-effect columns (shape (trials, columns a × columns b)), less
+    their projection on every main-effect column ``main``: what the pair does beyond the sum of its parts."""
+    n = a.shape[0]
+    products = np.stack([a[:, i] * b[:, j] for i in range(a.shape[1]) for j in range(b.shape[1])], axis=1) \
+        if a.shape[1] and b.shape[1] else np.zeros((n, 0))  # (n, ka*kb)
+    products = products - products.mean(axis=0)
+    if main.shape[1] and products.shape[1]:
+        coef, *_ = np.linalg.lstsq(main, products, rcond=None)  # (p_main, ka*kb)
+        products = products - main @ coef
+    keep = np.linalg.norm(products, axis=0) > 1e-9 * np.sqrt(n)  # a product the main effects span entirely: gone
+    kept: np.ndarray = products[:, keep]
+    return kept
+
+
+def pairwise(dimensions: Mapping[str, Sequence[Value]], target: Sequence[float], name: str) -> Importance | str:
+    """``main_effects`` with an effect per pair of dimensions beside them (``interaction_block``), each effect's
+    variance net of what its columns would fit of noise; shares keyed by a dimension's label and by
+    ``"a × b"``. When the trials cannot carry it (too few per fitted column, a target that does not vary, fewer
+    than two dimensions that vary), the reason instead."""
+    y = np.asarray(target, dtype=float)  # (n,)
+    n = len(y)
+    if any(len(v) != n for v in dimensions.values()):
+        raise ValueError(f"every dimension needs one value per trial ({n} for {name!r})")
+    mains = {label: design_block(values) for label, values in dimensions.items()}
+    varying = [label for label, block in mains.items() if block.shape[1]]
+    if len(varying) < 2:
+        return "fewer than two knobs or patches vary"
+    main = np.hstack([mains[label] for label in varying])  # (n, p_main)
+    pairs = {f"{a}{PAIR}{b}": interaction_block(mains[a], mains[b], main)
+             for i, a in enumerate(varying) for b in varying[i + 1:]}
+    columns = main.shape[1] + sum(block.shape[1] for block in pairs.values())
+    if n < INTERACTION_TRIALS_PER_COLUMN * columns:
+        return (f"{n} trials for {columns} columns: pairwise interactions need {INTERACTION_TRIALS_PER_COLUMN} "
+                f"trials per column ({INTERACTION_TRIALS_PER_COLUMN * columns})")
+    y = y - y.mean()
+    if float(y @ y) <= 0.0:
+        return f"the {name} does not vary"
+    shares, unexplained = _fit_shares({**mains, **pairs}, y, noise_adjusted=True)
+    return Importance(target=name, trials=n, shares=shares, unexplained=unexplained)

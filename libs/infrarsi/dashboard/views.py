@@ -37,6 +37,10 @@ class UnknownStudy(LookupError):
     """No study with that id in the analyst DB."""
 
 
+class UnknownTrial(LookupError):
+    """No trial with that id in the study."""
+
+
 def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     cursor = con.execute(sql, params or {})
     names = [d[0] for d in cursor.description or ()]
@@ -228,7 +232,8 @@ def search_analysis(study_trials: list[dict[str, Any]]) -> dict[str, Any]:
     outcome (OOMs, crashes and invariant violations included, each with its outcome; cancelled ones left out)
     with its value on every dimension (``_dimensions``) and its step time, and the importance of each dimension
     (``importance.main_effects``) for the log step time of the trials that measured one and for running out of
-    memory over the trials that ran."""
+    memory over the trials that ran; the pairwise interactions' shares of the log step time (``importance.pairwise``)
+    where there are trials enough, else why not."""
     searched = [t for t in study_trials if t["kind"] == "search"]
     done = [t for t in searched if t["outcome"] not in UNDECIDED]
     dimensions = _dimensions(searched, done)
@@ -244,11 +249,21 @@ def search_analysis(study_trials: list[dict[str, Any]]) -> dict[str, Any]:
         if fit is not None:
             importances.append({"target": fit.target, "trials": fit.trials, "unexplained": fit.unexplained,
                                 "ranked": [{"label": label, "share": share} for label, share in fit.ranked()]})
+    pairs = importance.pairwise({d["label"]: [d["values"][i] for i in timed] for d in dimensions},
+                                [math.log(done[i]["step_time_s"]) for i in timed], "log step time")
+    interactions: dict[str, Any] = {"target": "log step time", "trials": len(timed)}
+    if isinstance(pairs, importance.Importance):
+        interactions["ranked"] = [{"label": label, "share": share} for label, share in pairs.ranked()
+                                  if importance.PAIR in label]
+        interactions["unexplained"] = pairs.unexplained
+    else:
+        interactions["reason"] = pairs
     return {
         "dimensions": dimensions,
         "trials": [{"trial_id": t["trial_id"], "n": t["n"], "outcome": t["outcome"], "step_time_s": t["step_time_s"],
                     "speedup": t["speedup"], "censored_peak_bytes": t["censored_peak_bytes"]} for t in done],
         "importance": importances,
+        "interactions": interactions,
         "timed_trials": len(timed),
         "ran_trials": len(ran),
         "oom_trials": sum(ooms),
@@ -270,6 +285,41 @@ def best_over_trials(study_trials: list[dict[str, Any]]) -> list[dict[str, Any]]
         points.append({"n": trial["n"], "trial_id": trial["trial_id"], "speedup": trial["speedup"],
                        "counts": counts, "best": best})
     return points
+
+
+def history(study_trials: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """optuna-dashboard's optimisation history for a step time: every trial with a final outcome in proposal order,
+    its measured step time (``None`` for a trial that measured none: OOM, crash, timeout, refused), and the best
+    (lowest) step time so far among the search trials that ran ``ok`` with every invariant held."""
+    best: float | None = None
+    points = []
+    for trial in study_trials:
+        if trial["outcome"] in UNDECIDED:
+            continue
+        step = trial["step_time_s"]
+        counts = trial["kind"] == "search" and trial["outcome"] == "ok" and step is not None
+        if counts and (best is None or step < best):
+            best = step
+        points.append({"n": trial["n"], "trial_id": trial["trial_id"], "kind": trial["kind"], "outcome": trial["outcome"],
+                       "step_time_s": step, "counts": counts, "best_step_s": best})
+    return points
+
+
+def step_time_edf(study_trials: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """optuna-dashboard's empirical distribution function of the objective, per trial kind: the step times of the
+    trials of that kind that ran ``ok`` with every invariant held, sorted, each with the fraction of those trials at or
+    below it (a step of 1/n at every trial)."""
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for trial in study_trials:
+        if trial["outcome"] == "ok" and trial["step_time_s"] is not None:
+            by_kind.setdefault(trial["kind"] or "?", []).append(trial)
+    out = []
+    for kind, these in sorted(by_kind.items()):
+        these = sorted(these, key=lambda t: t["step_time_s"])
+        out.append({"kind": kind, "step_time_s": [t["step_time_s"] for t in these],
+                    "fraction": [(i + 1) / len(these) for i in range(len(these))],
+                    "trial_ids": [t["trial_id"] for t in these]})
+    return out
 
 
 def cost_by_outcome(study_trials: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -398,10 +448,79 @@ def study(con: duckdb.DuckDBPyConnection, study_id: str) -> dict[str, Any]:
         },
         "trials": study_trials,
         "best_over_trials": best_over_trials(study_trials),
+        "history": history(study_trials),
+        "edf": step_time_edf(study_trials),
         "search_space": search_space_points(study_trials),
         "analysis": search_analysis(study_trials),
         "cost_by_outcome": cost_by_outcome(study_trials),
         "invariants": invariant_verdicts(study_trials),
         "verifications": verifications(con, study_id),
         "agent": agent_exchanges(con, study_id),
+    }
+
+
+def _step_series(con: duckdb.DuckDBPyConnection, study_id: str, trial_id: str) -> list[dict[str, Any]]:
+    """optuna-dashboard's intermediate values: the probe's per-step records of one trial (the telemetry stream), one
+    series per rank: step number, step time, loss and peak memory as the probe reported them."""
+    rows = _rows(
+        con,
+        """
+        SELECT rank, step, step_time_s, loss, peak_memory_bytes FROM steps
+        WHERE study_id = $study AND trial_id = $trial ORDER BY rank, step, seq
+        """,
+        {"study": study_id, "trial": trial_id},
+    )
+    series: dict[int, dict[str, Any]] = {}
+    for row in rows:
+        rank = series.setdefault(row["rank"], {"rank": row["rank"], "step": [], "step_time_s": [], "loss": [],
+                                               "peak_bytes": []})
+        rank["step"].append(row["step"])
+        rank["step_time_s"].append(row["step_time_s"])
+        rank["loss"].append(row["loss"])
+        rank["peak_bytes"].append(row["peak_memory_bytes"])
+    return list(series.values())
+
+
+def trial_detail(con: duckdb.DuckDBPyConnection, study_id: str, trial_id: str) -> dict[str, Any]:
+    """Everything a trial's own page shows: its row of the trials table, what the proposer said of it (origin,
+    reason, the models' prediction) beside what was measured, where and how it ran, how it ended (the launcher's
+    status, reason and exit code for a failed one), its per-step series (``_step_series``) and the loss curve the
+    measurement kept, and every invariant's verdict. ``UnknownStudy``/``UnknownTrial`` when the DB has neither."""
+    study_row = _study_row(con, study_id)
+    study_trials = trials(con, study_id, study_row["baseline_step_time_s"])
+    row = next((t for t in study_trials if t["trial_id"] == trial_id), None)
+    if row is None:
+        raise UnknownTrial(trial_id)
+    [full] = _rows(con, "SELECT * FROM trials WHERE study_id = $study AND trial_id = $trial",
+                   {"study": study_id, "trial": trial_id})
+    measured = _rows(
+        con,
+        """
+        SELECT payload->'loss_curve' AS loss_curve, payload->'eval_curve' AS eval_curve FROM lifecycle_events
+        WHERE study_id = $study AND trial_id = $trial AND type = 'TrialMeasured' ORDER BY seq DESC LIMIT 1
+        """,
+        {"study": study_id, "trial": trial_id},
+    )
+    curves = measured[0] if measured else {}
+    row["steps_seen"] = trial_progress(con, study_id).get(trial_id)
+    prediction = _json(full["prediction"]) or {}
+    return {
+        "study_id": study_id,
+        "study_name": study_row["name"],
+        "baseline_step_time_s": study_row["baseline_step_time_s"],
+        "memory_capacity_bytes": full["memory_capacity_bytes"] or (_json(study_row["cluster"]) or {}).get("memory_capacity_bytes"),
+        "trial": row,
+        "proposal": {"reason": full["reason"], "horizon_steps": full["horizon_steps"], "prediction": prediction},
+        "launch": {k: full[k] for k in ("backend", "host", "job_id", "nodes", "ranks")} | {
+            "launched_at": _iso(full["launched_at"])},
+        "finish": {k: full[k] for k in ("status", "finish_status", "finish_reason", "exit_code", "wall_s", "accelerator_s",
+                                        "steps_completed", "censored_peak_bytes")} | {"finished_at": _iso(full["finished_at"])},
+        "measured": {k: full[k] for k in ("step_time_s", "step_time_mad_s", "step_time_with_warmup_s", "tokens_per_s", "mfu",
+                                          "measured_steps", "warmup_steps", "final_loss", "measured_accelerator_s")} | {
+            "peak_memory_per_rank": _json(full["peak_memory_per_rank"]) or [],
+            "per_rank_step_s": _json(full["per_rank_step_s"]) or [],
+            "phases": _json(full["phases"]) or {}, "measured_at": _iso(full["measured_at"])},
+        "steps": _step_series(con, study_id, trial_id),
+        "loss_curve": _json(curves.get("loss_curve")) or [],
+        "eval_curve": _json(curves.get("eval_curve")) or [],
     }

@@ -135,11 +135,17 @@ class Searcher:
         was an OOM (the residual then is the bound's: the peak lay above it) — ``SearchConfig.memory_recalibrate``."""
         self._memory_calibration = (0, 0.0, 1.0)
         """(residuals it was fitted on, shift b, scale s) of ``memory_calibration``."""
-        self._oom_outcomes: list[tuple[float, bool]] = []
+        self._oom_outcomes: list[tuple[float, bool, bool]] = []
         """Per residual of ``_memory_residuals``: the P(OOM) the memory predictive (recalibrated on the residuals
-        before it) gave that candidate, and whether it ran out of memory (``SearchConfig.oom_calibration``)."""
-        self._oom_map: tuple[int, np.ndarray, np.ndarray, np.ndarray] | None = None
-        """(outcomes it was fitted on, the map's a and c at the grid points the posterior holds, their weights)."""
+        before it) gave that candidate, whether it ran out of memory, and whether it was a step from the
+        incumbent (``_steps``) when it was observed (``SearchConfig.oom_calibration``,
+        ``SearchConfig.oom_step_calibration``)."""
+        self._oom_maps: dict[bool, tuple[int, np.ndarray, np.ndarray, np.ndarray]] = {}
+        """Per class (a step from the incumbent or not): (outcomes it was fitted on, the map's a and c at the grid
+        points the posterior holds, their weights)."""
+        self._peak_steps: list[bool] = []
+        """Per memory observation, in the memory models' row order: whether its candidate was a step from the
+        incumbent (``_steps``) when it was observed."""
         self.invariants = InvariantModel({**self.kb.invariant, **{p.id: p.invariant_prior for p in space.patches}})
         self.cost_model = CostModel()
         self.capacity_bytes = capacity_bytes
@@ -202,6 +208,8 @@ class Searcher:
             self.pool.extend([c])
         row = self.pool.index[c.key]
         self._seen_rows.append(row)
+        # a step from the incumbent it was proposed beside (``oom_step_calibration``)
+        step = bool(self._steps(np.array([row]))[0]) if self._step_calibrated() else False
         if obs.status == "ok":
             self._ok_rows.append(row)
             if obs.step_time_s is not None:
@@ -213,7 +221,7 @@ class Searcher:
                 if obs.step_time_s is not None and obs.step_time_s > 0:
                     self.time_model.observe_encoded(self.pool.x_time[self.pool.index[c.key]], obs.step_time_s)
                 if obs.peak_bytes is not None:
-                    self._observe_peak(c, obs.peak_bytes, oom=False)
+                    self._observe_peak(c, obs.peak_bytes, oom=False, step=step)
                 self.invariants.observe(c, violated=obs.status == "invariant_violation")
                 self.cost_model.observe(obs.step_time_s, obs.cost_seconds)
             case "stopped_slow":
@@ -222,11 +230,11 @@ class Searcher:
                 if obs.step_time_s is not None and obs.step_time_s > 0:
                     self.time_model.observe_stopped_encoded(self.pool.x_time[self.pool.index[c.key]], obs.step_time_s)
                 if obs.peak_bytes is not None:
-                    self._observe_peak(c, obs.peak_bytes, oom=False)
+                    self._observe_peak(c, obs.peak_bytes, oom=False, step=step)
                 # not the cost model: a trial cut short cost less than its full run would
             case "oom":
                 bound = obs.peak_bytes if obs.peak_bytes is not None else self.capacity_bytes * 0.95
-                self._observe_peak(c, bound, oom=True)
+                self._observe_peak(c, bound, oom=True, step=step)
                 self._ooms.append(c)
                 self._domination().add_oom(c)
             case "scope_violation" if c.patches:
@@ -239,9 +247,10 @@ class Searcher:
         self._rows_at.append((self.time_model.n, self.memory_model.n))
         self._dirty = True
 
-    def _observe_peak(self, c: Candidate, peak_bytes: float, oom: bool) -> None:
+    def _observe_peak(self, c: Candidate, peak_bytes: float, oom: bool, step: bool) -> None:
         for mm in self._memory_models():
             mm.observe(c, peak_bytes, oom=oom)
+        self._peak_steps.append(step)
         row = self.pool.index[c.key]
         if not oom and row not in self._peak_rows:
             self._peak_rows[row] = None
@@ -323,7 +332,7 @@ class Searcher:
                 b, s = self._calibrate(self._memory_residuals)  # the calibration as it stood before this peak
                 p = float(ndtr((float(m[0]) + b * float(sd_m[0]) - math.log(self.capacity_bytes))
                                / (s * float(sd_m[0]))))
-                self._oom_outcomes.append((p, bool(cj[j])))
+                self._oom_outcomes.append((p, bool(cj[j]), self._peak_steps[j]))
                 self._memory_residuals.append(((float(yj[j]) - float(m[0])) / float(sd_m[0]), bool(cj[j])))
 
     _CALIBRATION_GRID = (np.linspace(-1.5, 2.5, 41), np.exp(np.linspace(math.log(0.7), math.log(4.0), 36)))
@@ -360,40 +369,92 @@ class Searcher:
 
     _OOM_MAP_GRID = (np.linspace(-3.0, 2.0, 26), np.exp(np.linspace(math.log(0.1), math.log(1.5), 15)))
     """The P(OOM) calibration map's grid: a, and c (``SearchConfig.oom_calibration``)."""
+    _OOM_STEP_GRID = (np.linspace(-3.0, 1.0, 21), np.exp(np.linspace(math.log(0.5), math.log(5.0), 19)))
+    """The step map's grid (``SearchConfig.oom_step_calibration``): its slope may exceed 1."""
 
-    def oom_map(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The posterior of ``SearchConfig.oom_calibration``'s map on its grid: (a, c, weight) at the points
-        that hold it (weight at least 1e-4 of the largest); ``None`` config: the identity."""
+    def oom_map(self, step: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The posterior of a P(OOM) calibration map on its grid: (a, c, weight) at the points that hold it
+        (weight at least 1e-4 of the largest) — ``SearchConfig.oom_calibration``'s, fitted on the outcomes of
+        the candidates that were not a step from the incumbent, or with ``step`` ``oom_step_calibration``'s,
+        fitted on the steps' (with it off, one map on every outcome); the identity where the map is off."""
         self.refit()
-        cal = self.config.oom_calibration
+        cal = self.config.oom_step_calibration if step else self.config.oom_calibration
         if cal is None or not self.memory_learned or not self.config.memory_recalibrate:
             return np.zeros(1), np.ones(1), np.ones(1)
-        if self._oom_map is None or self._oom_map[0] != len(self._oom_outcomes):
+        split = self._step_calibrated()
+        outcomes = [(q, o) for q, o, is_step in self._oom_outcomes if not split or is_step == step]
+        cached = self._oom_maps.get(step)
+        if cached is None or cached[0] != len(self._oom_outcomes):
             a0, c0, sd_a, sd_c = cal
-            grid_a, grid_c = np.meshgrid(*self._OOM_MAP_GRID, indexing="ij")
+            grid_a, grid_c = np.meshgrid(*(self._OOM_STEP_GRID if step else self._OOM_MAP_GRID), indexing="ij")
             a, c = grid_a.ravel(), grid_c.ravel()
             post = -0.5 * ((a - a0) / sd_a) ** 2 - 0.5 * ((np.log(c) - math.log(c0)) / sd_c) ** 2
-            if self._oom_outcomes:
-                p = np.clip(np.array([q for q, _ in self._oom_outcomes]), 1e-6, 1 - 1e-6)
-                y = np.array([o for _, o in self._oom_outcomes])
+            if outcomes:
+                p = np.clip(np.array([q for q, _ in outcomes]), 1e-6, 1 - 1e-6)
+                y = np.array([o for _, o in outcomes])
                 eta = a[:, None] + c[:, None] * logit(p)[None, :]
                 post = post + np.where(y, -np.logaddexp(0.0, -eta), -np.logaddexp(0.0, eta)).sum(axis=1)
             w = np.exp(post - post.max())
             keep = w >= 1e-4
-            self._oom_map = (len(self._oom_outcomes), a[keep], c[keep], w[keep] / w[keep].sum())
-        return self._oom_map[1], self._oom_map[2], self._oom_map[3]
+            cached = (len(self._oom_outcomes), a[keep], c[keep], w[keep] / w[keep].sum())
+            self._oom_maps[step] = cached
+        return cached[1], cached[2], cached[3]
 
-    def _calibrated_p_oom(self, p: np.ndarray) -> np.ndarray:
-        """The posterior mean of the P(OOM) map at the memory predictive's P(OOM) ``p``."""
-        a, c, w = self.oom_map()
+    def _calibrated_p_oom(self, p: np.ndarray, steps: np.ndarray | None = None) -> np.ndarray:
+        """P(OOM) from the memory predictive's P(OOM) ``p``: the posterior mean of ``oom_calibration``'s map at
+        ``p``, never below ``p``; at the rows ``steps`` marks (a step from the incumbent, ``_steps``) whose ``p``
+        is at most ``probe_max_p_oom`` the posterior mean of ``oom_step_calibration``'s map, which may lower it
+        too."""
+        out: np.ndarray = np.maximum(p, self._mapped(p, *self.oom_map()))
+        limit = self.config.probe_max_p_oom
+        if steps is not None and limit is not None:
+            # above the step probe's limit no such step is ever proposed: no outcome of the study speaks there
+            steps = steps & (p <= limit)
+            if steps.any():
+                out[steps] = self._mapped(p[steps], *self.oom_map(step=True))
+        return out
+
+    @staticmethod
+    def _mapped(p: np.ndarray, a: np.ndarray, c: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """The posterior mean of the map logit P = a + c·logit p over the grid points (a, c) weighted ``w``."""
         if a.size == 1 and a[0] == 0.0 and c[0] == 1.0:
             return p
         lp = logit(np.clip(p, 1e-6, 1 - 1e-6))
-        out = np.empty_like(lp)
+        out: np.ndarray = np.empty_like(lp)
         for lo in range(0, lp.size, 4096):  # (grid points, rows) a block at a time
             out[lo:lo + 4096] = w @ expit(a[:, None] + c[:, None] * lp[None, lo:lo + 4096])
-        raised: np.ndarray = np.maximum(p, out)
-        return raised
+        return out
+
+    def _step_calibrated(self) -> bool:
+        """Whether steps from the incumbent get their own P(OOM) map (``SearchConfig.oom_step_calibration``)."""
+        cfg = self.config
+        return (bool(self.memory_learned) and cfg.memory_recalibrate and cfg.oom_calibration is not None
+                and cfg.oom_step_calibration is not None)
+
+    def _steps(self, idx: np.ndarray) -> np.ndarray:
+        """Pool rows ``idx`` that are a step from the incumbent (the fastest measured fit): one knob moved to the
+        next value in its order (any level of a categorical or bool), patches unchanged, along a knob the
+        measured fits have varied — the move a memory step probe makes, where the formula's change of peak is
+        added to a measured one and the mixture's std, the same anywhere, overstates the error
+        (``SearchConfig.oom_step_calibration``)."""
+        out = np.zeros(idx.size, dtype=bool)
+        if not self._best_ok or self.pool.codes is None or idx.size == 0:
+            return out
+        nk = len(self.space.knobs)
+        inc = self.pool.codes[self._best_ok[0][2]]
+        codes = self.pool.codes[idx]
+        diff = codes != inc
+        one = (diff[:, :nk].sum(axis=1) == 1) & ~diff[:, nk:].any(axis=1)
+        far = (diff[:, :nk] & self._ordered_knobs() & (np.abs(codes[:, :nk] - inc[:nk]) > 1.0)).any(axis=1)
+        ok = self.pool.codes[np.array(self._ok_rows, dtype=int)][:, :nk]
+        varied = ~(ok == ok[0]).all(axis=0)
+        moved = np.argmax(diff[:, :nk], axis=1)
+        out[:] = one & ~far & varied[moved]
+        return out
+
+    def _ordered_knobs(self) -> np.ndarray:
+        """(knobs,) whether each knob's values have an order (a step is to the next one)."""
+        return np.array([k.values() is not None and not isinstance(k, Categorical) for k in self.space.knobs])
 
     def enqueue(self, candidates: Iterable[Candidate], origin: Origin, reason: str) -> None:
         """External suggestions (experience bank, LLM) proposed before model-driven ones, deduplicated."""
@@ -548,10 +609,16 @@ class Searcher:
                            float(p_hold[i]), float(ei[i])) for i in range(idx.size)]
 
     def _p_oom(self, idx: np.ndarray) -> np.ndarray:
+        return self._p_oom_with(idx, step_map=True)
+
+    def _p_oom_with(self, idx: np.ndarray, step_map: bool) -> np.ndarray:
+        """P(OOM) at pool rows ``idx``; ``step_map`` off: as if no row were a step from the incumbent (the
+        P(OOM) that decides which rule may propose a step, ``suggest``)."""
         from scipy.special import ndtr
 
         mu, sd = self._memory_arrays(idx)
-        p = self._calibrated_p_oom(ndtr((mu - math.log(self.capacity_bytes)) / sd))
+        steps = self._steps(idx) if step_map and self._step_calibrated() else None
+        p = self._calibrated_p_oom(ndtr((mu - math.log(self.capacity_bytes)) / sd), steps)
         return np.where(self._domination().mask[idx], 1.0, p)
 
     def _p_hold(self, idx: np.ndarray) -> np.ndarray:
@@ -660,12 +727,15 @@ class Searcher:
             return out
         mu, sd = self.time_model.predict_encoded(self.pool.x_time[idx])
         assert sd is not None
+        # a step the cut-off excluded before its own P(OOM) map remains the step probe's to propose (its worth,
+        # risk-neutral, is what a step is for), at that map's P(OOM)
         p_oom = self._p_oom(idx)
+        p_rule = self._p_oom_with(idx, step_map=False) if self._step_calibrated() else p_oom
         p_hold = self._p_hold(idx)
         allowance = self.oom_allowance(pending)
         cutoff = self._cutoff(n_done, allowance)
         probe = p_hold >= self.config.invariant_exclude
-        usable = (p_oom <= cutoff) & probe
+        usable = (p_rule <= cutoff) & probe
         lifted = budgeted = False
         stuck = not usable.any() and probe.any()  # every candidate above the cut-off, some not known to break
         if not self._ok_rows and (self._ooms or stuck):
@@ -764,7 +834,8 @@ class Searcher:
                     origin = "pairing"
                     reason = (f"memory saver paired with {self.pool.candidates[idx[r]]} "
                               f"(P(oom)={p_oom[r]:.2f}) -> P(oom)={p_oom[j]:.2f}; " + reason)
-            step = self._step_probe(idx, ei, p_oom, p_hold, usable, probed, cost, cutoff, float(acq[j]), allowance)
+            step = self._step_probe(idx, ei, p_oom, p_hold, usable, probed, cost, cutoff, float(acq[j]), allowance,
+                                    p_rule)
             if step is not None:
                 j, origin, admission = step, "ei", "step_probe"
                 reason = (f"memory step probe: one step from the incumbent that the cut-off {cutoff:.2f} excludes, "
@@ -782,14 +853,15 @@ class Searcher:
 
     def _step_probe(self, idx: np.ndarray, ei: np.ndarray, p_oom: np.ndarray, p_hold: np.ndarray,
                     usable: np.ndarray, taken: np.ndarray, cost: np.ndarray, cutoff: float, admitted: float,
-                    allowance: float) -> int | None:
+                    allowance: float, p_rule: np.ndarray | None = None) -> int | None:
         """The shortlist row of the best memory step probe (``SearchConfig.probe_max_p_oom``), or None.
 
         A step is one knob moved from the incumbent (the fastest measured fit) to the next value in its order
         (any level of a categorical or bool), patches unchanged. Valued risk-neutrally, EI × P(fit): an OOM there
         is a censored bound one step from a measured peak, the most informative OOM the memory model can get,
         and a fit unlocks the steps after it. Only a step whose P(OOM) fits in the OOM budget left
-        (``allowance``, ``SearchConfig.oom_budget``) is a probe."""
+        (``allowance``, ``SearchConfig.oom_budget``) is a probe; the cut-off excludes it by ``p_rule``, its P(OOM)
+        before the steps' own map (``SearchConfig.oom_step_calibration``)."""
         limit = self.config.probe_max_p_oom
         if limit is None or not self._best_ok or self.pool.codes is None:
             return None
@@ -798,8 +870,7 @@ class Searcher:
         nk = len(self.space.knobs)
         diff = codes != inc
         one = (diff[:, :nk].sum(axis=1) == 1) & ~diff[:, nk:].any(axis=1)
-        ordered = np.array([k.values() is not None and not isinstance(k, Categorical) for k in self.space.knobs])
-        far = (diff[:, :nk] & ordered & (np.abs(codes[:, :nk] - inc[:nk]) > 1.0)).any(axis=1)
+        far = (diff[:, :nk] & self._ordered_knobs() & (np.abs(codes[:, :nk] - inc[:nk]) > 1.0)).any(axis=1)
         cap = np.full(idx.size, limit)
         fresh = self.config.probe_fresh_max_p_oom
         if fresh is not None:
@@ -809,7 +880,8 @@ class Searcher:
             unvaried = (ok == ok[0]).all(axis=0)
             moved = np.argmax(diff[:, :nk], axis=1)
             cap = np.where(unvaried[moved], max(fresh, limit), limit)
-        cand = one & ~far & ~usable & ~taken & (p_oom > cutoff) & (p_oom <= np.minimum(cap, allowance)) & (p_hold > 0.5)
+        p_rule = p_oom if p_rule is None else p_rule
+        cand = one & ~far & ~usable & ~taken & (p_rule > cutoff) & (p_oom <= np.minimum(cap, allowance)) & (p_hold > 0.5)
         if not cand.any():
             return None
         worth = np.where(cand, ei * (1.0 - p_oom) * p_hold / np.maximum(cost, 1e-9), -np.inf)
@@ -988,8 +1060,7 @@ class Searcher:
         ``SearchConfig.confirm_repeats`` times each), the ``pending`` runs counted."""
         why = self._stop_reason()
         if why is None:
-            thr = self.config.stop_ei_fraction * self.time_model.noise_std
-            return False, f"max EI {self._stop_scan()[0]:.4g} >= threshold {thr:.4g}"
+            return False, f"max EI {self._stop_scan()[0]:.4g} >= threshold {self._stop_threshold()[0]:.4g}"
         if self.config.race:
             race = self._race(pending)
             return (False, f"{why}; {race[0].reason}") if race is not None else (True, why)
@@ -1004,10 +1075,20 @@ class Searcher:
         if used_up:
             return (f"every candidate under the P(oom) cut-off has run, none of the rest is more likely to "
                     f"fit than not, and the OOM budget left ({self.oom_allowance():.2f}) holds none of them")
-        thr = self.config.stop_ei_fraction * self.time_model.noise_std
+        thr, noise, which = self._stop_threshold()
         if ei < thr:
-            return f"max EI {ei:.4g} < {self.config.stop_ei_fraction} x noise std {self.time_model.noise_std:.4g}"
+            return f"max EI {ei:.4g} < {self.config.stop_ei_fraction} x {which} {noise:.4g}"
         return None
+
+    def _stop_threshold(self) -> tuple[float, float, str]:
+        """(the expected improvement below which the search stops, the noise it is a fraction of, its name):
+        ``stop_ei_fraction`` of the run-to-run noise (``SearchConfig.stop_noise``)."""
+        tm = self.time_model
+        if self.config.stop_noise == "floor":
+            noise, which = min(tm.noise_floor, tm.noise_std), "run-to-run noise"
+        else:
+            noise, which = tm.noise_std, "noise std"
+        return self.config.stop_ei_fraction * noise, noise, which
 
     def _confirmation(self, pending: Sequence[Candidate] = ()) -> Suggestion | None:
         """The best-ranked leader tied within noise with the fastest measured one (``top_candidates``) that has

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 DesignFirst = Literal["auto", "prior", "seed"]
+StopNoise = Literal["fitted", "floor"]
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,13 @@ class SearchConfig:
     """Candidates sampled when the space is infinite or too large to enumerate."""
     cost_power: float = 1.0
     stop_ei_fraction: float = 0.05
-    """Stop when max expected improvement (log units) < this × the noise std."""
+    """Stop when max expected improvement (log units) < this × the noise (``stop_noise``)."""
+    stop_noise: StopNoise = "floor"
+    """The noise the stop's threshold is a fraction of: ``floor``, the run-to-run noise the doctor measured (the
+    time model's noise floor; its fitted std when that is smaller), or ``fitted``, the time model's fitted noise
+    std. The fitted std holds the model's misfit too, so against it the more wrong the time model, the sooner the
+    search stopped: on the held-out shaped models ``floor`` took the share of models at 0.93 of the oracle from
+    87% to 93% (docs/modeling.md, "The stop against the run-to-run noise")."""
     memory_interaction_std: float | None = 0.1
     """Without a workload shape: prior std of the memory model's knob-pair columns (``None``: none). A peak is
     a sum of terms (activations growing with the batch beside states split by sharding), which per-knob factors
@@ -192,6 +199,18 @@ class SearchConfig:
     corrects (the residuals are heavier-tailed than a normal). Raising only: a two-sided map also lowered the
     high P(OOM)s, and the candidates it then admitted ran out of memory 70% of the time at a predicted 41%
     (docs/modeling.md, "P(OOM) calibrated on the study's own outcomes")."""
+    oom_step_calibration: tuple[float, float, float, float] | None = (-0.95, 1.2, 0.5, 0.3)
+    """With ``oom_calibration``: (a, c, σ_a, σ_log c) of a second map of the same form for the candidates one step
+    from the incumbent along a knob the measured fits have varied — the move a memory step probe makes
+    (``None``: one map for every candidate). Fitted per study on those candidates' own outcomes; P(OOM) is then
+    the posterior mean of this map, which may lower p as well as raise it. Such a step adds the formula's change
+    of peak to a measured one, but the mixture's std is the same anywhere, so it overstates the step's error: on
+    the shaped family the steps the search proposed at a predicted 0.2-0.5 ran out of memory at half that rate
+    (6-18% at 30%, 18-23% at 42%), while every other move at those P(OOM)s was within 5 points. A slope above 1
+    is a sharper P(OOM), a negative a a lower one. The prior's centre fits the development models' (0-29) steps.
+    A step whose p is above ``probe_max_p_oom`` keeps the other map (no step is proposed there to calibrate it),
+    and the map changes a step's P(OOM), not which rule may propose it: one the cut-off excludes before the map
+    is still the step probe's (docs/modeling.md, "P(OOM) calibrated on the study's own outcomes")."""
     memory_formula_floor: float = 0.0
     """The smallest weight any member of that average keeps (0: none). A floor keeps the outvoted models'
     means in the mixture's variance (it holds the spread of its means): where the formula is right and the

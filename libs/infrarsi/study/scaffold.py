@@ -141,6 +141,8 @@ class ScaffoldReport:
     steps_key: str | None = None
     steps_key_tokens: int | None = None
     """Tokens per optimiser step when the horizon flag counts tokens (``max_tokens``)."""
+    seq_len: int | None = None
+    """Tokens of a training sequence, where the command, its config file or the script's defaults say it."""
     global_batch: dict[str, Any] | None = None
     left_out: dict[str, str] = field(default_factory=dict)
     """Flag → why it is not searched."""
@@ -710,6 +712,7 @@ def _plan_knobs(
         for extra in token_budget:
             report.left_out[extra] = f"a token budget beside the step horizon; {steps[0]} sets the trial horizon"
     report.steps_key = steps[0]
+    report.seq_len = _sequence_length(flags)
     for extra in steps[1:]:
         report.left_out[extra] = f"another horizon flag; {steps[0]} sets the trial horizon"
     # the batch and its accumulation: searched together or not at all
@@ -769,12 +772,18 @@ def _plan_knobs(
     return _explicit_args(args, explicit, flags, via)
 
 
+def _sequence_length(flags: dict[str, tuple[Declared, Any]]) -> int | None:
+    """The tokens of one training sequence, as the command, its config file or the script's declared default
+    says (``SEQUENCE_LENGTH_NAMES``, first found); ``None`` when none does."""
+    by_base = {f.rsplit(".", 1)[-1].replace("-", "_"): f for f in reversed(list(flags))}
+    return next((v for name in SEQUENCE_LENGTH_NAMES if name in by_base and (v := _int_value(flags[by_base[name]]))),
+                None)  # fmt: skip
+
+
 def _tokens_per_step(flags: dict[str, tuple[Declared, Any]], global_size: list[str], horizon: str) -> int:
     """Tokens of one optimiser step, global batch × sequence length, for a horizon that counts tokens."""
     size = next((v for f in global_size if (v := _int_value(flags[f])) is not None), None)
-    by_base = {f.rsplit(".", 1)[-1].replace("-", "_"): f for f in reversed(list(flags))}
-    seq = next((v for name in SEQUENCE_LENGTH_NAMES if name in by_base and (v := _int_value(flags[by_base[name]]))),
-               None)  # fmt: skip
+    seq = _sequence_length(flags)
     if size is None or seq is None:
         raise ScaffoldError(f"the horizon {horizon} counts tokens: state the global batch (global_batch_size) and "
                             f"the sequence length ({', '.join(SEQUENCE_LENGTH_NAMES)}) in the command or its config "
@@ -900,11 +909,17 @@ def _render(report: ScaffoldReport, info: ScriptInfo, parsed: ParsedCommand, arg
     if report.knobs_via == "argv" and any(d.negatable for d in info.declared.values()):
         workload["argv_switch_off"] = "no-"
     tool = _tool_log(parsed)
+    # a tool that prints its held-out loss is compared on it: its train loss is of whichever batches it drew
+    held_out = not report.uses_probe and tool is not None and bool(tool.eval_loss_regex) and tool.eval_held_out
     if not report.uses_probe and tool is not None:
         workload["measurement"] = {"kind": "coarse", "step_regex": tool.step_regex, "loss_regex": list(tool.loss_regex),
-                                   "eval_loss_regex": list(tool.eval_loss_regex), "log_defaults": False}  # fmt: skip
+                                   "eval_loss_regex": list(tool.eval_loss_regex),
+                                   **({"tokens_regex": list(tool.tokens_regex)} if tool.tokens_regex else {}),
+                                   "log_defaults": False}  # fmt: skip
     elif not report.uses_probe:
         workload["measurement"] = {"kind": "coarse", "step_regex": default_step_regex(info.framework)}
+    if not report.uses_probe and report.seq_len is not None and not report.steps_key_tokens:
+        workload["shape"] = {"seq_len": report.seq_len}  # a coarse trial's tokens: steps × global batch × this
     if report.inputs:
         workload["inputs"] = report.inputs
     contract: dict[str, Any] = {
@@ -916,7 +931,7 @@ def _render(report: ScaffoldReport, info: ScriptInfo, parsed: ParsedCommand, arg
         "backend": {"kind": "local", "parallel": 1, "timeout_s": 900},
         "scope": {"files": [], "launch_keys": launch_keys},
         "search_space": {"knobs": knobs, **({"constraints": {"global_batch": report.global_batch}} if report.global_batch else {})},
-        "invariants": {"loss": {"tolerance": 0.05, "mode": "relative", "at": "every_eval" if eval_on else "every_step"},
+        "invariants": {"loss": {"tolerance": 0.05, "mode": "relative", "at": "every_eval" if eval_on or held_out else "every_step"},
                        "steps": True, "tokens": True, "eval": eval_on, "timing_tolerance": 0.10},  # fmt: skip
         "budget": {"trials": 12, "accelerator_hours": 2.0},
     }
@@ -966,6 +981,12 @@ class ToolLog:
     step_regex: str
     loss_regex: tuple[str, ...]
     eval_loss_regex: tuple[str, ...]
+    tokens_regex: tuple[str, ...]
+    """The work done so far as the tool prints it (a group ``tokens`` or ``micro_batches``)."""
+    eval_held_out: bool
+    """The loss invariant compares the tool's printed eval loss (``loss.at: every_eval``), not its train loss:
+    the tool's data loader deals the samples in an order that depends on speed knobs, so a candidate's per-step
+    train loss is of other batches."""
     note: str
     """Said in the draft's header: what is read, and what is not and why."""
 
@@ -979,9 +1000,15 @@ TOOL_LOGS: dict[str, ToolLog] = {
         step_regex=r"\| iter \d+ step (?P<number>\d+) \|",
         loss_regex=(rf"\| loss train: (?P<loss>{NUMBER}),",),
         eval_loss_regex=(rf"\bval loss:? (?P<loss>{NUMBER})",),
-        note="LitGPT's output read for its steps (`iter N step M`: M), train loss (`loss train: X`) and eval loss "
+        tokens_regex=(r"\| iter (?P<micro_batches>\d+) step \d+ \|",),
+        eval_held_out=True,
+        note="LitGPT's output read for its steps (`iter N step M`: M), micro-batches (N: the tokens are N × the "
+        "trial's micro-batch × the sequence length, LitGPT's own count), train loss (`loss train: X`) and eval loss "
         "(`val loss X`); its `iter time` is its last micro-batch's, not the optimiser step's, so no step time is "
-        "read from it (timing unchecked)",
+        "read from it: timing is unchecked unless you give workload.measurement.step_time_regex for a line that "
+        "prints an optimiser step's time. The loss is compared at every eval (its validation loss): litdata deals the "
+        "training samples by micro-batch size, so another micro-batch trains on other batches first and its per-step "
+        "train loss differs by their noise",
     ),
 }
 """An installed tool's command name → how it prints (``litgpt pretrain …``)."""
@@ -1022,7 +1049,9 @@ def _header(report: ScaffoldReport, info: ScriptInfo, parsed: ParsedCommand) -> 
             "# status, process-tree memory, steps counted by workload.measurement.step_regex in the job's output);",
             "# the train/eval loss and step times it prints are read from the same output (default patterns for",
             "# HF Trainer, Lightning, nanoGPT-style and Megatron-style logs, plus workload.measurement.loss_regex);",
-            "# tokens and eval work are then reported as unchecked.",
+            *_coarse_tokens_lines(report, parsed),
+            "# The eval's work is not printed (invariants.eval is off; turned on, the steps after which an eval",
+            "# loss is printed are held to the golden baseline's).",
             "# " + _PROBE_HINT[report.framework],
         ]
     if report.left_out:
@@ -1038,6 +1067,21 @@ def _header(report: ScaffoldReport, info: ScriptInfo, parsed: ParsedCommand) -> 
     lines += [f"# Note: {note}" for note in report.notes]
     lines.append(f"# Read from: {shlex.join(report.command)}")
     return "\n".join(lines) + "\n"
+
+
+def _coarse_tokens_lines(report: ScaffoldReport, parsed: ParsedCommand) -> list[str]:
+    """How a coarse draft's ``work.tokens`` will be known (``infrarsi.verdicts.stats.coarse_tokens``), or what to
+    add so that it is: never left unchecked without saying so."""
+    tool = _tool_log(parsed)
+    if tool is not None and tool.tokens_regex:
+        return ["# work.tokens: the work the job prints (workload.measurement.tokens_regex) × the trial's micro-batch",
+                "# and sequence length, held to the golden baseline's."]
+    if report.steps_key_tokens or (report.seq_len and report.global_batch):
+        return ["# work.tokens: DERIVED — the steps counted × the tokens per step this contract states (global batch",
+                "# × workload.shape.seq_len), held to the golden baseline's; if the job prints its tokens (HF's",
+                "# `num_input_tokens_seen` is read by default), give workload.measurement.tokens_regex to count them."]
+    return ["# work.tokens: UNCHECKED until you give workload.shape.seq_len (with a global-batch constraint) or",
+            "# workload.measurement.tokens_regex for a line that prints the tokens (or micro-batches) done so far."]
 
 
 _DELIVERY_NAMES = {"argv": "command-line flags", "overrides": "key=value overrides", "env": "environment variables",

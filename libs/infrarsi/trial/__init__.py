@@ -7,5 +7,6 @@
 - ``netns``: emulated hosts on one machine (network namespaces) for multi-node trials.
 - ``slow``: the rule for stopping a search trial early as slow.
 - ``joblog``: what a job's own printed output says (loss, steps) when it runs without a probe.
+- ``checkpoints``: what verify asks a job to save or resume (jobs read it as ``infrarsi.probe.checkpointing``).
 - ``fswatch``: waking when a directory's files change (inotify).
 """

@@ -13,8 +13,9 @@ wrote them; a contract adds its own (``workload.measurement.loss_regex`` …), t
 
 A step time is read only from a line that also says its step (the launcher's step pattern matched it), in
 milliseconds (``81.2ms``, ``812.3 ms``, ``elapsed time per iteration (ms): 81.2``) or seconds
-(``0.81s/it``, ``time 0.81s``) or a rate (``2.10it/s``). Reading never fails: a line that matches nothing says nothing. It does no
-I/O; the launcher's ``output.py`` feeds it lines as they appear.
+(``0.81s/it``, ``time 0.81s``) or a rate (``2.10it/s``). The work done so far is read from any line that
+prints it (``DEFAULT_TOKENS_PATTERNS``: tokens, or micro-batches). Reading never fails: a line that matches
+nothing says nothing. It does no I/O; the launcher's ``output.py`` feeds it lines as they appear.
 """
 
 from __future__ import annotations
@@ -50,6 +51,13 @@ DEFAULT_STEP_TIME_PATTERNS: tuple[str, ...] = (
 )  # fmt: skip
 """A step time printed on a step line: a group ``ms`` (milliseconds), ``s`` (seconds) or ``hz`` (steps per
 second, tqdm's ``2.10it/s``)."""
+DEFAULT_TOKENS_PATTERNS: tuple[str, ...] = (
+    r"""['"]num_input_tokens_seen['"]:\s*['"]?(?P<tokens>\d+)""",
+)  # fmt: skip
+"""The training work done so far, as a job prints it: a group ``tokens`` (tokens trained so far: HF ``Trainer``'s
+``num_input_tokens_seen`` with ``include_num_input_tokens_seen``) or ``micro_batches`` (micro-batches run so far:
+LitGPT's ``iter N``, turned into tokens by the trial's micro-batch and sequence length). The largest value seen
+is the trial's."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +67,7 @@ class LogPatterns:
     loss: tuple[re.Pattern[str], ...]
     eval_loss: tuple[re.Pattern[str], ...]
     step_time: tuple[re.Pattern[str], ...]
+    tokens: tuple[re.Pattern[str], ...] = ()
 
     @classmethod
     def build(
@@ -66,6 +75,7 @@ class LogPatterns:
         loss: Sequence[str] = (),
         eval_loss: Sequence[str] = (),
         step_time: Sequence[str] = (),
+        tokens: Sequence[str] = (),
         *,
         defaults: bool = True,
     ) -> LogPatterns:
@@ -78,6 +88,7 @@ class LogPatterns:
             loss=compiled(loss, DEFAULT_LOSS_PATTERNS),
             eval_loss=compiled(eval_loss, DEFAULT_EVAL_LOSS_PATTERNS),
             step_time=compiled(step_time, DEFAULT_STEP_TIME_PATTERNS),
+            tokens=compiled(tokens, DEFAULT_TOKENS_PATTERNS),
         )
 
 
@@ -88,6 +99,10 @@ class LogLine:
     loss: float | None = None
     eval_loss: float | None = None
     step_time_s: float | None = None
+    tokens: int | None = None
+    """Tokens trained so far, as printed."""
+    micro_batches: int | None = None
+    """Micro-batches run so far, as printed."""
 
 
 def read_line(line: str, patterns: LogPatterns, *, is_step_line: bool) -> LogLine:
@@ -111,7 +126,18 @@ def read_line(line: str, patterns: LogPatterns, *, is_step_line: bool) -> LogLin
             if step_time is not None and math.isfinite(step_time) and step_time > 0:
                 break
             step_time = None
-    return LogLine(loss=loss, eval_loss=eval_loss, step_time_s=step_time)
+    tokens = micro_batches = None
+    for pattern in patterns.tokens:
+        match = pattern.search(line)
+        if match is None:
+            continue
+        groups = match.groupdict()
+        if groups.get("tokens") is not None:
+            tokens = int(groups["tokens"])
+        elif groups.get("micro_batches") is not None:
+            micro_batches = int(groups["micro_batches"])
+        break
+    return LogLine(loss=loss, eval_loss=eval_loss, step_time_s=step_time, tokens=tokens, micro_batches=micro_batches)
 
 
 def _first(patterns: tuple[re.Pattern[str], ...], line: str, group: str) -> float | None:

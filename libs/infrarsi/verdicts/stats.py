@@ -600,6 +600,85 @@ def coarse_step_time(finished: ev.TrialFinished, horizon: int) -> tuple[float, f
     return with_warmup, with_warmup, 0
 
 
+@dataclass(frozen=True)
+class StatedWork:
+    """What the contract states of one coarse trial's work, to turn what its output says into tokens."""
+
+    tokens_per_step: int | None = None
+    """Tokens of one optimiser step (``workload.steps_key_tokens``, or the global batch × ``shape.seq_len``)."""
+    tokens_per_micro_batch: int | None = None
+    """This trial's micro-batch × sequence length × data-parallel ranks (for a printed micro-batch count)."""
+    how: str = ""
+    """Where the tokens per step came from, for the verdict's detail (``global batch 8 × sequence 64``)."""
+    micro_batch_how: str = ""
+    """Where the tokens per micro-batch came from (``micro-batch 2 × sequence 64 × 1 data-parallel``)."""
+    missing: str = "workload.measurement.tokens_regex (the tokens or micro-batches the job prints), or " \
+        "workload.shape.seq_len with constraints.global_batch"
+    """What the contract lacks for tokens (said when nothing gives them)."""
+
+
+def coarse_tokens(finished: ev.TrialFinished, stated: StatedWork) -> tuple[int, str] | None:
+    """(tokens trained, how they are known) of a trial measured from outside, best source first: the tokens
+    the job printed; the micro-batches it printed × the tokens of its micro-batch; the steps counted × the
+    tokens per step the contract states. ``None`` when none of them is known."""
+    if finished.output_tokens is not None:
+        return finished.output_tokens, "tokens read from the job's log"
+    if finished.output_micro_batches is not None and stated.tokens_per_micro_batch:
+        return (finished.output_micro_batches * stated.tokens_per_micro_batch,
+                f"{finished.output_micro_batches} micro-batches read from the job's log × {stated.tokens_per_micro_batch} "
+                f"tokens ({stated.micro_batch_how})")  # fmt: skip
+    if finished.steps_completed and stated.tokens_per_step:
+        return (finished.steps_completed * stated.tokens_per_step,
+                f"derived: {finished.steps_completed} steps counted × {stated.tokens_per_step} tokens per step the "
+                f"contract states ({stated.how})")  # fmt: skip
+    return None
+
+
+def coarse_tokens_check(
+    tokens: tuple[int, str] | None, stated: StatedWork, horizon: int, *, baseline_tokens: int | None, is_baseline: bool
+) -> ev.InvariantResult | ev.UncheckedInvariant:
+    """``work.tokens`` of a coarse trial: the untouched baseline's tokens define the work; a candidate must have
+    trained what the golden baseline trained at this horizon (or, before one was measured, the horizon × the
+    stated tokens per step)."""
+    if tokens is None:
+        return ev.UncheckedInvariant(name="work.tokens", reason=f"tokens unknown: the job printed none and the "
+                                     f"contract does not state them; give {stated.missing}")  # fmt: skip
+    count, how = tokens
+    if is_baseline:
+        return ev.InvariantResult(name="work.tokens", ok=count > 0, observed=float(count), expected=float(count),
+                                  detail=f"{count} tokens, {how}: the untouched baseline's tokens define the work")  # fmt: skip
+    if baseline_tokens:
+        expected, against = baseline_tokens, f"the golden baseline trained {baseline_tokens} at horizon {horizon}"
+    elif stated.tokens_per_step:
+        expected = horizon * stated.tokens_per_step
+        against = f"horizon {horizon} × {stated.tokens_per_step} (no golden baseline measured at this horizon)"
+    else:
+        return ev.UncheckedInvariant(name="work.tokens", reason=f"{count} tokens ({how}), but no golden baseline "
+                                     "measured at this horizon to compare with")  # fmt: skip
+    return ev.InvariantResult(name="work.tokens", ok=count == expected, detail=f"{count} tokens, {how}; {against}",
+                              observed=float(count), expected=float(expected))  # fmt: skip
+
+
+def coarse_eval_check(finished: ev.TrialFinished, *, baseline: ev.TrialMeasured | None, is_baseline: bool
+                      ) -> ev.InvariantResult | ev.UncheckedInvariant:  # fmt: skip
+    """``work.eval`` of a coarse trial: the steps after which the job printed an eval loss, against the golden
+    baseline's (the eval's own tokens are not printed: its cadence is what the log shows)."""
+    mine = [p.step for p in finished.output_eval_losses]
+    if not mine and (is_baseline or baseline is None or not baseline.eval_curve):
+        return ev.UncheckedInvariant(name="work.eval", reason="no eval loss read from the job's output (the default "
+                                     "patterns and workload.measurement.eval_loss_regex matched nothing)")  # fmt: skip
+    if is_baseline or baseline is None:
+        return ev.UncheckedInvariant(name="work.eval", reason=f"evals after steps {mine} read from the job's log; "
+                                     "no golden baseline measured at this horizon to compare with") if not is_baseline \
+            else ev.InvariantResult(name="work.eval", ok=True, observed=float(len(mine)), expected=float(len(mine)),
+                                    detail=f"evals after steps {mine} read from the job's log: the untouched "
+                                    "baseline's evals define the work")  # fmt: skip
+    base = [p.step for p in baseline.eval_curve]
+    return ev.InvariantResult(name="work.eval", ok=mine == base, observed=float(len(mine)), expected=float(len(base)),
+                              detail=f"evals after steps {mine} read from the job's log; the golden baseline's "
+                              f"after {base} (the eval's tokens are not printed)")  # fmt: skip
+
+
 def measure_coarse(
     finished: ev.TrialFinished,
     *,
@@ -610,14 +689,17 @@ def measure_coarse(
     counts_steps: bool,
     is_baseline: bool,
     baseline: ev.TrialMeasured | None = None,
+    stated: StatedWork = StatedWork(),
 ) -> ev.TrialMeasured:
     """The ``TrialMeasured`` of a trial measured from outside: what can be checked is, the rest is named.
 
     Checked: scope (the launcher's); the optimiser-step count when the output is counted (``counts_steps``:
     the contract gives a step pattern; the count is the job's own claim) against the golden ``baseline``'s
-    count at this horizon; the loss, when the job printed one the patterns read, against the baseline's
-    printed loss; timing, when the job printed its step times, against the launcher's clock. Unchecked, with
-    why: tokens and eval (no probe counts them), and whatever the output did not say."""
+    count at this horizon; the tokens (``coarse_tokens``: printed, or micro-batches printed, or derived from
+    the steps and what the contract ``stated``) against the baseline's; the evals the job printed against the
+    baseline's; the loss, when the job printed one the patterns read, against the baseline's printed loss;
+    timing, when the job printed its step times, against the launcher's clock. Unchecked, with why: whatever
+    the output did not say and the contract does not state."""
     invariants: list[ev.InvariantResult] = [scope_check(finished)]
     unchecked: list[ev.UncheckedInvariant] = []
     if spec.steps and counts_steps:
@@ -627,10 +709,18 @@ def measure_coarse(
         ))  # fmt: skip
     elif spec.steps:
         unchecked.append(ev.UncheckedInvariant(name="work.optimizer_steps", reason="no step_regex: steps not counted"))
+    tokens = coarse_tokens(finished, stated)
+    work: list[ev.InvariantResult | ev.UncheckedInvariant] = []
     if spec.tokens:
-        unchecked.append(ev.UncheckedInvariant(name="work.tokens", reason="no probe: tokens per step not reported"))
+        work.append(coarse_tokens_check(tokens, stated, horizon, is_baseline=is_baseline,
+                                        baseline_tokens=baseline.tokens if baseline is not None else None))  # fmt: skip
     if spec.eval:
-        unchecked.append(ev.UncheckedInvariant(name="work.eval", reason="no probe: evaluations not reported"))
+        work.append(coarse_eval_check(finished, baseline=baseline, is_baseline=is_baseline))
+    for result in work:
+        if isinstance(result, ev.InvariantResult):
+            invariants.append(result)
+        else:
+            unchecked.append(result)
     logged = bool(finished.output_losses or finished.output_eval_losses)
     if not is_baseline:
         if baseline is None:
@@ -667,7 +757,8 @@ def measure_coarse(
         step_time_s=steady,
         step_time_mad_s=0.0,
         step_time_with_warmup_s=with_warmup,
-        tokens_per_s=0.0,
+        tokens_per_s=(tokens[0] / finished.steps_completed / steady
+                      if tokens is not None and finished.steps_completed and steady > 0 else 0.0),
         mfu=None,
         flops_per_step=None,
         phases={},
@@ -677,7 +768,7 @@ def measure_coarse(
         loss_curve=list(finished.output_losses),
         eval_curve=list(finished.output_eval_losses),
         optimizer_steps=finished.steps_completed,
-        tokens=0,
+        tokens=tokens[0] if tokens is not None else 0,
         invariants=invariants,
         invariants_ok=invariants_ok,
         accelerator_s=finished.accelerator_s,

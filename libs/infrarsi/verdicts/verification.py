@@ -169,8 +169,8 @@ class RunMeasurement:
     invariants: tuple[ev.InvariantResult, ...] = ()
     reason: str = ""
     coarse: bool = False
-    """Measured from outside (no probe): no tokens or evals to compare, and a loss curve only when the job
-    printed one (``loss_from_log``)."""
+    """Measured from outside (no probe): tokens and evals only as its output and the contract give them, and a
+    loss curve only when the job printed one (``loss_from_log``)."""
     loss_from_log: bool = False
     """Coarse: the loss curves were read from the job's printed output."""
     unchecked: tuple[str, ...] = ()
@@ -327,6 +327,12 @@ class LossRule:
     """The divergence check over the horizon; ``None`` = off."""
     parity: ParityRule = ParityRule()
     """Numeric parity beyond ε (off by default)."""
+    eval_only_when_coarse: bool = False
+    """The contract compares the loss at every eval (``invariants.loss.at: every_eval``): a coarse pair whose
+    baseline printed eval losses is compared on those (and their trend) only. A job measured from outside
+    prints the train loss of whichever batches it drew, and a candidate that deals the same samples in
+    another order (LitGPT's litdata at another micro-batch) trains on other batches first: its per-step train
+    loss differs by the batches' noise while its held-out loss does not (docs/own-job.md)."""
 
     def allowed(self, baseline_loss: float) -> float:
         return self.tolerance * abs(baseline_loss) if self.mode == "relative" else self.tolerance
@@ -340,6 +346,7 @@ def loss_rule_of(invariants: Invariants) -> LossRule:
         mode=loss.mode,
         trend=None if trend is None else TrendRule(trend.horizon_multiple, trend.alpha, trend.min_points),
         parity=ParityRule(invariants.parity, tight.max_abs, tight.max_rel),
+        eval_only_when_coarse=loss.at == "every_eval",
     )
 
 
@@ -511,27 +518,29 @@ def _determinism_check(base: RunMeasurement, cand: RunMeasurement) -> ev.Invaria
     )
 
 
-COARSE_PAIR_UNCHECKED = ("loss", "work.tokens", "work.eval")
-"""What a pair of coarse runs cannot compare: no probe reported tokens or evals, and the loss only when the
-job printed it (``coarse_pair_unchecked``)."""
-
-
 def coarse_pair_unchecked(run: RunMeasurement) -> tuple[str, ...]:
-    """What a coarse run leaves unchecked at verify: tokens and evals; the loss (and its trend) unless its
-    curve was read from the job's log."""
-    return COARSE_PAIR_UNCHECKED[1:] if run.loss_from_log else COARSE_PAIR_UNCHECKED
+    """What a coarse run leaves unchecked at verify: the loss (and its trend) unless its curve was read from
+    the job's log; its tokens and evals where telemetry could not check them on the run (nothing printed and
+    nothing stated in the contract: ``stats.measure_coarse``)."""
+    return (() if run.loss_from_log else ("loss",)) + tuple(n for n in ("work.tokens", "work.eval") if n in run.unchecked)
 
 
 def pair_invariants(baseline: RunMeasurement, candidate: RunMeasurement, rule: LossRule) -> list[ev.InvariantResult]:
     """What verify checks of a candidate run against the baseline run it was paired with.
 
-    A coarse pair (a job without a probe) compares the optimiser steps counted in the output, when both
-    runs were counted, and the loss curves read from the job's log (and their trend), when both printed
-    one; the rest is unchecked (``coarse_pair_unchecked``), never compared as empty."""
+    A coarse pair (a job without a probe) compares what both runs' outputs gave: the optimiser steps counted,
+    the tokens (printed, or derived from the steps and what the contract states), the steps after which an
+    eval loss was printed, and the loss curves read from the job's log (and their trend); the rest is
+    unchecked (``coarse_pair_unchecked``), never compared as empty."""
     if baseline.coarse or candidate.coarse:
         out = []
-        if "work.optimizer_steps" not in baseline.unchecked + candidate.unchecked:
+        either = baseline.unchecked + candidate.unchecked
+        if "work.optimizer_steps" not in either:
             out.append(_steps_pair_check(baseline, candidate))
+        if "work.tokens" not in either and baseline.tokens and candidate.tokens is not None:
+            out.append(_tokens_pair_check(baseline, candidate))
+        if "work.eval" not in either and _checked(baseline, "work.eval") and _checked(candidate, "work.eval"):
+            out.append(_eval_pair_check(baseline, candidate))
         if baseline.loss_from_log and candidate.loss_from_log:
             out += _loss_pair_checks(baseline, candidate, rule)
         return out
@@ -541,35 +550,46 @@ def pair_invariants(baseline: RunMeasurement, candidate: RunMeasurement, rule: L
     if rule.parity.mode == "bitwise":
         out.append(_determinism_check(baseline, candidate))
     out.append(_steps_pair_check(baseline, candidate))
-    out.append(
-        ev.InvariantResult(
-            name="work.tokens",
-            ok=candidate.tokens == baseline.tokens,
-            detail=f"tokens {candidate.tokens} vs baseline {baseline.tokens}",
-            observed=_num(candidate.tokens),
-            expected=_num(baseline.tokens),
-        )
+    out.append(_tokens_pair_check(baseline, candidate))
+    out.append(_eval_pair_check(baseline, candidate))
+    return out
+
+
+def _checked(run: RunMeasurement, name: str) -> bool:
+    """Telemetry gave a verdict on ``name`` for this run."""
+    return any(r.name == name for r in run.invariants)
+
+
+def _tokens_pair_check(baseline: RunMeasurement, candidate: RunMeasurement) -> ev.InvariantResult:
+    return ev.InvariantResult(
+        name="work.tokens",
+        ok=candidate.tokens == baseline.tokens,
+        detail=f"tokens {candidate.tokens} vs baseline {baseline.tokens}",
+        observed=_num(candidate.tokens),
+        expected=_num(baseline.tokens),
     )
+
+
+def _eval_pair_check(baseline: RunMeasurement, candidate: RunMeasurement) -> ev.InvariantResult:
     b_evals = [p.step for p in baseline.eval_curve]
     c_evals = [p.step for p in candidate.eval_curve]
-    out.append(
-        ev.InvariantResult(
-            name="work.eval",
-            ok=b_evals == c_evals,
-            detail=f"{len(c_evals)} evals vs baseline {len(b_evals)}"
-            + ("" if b_evals == c_evals else f" (steps {c_evals[:5]} vs {b_evals[:5]})"),
-            observed=float(len(c_evals)),
-            expected=float(len(b_evals)),
-        )
+    return ev.InvariantResult(
+        name="work.eval",
+        ok=b_evals == c_evals,
+        detail=f"{len(c_evals)} evals vs baseline {len(b_evals)}"
+        + ("" if b_evals == c_evals else f" (steps {c_evals[:5]} vs {b_evals[:5]})"),
+        observed=float(len(c_evals)),
+        expected=float(len(b_evals)),
     )
-    return out
 
 
 def _loss_pair_checks(baseline: RunMeasurement, candidate: RunMeasurement, rule: LossRule) -> list[ev.InvariantResult]:
     """The train loss curve (and the eval curve, where the baseline has one) with their trends; a coarse
-    baseline that printed no train loss is not compared on an empty curve."""
+    baseline that printed no train loss is not compared on an empty curve, and a coarse pair under
+    ``eval_only_when_coarse`` is compared on its printed eval losses alone."""
     out = []
-    if baseline.loss_curve or not baseline.coarse:
+    eval_only = rule.eval_only_when_coarse and (baseline.coarse or candidate.coarse) and bool(baseline.eval_curve)
+    if (baseline.loss_curve or not baseline.coarse) and not eval_only:
         out.append(_curve_check("loss", "train loss", baseline.loss_curve, candidate.loss_curve, rule))
     if baseline.eval_curve:
         out.append(
@@ -577,7 +597,7 @@ def _loss_pair_checks(baseline: RunMeasurement, candidate: RunMeasurement, rule:
         )
     if rule.trend is not None:
         for what, base_curve, cand_curve in (
-            ("train loss", baseline.loss_curve, candidate.loss_curve),
+            *((("train loss", baseline.loss_curve, candidate.loss_curve),) if not eval_only else ()),
             ("eval loss", baseline.eval_curve, candidate.eval_curve),
         ):
             trend = _trend_check(what, base_curve, cand_curve, rule, rule.trend)

@@ -159,11 +159,17 @@ function renderImportance(study) {
   const counts = `${a.timed_trials} search trial(s) with a step time; ${a.oom_trials} of ${a.ran_trials} that ran went out of memory`;
   if (!a.importance.length) {
     note.textContent = `Needs ${a.min_trials} finished search trials that differ (${counts}).`;
+    document.getElementById("importance-interactions").textContent = "";
     Plotly.purge("plot-importance");
     return;
   }
   note.textContent = `Share of each target's variance carried by a knob's main effect, from an additive model fitted over `
     + `all knobs and patches at once (docs/dashboard.md); "unexplained" is the rest: interactions and noise. ${counts}.`;
+  const pairs = a.interactions;
+  document.getElementById("importance-interactions").textContent = pairs.ranked
+    ? `Pairwise interactions (second order, ${pairs.trials} trials; each net of what its columns would fit of noise): `
+      + pairs.ranked.map((r) => `${r.label} ${fmt(100 * r.share, 1)} %`).join(", ") + `; unexplained ${fmt(100 * pairs.unexplained, 1)} %.`
+    : `Pairwise interactions: not estimated — ${pairs.reason}.`;
   const order = a.importance[0].ranked.map((r) => r.label).reverse();
   const labels = ["unexplained", ...order];
   const traces = a.importance.map((imp) => ({
@@ -256,14 +262,89 @@ function renderPairs(study) {
     title: title(`${dx.label} × ${dy.label}: mean measured step time per cell (blank: never measured), failures marked`) }, CONFIG);
 }
 
+// The trials table: one column per knob the study's trials set (optuna-dashboard's params columns), sorted by any
+// column in the page (``sortKey``, ``sortDir``: kept across live updates, so a new row lands where it sorts) and
+// filtered by kind, outcome, origin, a knob's value, a patch and free text.
+let sortKey = "n", sortDir = 1;
+const GOLDEN = "golden";
+const knobsOf = (trials) => [...new Set(trials.flatMap((t) => Object.keys(t.knobs)))].sort();
+const knobValue = (t, knob) => (knob in t.knobs ? String(t.knobs[knob]) : GOLDEN);
+const ratio = (measured, predicted) => (measured !== null && measured !== undefined && predicted) ? measured / predicted : null;
+const studyLink = (studyId) => `?study=${encodeURIComponent(studyId)}`;
+const trialLink = (studyId, trialId) => `${studyLink(studyId)}&trial=${encodeURIComponent(trialId)}`;
+
+function trialColumns(study) {
+  const knobColumns = knobsOf(study.trials).map((knob) => ({
+    key: `knob:${knob}`, label: knob, value: (t) => (knob in t.knobs ? t.knobs[knob] : null),
+    cell: (t) => (knob in t.knobs ? el("td", {}, String(t.knobs[knob])) : el("td", { class: "muted", title: "left at the golden value" }, "·")),
+  }));
+  return [
+    { key: "n", label: "#", value: (t) => t.n, cell: (t) => num(t.n) },
+    { key: "trial_id", label: "trial", value: (t) => t.trial_id,
+      cell: (t) => el("td", {}, el("a", { class: "trial-link", href: trialLink(study.study_id, t.trial_id) }, el("code", {}, t.trial_id.slice(0, 14)))) },
+    { key: "kind", label: "kind", value: (t) => t.kind, cell: (t) => el("td", {}, t.kind) },
+    { key: "origin", label: "origin", value: (t) => t.origin, cell: (t) => el("td", {}, t.origin) },
+    ...knobColumns,
+    { key: "patches", label: "patches", value: (t) => t.patches.join(", ") || null, cell: (t) => el("td", {}, t.patches.join(", ")) },
+    { key: "outcome", label: "outcome", value: (t) => t.outcome,
+      cell: (t) => el("td", { title: t.reason }, badge(t.outcome), t.outcome === "running" && t.steps_seen !== null ? ` step ${t.steps_seen}` : "") },
+    { key: "step_time_s", label: "step s", value: (t) => t.step_time_s, cell: (t) => num(fmt(t.step_time_s)) },
+    { key: "predicted_step_time_s", label: "predicted s", value: (t) => t.predicted_step_time_s, cell: (t) => num(fmt(t.predicted_step_time_s)) },
+    { key: "step_vs_predicted", label: "measured / predicted", value: (t) => ratio(t.step_time_s, t.predicted_step_time_s),
+      cell: (t) => num(fmt(ratio(t.step_time_s, t.predicted_step_time_s), 2)) },
+    { key: "speedup", label: "speed-up", value: (t) => t.speedup, cell: (t) => num(times(t.speedup)) },
+    { key: "peak_bytes", label: "peak GiB", value: (t) => t.peak_bytes ?? t.censored_peak_bytes, cell: (t) => num(gib(t.peak_bytes ?? t.censored_peak_bytes)) },
+    { key: "predicted_peak_bytes", label: "predicted GiB", value: (t) => t.predicted_peak_bytes, cell: (t) => num(gib(t.predicted_peak_bytes)) },
+    { key: "predicted_p_oom", label: "P(OOM)", value: (t) => t.predicted_p_oom, cell: (t) => num(fmt(t.predicted_p_oom, 2)) },
+    { key: "accelerator_s", label: "accelerator-s", value: (t) => t.accelerator_s, cell: (t) => num(fmt(t.accelerator_s, 1)) },
+    { key: "failed_invariants", label: "failed invariants", value: (t) => t.failed_invariants.join(", ") || null,
+      cell: (t) => el("td", {}, t.failed_invariants.join(", ")) },
+  ];
+}
+
+// Empty values last whichever the direction; numbers by value, text in natural order; ties by proposal order.
+function compareBy(column) {
+  return (a, b) => {
+    const x = column.value(a), y = column.value(b);
+    const xNone = x === null || x === undefined, yNone = y === null || y === undefined;
+    if (xNone || yNone) return xNone === yNone ? a.n - b.n : (xNone ? 1 : -1);
+    const order = (typeof x === "number" && typeof y === "number") ? x - y
+      : String(x).localeCompare(String(y), "en", { numeric: true });
+    return order * sortDir || a.n - b.n;
+  };
+}
+
+// A select's options rebuilt from the data, keeping what the user picked (a live update may add options).
+// Left as they are when the values did not change, so that a live update does not pull an open list from under the user.
+function setOptions(select, values, anyLabel) {
+  const keep = select.value;
+  if ([...select.options].slice(1).map((o) => o.value).join("\n") === values.join("\n")) return;
+  select.replaceChildren(el("option", { value: "" }, anyLabel), ...values.map((v) => el("option", { value: v }, v)));
+  select.value = values.includes(keep) ? keep : "";
+}
+
+function updateFilterOptions(study) {
+  setOptions(document.getElementById("filter-origin"), [...new Set(study.trials.map((t) => t.origin).filter(Boolean))].sort(), "all");
+  const knobSelect = document.getElementById("filter-knob");
+  setOptions(knobSelect, knobsOf(study.trials), "any");
+  const knob = knobSelect.value;
+  const values = knob ? [...new Set(study.trials.map((t) => knobValue(t, knob)))]
+    .sort((a, b) => a.localeCompare(b, "en", { numeric: true })) : [];
+  setOptions(document.getElementById("filter-knob-value"), values, "any");
+}
+
 function trialVisible(t) {
-  const kind = document.getElementById("filter-kind").value;
-  const outcome = document.getElementById("filter-outcome").value;
-  const text = document.getElementById("filter-text").value.trim().toLowerCase();
+  const value = (id) => document.getElementById(id).value;
+  const kind = value("filter-kind"), outcome = value("filter-outcome"), origin = value("filter-origin");
+  const knob = value("filter-knob"), knobIs = value("filter-knob-value");
+  const patch = value("filter-patch").trim().toLowerCase(), text = value("filter-text").trim().toLowerCase();
   if (kind && t.kind !== kind) return false;
   if (outcome === "ok" && t.outcome !== "ok") return false;
   if (outcome === "failed" && ["ok", "running", "proposed"].includes(t.outcome)) return false;
   if (outcome === "running" && !["running", "proposed"].includes(t.outcome)) return false;
+  if (origin && t.origin !== origin) return false;
+  if (knob && knobIs && knobValue(t, knob) !== knobIs) return false;
+  if (patch && !t.patches.some((p) => p.toLowerCase().includes(patch))) return false;
   if (text && !`${t.trial_id} ${knobText(t.knobs)} ${t.patches.join(" ")} ${t.origin} ${t.outcome} ${t.failed_invariants.join(" ")}`.toLowerCase().includes(text)) return false;
   return true;
 }
@@ -273,16 +354,63 @@ function renderTrials(study) {
   const before = seenTrials;
   seenTrials = new Set(study.trials.map((t) => t.trial_id));
   lastStudy = study;
-  const shown = study.trials.filter(trialVisible);
+  updateFilterOptions(study);
+  const columns = trialColumns(study);
+  const column = columns.find((c) => c.key === sortKey) || columns[0];
+  const header = document.querySelector("#trials-table thead tr");
+  if ([...header.children].map((th) => th.dataset.sort).join(" ") !== columns.map((c) => c.key).join(" ")) {
+    header.replaceChildren(...columns.map((c) => {  // rebuilt only when a knob column comes or goes
+      const th = el("th", { "data-sort": c.key, class: "sortable", title: "sort by this column" }, c.label);
+      th.addEventListener("click", () => {
+        if (sortKey === c.key) sortDir = -sortDir; else { sortKey = c.key; sortDir = 1; }
+        renderTrials(lastStudy);
+      });
+      return th;
+    }));
+  }
+  for (const th of header.children) {
+    th.classList.toggle("sorted-asc", th.dataset.sort === column.key && sortDir > 0);
+    th.classList.toggle("sorted-desc", th.dataset.sort === column.key && sortDir < 0);
+  }
+  const shown = study.trials.filter(trialVisible).sort(compareBy(column));
   document.getElementById("trial-count").textContent =
     shown.length === study.trials.length ? `(${study.trials.length})` : `(${shown.length} of ${study.trials.length})`;
   fillBody("#trials-table", shown.map((t) => el("tr", {
-      "data-trial": t.trial_id, class: before && !before.has(t.trial_id) ? "fresh" : "" },
-    num(t.n), el("td", {}, el("code", {}, t.trial_id.slice(0, 14))), el("td", {}, t.kind), el("td", {}, t.origin),
-    el("td", {}, knobText(t.knobs)), el("td", {}, t.patches.join(", ")), el("td", { title: t.reason }, badge(t.outcome), t.outcome === "running" && t.steps_seen !== null ? ` step ${t.steps_seen}` : ""),
-    num(fmt(t.step_time_s)), num(fmt(t.predicted_step_time_s)), num(times(t.speedup)),
-    num(gib(t.peak_bytes ?? t.censored_peak_bytes)), num(gib(t.predicted_peak_bytes)), num(fmt(t.predicted_p_oom, 2)),
-    num(fmt(t.accelerator_s, 1)), el("td", {}, t.failed_invariants.join(", ")))));
+    "data-trial": t.trial_id, class: before && !before.has(t.trial_id) ? "fresh" : "" }, ...columns.map((c) => c.cell(t)))));
+}
+
+// optuna-dashboard's history and EDF plots for the step time (views.history, views.step_time_edf).
+function renderHistory(study) {
+  const points = study.history;
+  const measured = points.filter((p) => p.step_time_s !== null);
+  const steps = measured.map((p) => p.step_time_s);
+  const logY = stepAxisIsLog(steps);
+  const top = steps.length ? Math.max(...steps) * (logY ? 1.6 : 1.15) : 1;
+  const kinds = [...new Set(measured.map((p) => p.kind))];
+  const marks = (these) => ({ x: these.map((p) => p.n), text: these.map((p) => `${p.trial_id} ${p.kind} ${p.outcome}`) });
+  const traces = kinds.map((kind) => {
+    const these = measured.filter((p) => p.kind === kind);
+    return { name: kind, mode: "markers", ...marks(these), y: these.map((p) => p.step_time_s),
+             marker: { size: 8, symbol: these.map((p) => (p.outcome === "ok" ? "circle" : "diamond-open")) } };
+  });
+  for (const [name, oom] of [["out of memory", true], ["other failure (crash, timeout, refused)", false]]) {
+    const these = points.filter((p) => p.step_time_s === null && (p.outcome === "oom") === oom);
+    traces.push({ name, mode: "markers", ...marks(these), y: these.map(() => top), marker: FAILED_MARK[oom ? "oom" : "other"] });
+  }
+  const best = points.filter((p) => p.best_step_s !== null);
+  traces.push({ name: "best search trial so far", mode: "lines", line: { shape: "hv", color: "#16a34a", width: 2 },
+                x: best.map((p) => p.n), y: best.map((p) => p.best_step_s) });
+  const base = study.baseline_step_time_s;
+  Plotly.react("plot-history", traces, { ...LAYOUT, title: title("Optimisation history: step time per trial (dotted: baseline; failed trials on top)"),
+    xaxis: { title: axisTitle("trial #") }, yaxis: { title: axisTitle("step time (s)"), type: logY ? "log" : "linear" },
+    shapes: base ? [{ type: "line", xref: "paper", x0: 0, x1: 1, y0: base, y1: base, line: { color: "#9ca3af", dash: "dot" } }] : [] }, CONFIG);
+
+  Plotly.react("plot-edf", study.edf.map((e) => ({
+    name: `${e.kind} (${e.step_time_s.length})`, mode: "lines+markers", line: { shape: "hv" }, x: e.step_time_s, y: e.fraction,
+    text: e.trial_ids, hovertemplate: "%{text}: %{x:.4f} s, %{y:.0%} at or below<extra>%{fullData.name}</extra>",
+  })), { ...LAYOUT, title: title("Empirical distribution of step times (trials that ran ok, per kind)"),
+    xaxis: { title: axisTitle("step time (s)"), type: logY ? "log" : "linear" },
+    yaxis: { title: axisTitle("fraction of trials at or below"), range: [0, 1.05] } }, CONFIG);
 }
 
 function renderCost(study) {
@@ -347,13 +475,78 @@ function renderAgent(study) {
     x.answered ? el("pre", {}, x.answer || x.detail || "") : null)));
 }
 
+// A trial's own page (``?study=S&trial=T``): views.trial_detail.
+const row2 = (label, ...cells) => el("tr", {}, el("th", {}, label), ...cells.map((c) => el("td", {}, c ?? "")));
+
+function renderTrialPage(detail) {
+  const t = detail.trial, p = detail.proposal.prediction || {}, m = detail.measured, f = detail.finish, l = detail.launch;
+  document.getElementById("trial-back").setAttribute("href", studyLink(detail.study_id));
+  document.getElementById("trial-back").textContent = `← ${detail.study_name} (${detail.study_id.slice(0, 12)})`;
+  document.getElementById("trial-title").replaceChildren(`Trial ${t.trial_id} (#${t.n}) `, badge(t.outcome));
+  fillBody("#trial-candidate", [
+    row2("kind", t.kind), row2("origin", t.origin), row2("proposer's reason", detail.proposal.reason || ""),
+    ...Object.entries(t.knobs).map(([k, v]) => el("tr", { class: "knob", "data-knob": k }, el("th", {}, `knob ${k}`), el("td", {}, String(v)))),
+    row2("patches", t.patches.join(", ") || "none"), row2("candidate key", t.candidate_key),
+    row2("repeat", t.repeat), row2("verification", t.verify_id || ""), row2("horizon steps", detail.proposal.horizon_steps ?? ""),
+  ]);
+  const oomHappened = t.outcome === "oom" ? "yes" : (["proposed", "running"].includes(t.outcome) ? "" : "no");
+  fillBody("#trial-prediction", [
+    el("tr", { "data-row": "step" }, el("th", {}, "step time (s)"), num(fmt(p.step_time_s, 4)), num(fmt(m.step_time_s, 4)),
+       num(fmt(ratio(m.step_time_s, p.step_time_s), 3))),
+    el("tr", { "data-row": "peak" }, el("th", {}, "peak memory (GiB)"), num(gib(p.peak_memory_bytes, 3)),
+       num(gib(t.peak_bytes ?? t.censored_peak_bytes, 3)), num(fmt(ratio(t.peak_bytes ?? t.censored_peak_bytes, p.peak_memory_bytes), 3))),
+    el("tr", { "data-row": "oom" }, el("th", {}, "P(OOM) · ran out of memory"), num(fmt(p.p_oom, 3)), el("td", { class: "num" }, oomHappened), el("td")),
+    el("tr", { "data-row": "speedup" }, el("th", {}, "speed-up"), num(p.step_time_s && detail.baseline_step_time_s ? times(detail.baseline_step_time_s / p.step_time_s) : ""),
+       num(times(t.speedup)), el("td")),
+  ]);
+  fillBody("#trial-run", [
+    row2("outcome", t.outcome), row2("failure reason", f.finish_reason || t.reason || ""), row2("exit code", f.exit_code ?? ""),
+    row2("where", [l.backend, l.host, l.job_id && `job ${l.job_id}`].filter(Boolean).join(" · ")),
+    row2("nodes × ranks", l.nodes ? `${l.nodes} × ${l.ranks}` : ""), row2("wall s", fmt(f.wall_s, 1)),
+    row2("accelerator-s", fmt(f.accelerator_s ?? t.accelerator_s, 1)), row2("steps completed", f.steps_completed ?? ""),
+    row2("measured steps (warm-up)", m.measured_steps ? `${m.measured_steps} (${m.warmup_steps})` : ""),
+    row2("step time ± MAD (s)", m.step_time_s ? `${fmt(m.step_time_s, 4)} ± ${fmt(m.step_time_mad_s, 4)}` : ""),
+    row2("MFU", m.mfu ? `${fmt(100 * m.mfu, 2)} %` : ""), row2("tokens/s", fmt(m.tokens_per_s, 0)),
+    row2("final loss", fmt(m.final_loss, 4)),
+    row2("peak per rank (GiB)", m.peak_memory_per_rank.map((b) => gib(b, 2)).join(", ")),
+    row2("censored peak (GiB: killed above)", gib(f.censored_peak_bytes, 2)),
+  ]);
+  fillBody("#trial-invariants", t.invariants.map((v) => el("tr", {}, el("td", {}, el("code", {}, v.name)),
+    el("td", {}, v.ok ? "held" : "failed"), el("td", {}, v.detail || ""))));
+
+  // optuna-dashboard's intermediate values: the probe's per-step times, per rank, with the loss beside them.
+  const traces = detail.steps.map((r) => ({ name: `step time, rank ${r.rank}`, mode: "lines+markers", x: r.step, y: r.step_time_s,
+                                            marker: { size: 5 } }));
+  const rank0 = detail.steps.find((r) => r.rank === 0) || detail.steps[0];
+  const loss = rank0 && rank0.loss.some((v) => v !== null) ? { x: rank0.step, y: rank0.loss, name: "loss (probe, rank " + rank0.rank + ")" }
+    : detail.loss_curve.length ? { x: detail.loss_curve.map((pt) => pt[0]), y: detail.loss_curve.map((pt) => pt[1]), name: "loss (measured curve)" } : null;
+  if (loss) traces.push({ ...loss, mode: "lines", yaxis: "y2", line: { color: "#9333ea", dash: "dot" } });
+  document.getElementById("trial-steps-note").textContent = detail.steps.length
+    ? `${rank0.step.length} step(s) reported by rank ${rank0.rank}'s probe, ${detail.steps.length} rank(s).`
+    : "No per-step record of this trial in the analyst DB (its probe reported none on the telemetry stream).";
+  if (!traces.length) { Plotly.purge("plot-trial-steps"); return; }
+  Plotly.react("plot-trial-steps", traces, { ...LAYOUT, margin: { ...LAYOUT.margin, r: 60 }, title: title("Per-step time (and loss) as the trial ran"),
+    xaxis: { title: axisTitle("step") }, yaxis: { title: axisTitle("step time (s)") },
+    yaxis2: { title: axisTitle("loss"), overlaying: "y", side: "right", showgrid: false } }, CONFIG);
+}
+
 async function refresh() {
   const studies = await getJSON("/api/studies");
   renderStudies(studies);
-  document.getElementById("study").hidden = !selected;
-  if (selected) {
+  const trialId = params.get("trial");
+  document.getElementById("study").hidden = !selected || Boolean(trialId);
+  document.getElementById("trial-page").hidden = !(selected && trialId);
+  if (selected && trialId) {
+    const missing = document.getElementById("trial-missing");
+    try {
+      renderTrialPage(await getJSON(`/api/studies/${encodeURIComponent(selected)}/trials/${encodeURIComponent(trialId)}`));
+      missing.hidden = true;
+    } catch (error) {
+      missing.hidden = false; missing.textContent = String(error);
+    }
+  } else if (selected) {
     const study = await getJSON(`/api/studies/${encodeURIComponent(selected)}`);
-    renderSummary(study); renderSearch(study); renderSpace(study); renderImportance(study); renderSlices(study);
+    renderSummary(study); renderSearch(study); renderHistory(study); renderSpace(study); renderImportance(study); renderSlices(study);
     renderPairs(study); renderTrials(study); renderCost(study);
     renderDoctor(study); renderVerify(study); renderInvariants(study); renderAgent(study);
   }
@@ -377,7 +570,7 @@ async function follow() {
   source.onerror = () => { live.textContent = "reconnecting…"; live.className = "live off"; };
 }
 
-for (const id of ["filter-kind", "filter-outcome", "filter-text"]) {
+for (const id of ["filter-kind", "filter-outcome", "filter-origin", "filter-knob", "filter-knob-value", "filter-patch", "filter-text"]) {
   for (const type of ["input", "change"]) {
     document.getElementById(id).addEventListener(type, () => { if (lastStudy) renderTrials(lastStudy); });
   }

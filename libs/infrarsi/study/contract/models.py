@@ -124,8 +124,15 @@ class MeasurementSpec(StrictModel):
     """``coarse`` only: the job's own printed step-time patterns (a group ``ms``, ``s`` or ``hz``), tried on
     each line that counted a step, before the defaults (``81.2ms``, ``812.3 ms``, ``1.2s/it``, ``2.1it/s``).
     Printed step times are held against the launcher's clock: the timing invariant."""
+    tokens_regex: list[str] = []
+    """``coarse`` only: the job's own patterns for the training work done so far, before the defaults (HF
+    ``Trainer``'s ``'num_input_tokens_seen': N``): a group ``tokens`` (tokens trained so far) or
+    ``micro_batches`` (micro-batches run so far, LitGPT's ``iter N``; each is the trial's micro-batch ×
+    ``workload.shape.seq_len`` tokens). Without a printed count the tokens are the steps counted × the tokens
+    per step the contract states (``steps_key_tokens``, or ``constraints.global_batch.size`` × ``shape.seq_len``);
+    with neither, ``work.tokens`` is unchecked and says which to give."""
     log_defaults: bool = True
-    """``coarse`` only: also try the default loss and step-time patterns (``false``: only the contract's)."""
+    """``coarse`` only: also try the default loss, step-time and work patterns (``false``: only the contract's)."""
 
     @field_validator("step_regex")
     @classmethod
@@ -137,10 +144,11 @@ class MeasurementSpec(StrictModel):
                 raise ValueError(f"not a regular expression: {exc}") from None
         return value
 
-    @field_validator("loss_regex", "eval_loss_regex", "step_time_regex")
+    @field_validator("loss_regex", "eval_loss_regex", "step_time_regex", "tokens_regex")
     @classmethod
     def _named_groups(cls, value: list[str], info: ValidationInfo) -> list[str]:
-        groups = {"step_time_regex": {"ms", "s", "hz"}}.get(info.field_name or "", {"loss"})
+        groups = {"step_time_regex": {"ms", "s", "hz"}, "tokens_regex": {"tokens", "micro_batches"}}.get(
+            info.field_name or "", {"loss"})
         for pattern in value:
             try:
                 compiled = re.compile(pattern)
@@ -154,14 +162,14 @@ class MeasurementSpec(StrictModel):
     def _regex_only_coarse(self) -> MeasurementSpec:
         if self.kind == "probe" and self.step_regex is not None:
             raise ValueError("step_regex is only used with kind: coarse (the probe counts steps itself)")
-        if self.kind == "probe" and (self.loss_regex or self.eval_loss_regex or self.step_time_regex):
-            raise ValueError("loss_regex, eval_loss_regex and step_time_regex are only used with kind: coarse "
-                             "(the probe reports the loss and step times itself)")  # fmt: skip
+        if self.kind == "probe" and (self.loss_regex or self.eval_loss_regex or self.step_time_regex or self.tokens_regex):
+            raise ValueError("loss_regex, eval_loss_regex, step_time_regex and tokens_regex are only used with kind: "
+                             "coarse (the probe reports the loss, step times and tokens itself)")  # fmt: skip
         return self
 
     def log_patterns(self) -> LogPatterns:
         """The compiled patterns a coarse trial's output is read with."""
-        return LogPatterns.build(self.loss_regex, self.eval_loss_regex, self.step_time_regex,
+        return LogPatterns.build(self.loss_regex, self.eval_loss_regex, self.step_time_regex, self.tokens_regex,
                                  defaults=self.log_defaults)  # fmt: skip
 
 
