@@ -81,7 +81,8 @@ class SearchConfig:
     escape")."""
     select_tie_sigmas: float = 2.0
     """``top_candidates``: measured step times within this many noise stds of the fastest are ranked by the mean
-    of measured and posterior log time (0: by the measurement alone)."""
+    of measured and posterior log time, or on a noisy host by the posterior (``select_posterior_noise``); 0: by
+    the measurement alone."""
     select_posterior_noise: float | None = 0.04
     """``top_candidates``: where the run-to-run noise σ of a log step time (``Searcher.race_noise``: the doctor's
     noise floor pooled with the spread of repeated runs) is at least this, the tie (``select_tie_sigmas``) is
@@ -104,9 +105,9 @@ class SearchConfig:
     ``race_share``, during the search. ``top_candidates`` then never ranks a single run above a re-measured
     candidate within its noise. Off (the default): one run per candidate and the confirmation before the stop
     (``confirm_repeats``). Off because, measured at equal runs on the noise benchmark (``bench/noise.py``, 40 runs),
-    every variant tried chose worse than the search without it: its re-runs cost new candidates, and what they buy
-    the ranking already has from the posterior (``select_posterior_noise``). docs/modeling.md, "Racing on a noisy
-    host"."""
+    every variant tried chose worse than the search without it (at CV 5/10/15% and on a drifting host, by 0.2-0.8
+    points of mean chosen/oracle with the settings below): its re-runs cost new candidates and bought back less of
+    the choice's loss. docs/modeling.md, "Racing on a noisy host"."""
     race_z: float = 1.5
     """A difference of mean log times is resolved when it is at least this many of its standard errors,
     σ·sqrt(1/n_c + 1/n_i) (σ: ``race_noise``): 1.5 is a one-sided 93% call. The same test keeps a single run from
