@@ -89,7 +89,7 @@ class SearchConfig:
     ranked by the time model's posterior mean log time alone — it pools every run of every candidate and the
     candidate's neighbours — instead of by the mix of it and the candidate's own runs (``None``: never). On the
     noise benchmark (``bench/noise.py``, 90 studies per host) it moved the mean chosen/oracle 0.957 → 0.960 at CV
-    5%, 0.934 → 0.937 at CV 10%, 0.914 → 0.923 at CV 15%; on a quiet host a model's misfit can exceed the noise,
+    5%, 0.934 → 0.937 at CV 10%, 0.916 → 0.924 at CV 15%; on a quiet host a model's misfit can exceed the noise,
     and the mix kept the simulator's dense7b_h100x64 at 0.989 where the posterior alone gave 0.962
     (docs/modeling.md, "Choosing the study's best")."""
     confirm_repeats: int = 2
