@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf"
 """A printed float (``2.31``, ``2.310E+00``, ``nan``)."""
@@ -111,11 +112,7 @@ def read_line(line: str, patterns: LogPatterns, *, is_step_line: bool) -> LogLin
     loss = None if eval_loss is not None else _first(patterns.loss, line, "loss")
     step_time = None
     if is_step_line:
-        for pattern in patterns.step_time:
-            match = pattern.search(line)
-            if match is None:
-                continue
-            groups = match.groupdict()
+        for groups in _matches(patterns.step_time, line):
             if groups.get("ms") is not None:
                 step_time = _float(groups["ms"]) / 1000.0
             elif groups.get("s") is not None:
@@ -127,17 +124,20 @@ def read_line(line: str, patterns: LogPatterns, *, is_step_line: bool) -> LogLin
                 break
             step_time = None
     tokens = micro_batches = None
-    for pattern in patterns.tokens:
-        match = pattern.search(line)
-        if match is None:
-            continue
-        groups = match.groupdict()
-        if groups.get("tokens") is not None:
-            tokens = int(groups["tokens"])
-        elif groups.get("micro_batches") is not None:
-            micro_batches = int(groups["micro_batches"])
-        break
+    groups = next(_matches(patterns.tokens, line), {})  # the first pattern that matches says it
+    if groups.get("tokens") is not None:
+        tokens = int(groups["tokens"])
+    elif groups.get("micro_batches") is not None:
+        micro_batches = int(groups["micro_batches"])
     return LogLine(loss=loss, eval_loss=eval_loss, step_time_s=step_time, tokens=tokens, micro_batches=micro_batches)
+
+
+def _matches(patterns: tuple[re.Pattern[str], ...], line: str) -> Iterator[dict[str, str | Any]]:
+    """The named groups of each pattern that matches ``line``, in the patterns' order."""
+    for pattern in patterns:
+        match = pattern.search(line)
+        if match is not None:
+            yield match.groupdict()
 
 
 def _first(patterns: tuple[re.Pattern[str], ...], line: str, group: str) -> float | None:

@@ -560,14 +560,24 @@ def _checked(run: RunMeasurement, name: str) -> bool:
     return any(r.name == name for r in run.invariants)
 
 
-def _tokens_pair_check(baseline: RunMeasurement, candidate: RunMeasurement) -> ev.InvariantResult:
+def _count_pair_check(name: ev.InvariantName, what: str, baseline: int | None, candidate: int | None) -> ev.InvariantResult:
+    """A work count of the candidate run (``what``: optimizer steps, tokens) equal to its baseline run's."""
     return ev.InvariantResult(
-        name="work.tokens",
-        ok=candidate.tokens == baseline.tokens,
-        detail=f"tokens {candidate.tokens} vs baseline {baseline.tokens}",
-        observed=_num(candidate.tokens),
-        expected=_num(baseline.tokens),
+        name=name,
+        ok=candidate == baseline,
+        detail=f"{what} {candidate} vs baseline {baseline}",
+        observed=_num(candidate),
+        expected=_num(baseline),
     )
+
+
+def _steps_pair_check(baseline: RunMeasurement, candidate: RunMeasurement) -> ev.InvariantResult:
+    return _count_pair_check("work.optimizer_steps", "optimizer steps", baseline.optimizer_steps,
+                             candidate.optimizer_steps)  # fmt: skip
+
+
+def _tokens_pair_check(baseline: RunMeasurement, candidate: RunMeasurement) -> ev.InvariantResult:
+    return _count_pair_check("work.tokens", "tokens", baseline.tokens, candidate.tokens)
 
 
 def _eval_pair_check(baseline: RunMeasurement, candidate: RunMeasurement) -> ev.InvariantResult:
@@ -604,16 +614,6 @@ def _loss_pair_checks(baseline: RunMeasurement, candidate: RunMeasurement, rule:
             if trend is not None:
                 out.append(trend)
     return out
-
-
-def _steps_pair_check(baseline: RunMeasurement, candidate: RunMeasurement) -> ev.InvariantResult:
-    return ev.InvariantResult(
-        name="work.optimizer_steps",
-        ok=candidate.optimizer_steps == baseline.optimizer_steps,
-        detail=f"optimizer steps {candidate.optimizer_steps} vs baseline {baseline.optimizer_steps}",
-        observed=_num(candidate.optimizer_steps),
-        expected=_num(baseline.optimizer_steps),
-    )
 
 
 def _num(value: int | None) -> float | None:
