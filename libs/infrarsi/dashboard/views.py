@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import duckdb
@@ -50,6 +51,11 @@ def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any] | Non
 def _json(value: Any) -> Any:
     """A DuckDB JSON column arrives as text; ``None`` stays ``None``."""
     return json.loads(value) if isinstance(value, str) else value
+
+
+def _columns(row: Mapping[str, Any], *names: str) -> dict[str, Any]:
+    """The named columns of a query row, as they are."""
+    return {name: row[name] for name in names}
 
 
 def _iso(value: Any) -> str | None:
@@ -101,16 +107,10 @@ def studies(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     for row in rows:
         base, best = row["baseline_step_time_s"], row["best_step_s"]
         out.append({
-            "study_id": row["study_id"],
-            "name": row["name"],
-            "goal": row["goal"],
-            "accelerator": row["accelerator"],
+            **_columns(row, "study_id", "name", "goal", "accelerator"),
             "created_at": _iso(row["created_at"]),
             "stage": stage_of(list(row["milestones"]), row["running"]),
-            "finish_reason": row["finish_reason"],
-            "trials": row["trials"],
-            "running": row["running"],
-            "failed": row["failed"],
+            **_columns(row, "finish_reason", "trials", "running", "failed"),
             "accelerator_hours": row["accelerator_s"] / 3600,
             "best_search_speedup": base / best if base and best else None,
             "best_verified_speedup": row["best_verified_speedup"],
@@ -154,26 +154,17 @@ def trials(con: duckdb.DuckDBPyConnection, study_id: str, baseline_step_s: float
             outcome = row["status"] or row["finish_status"]
         out.append({
             "n": n,
-            "trial_id": row["trial_id"],
-            "kind": row["kind"],
-            "origin": row["origin"],
-            "candidate_key": row["candidate_key"],
+            **_columns(row, "trial_id", "kind", "origin", "candidate_key"),
             "knobs": _json(row["knobs"]) or {},
             "patches": _json(row["patches"]) or [],
-            "repeat": row["repeat"],
-            "verify_id": row["verify_id"],
+            **_columns(row, "repeat", "verify_id"),
             "outcome": outcome,
             "reason": row["finish_reason"] or "",
             "step_time_s": step,
-            "step_time_mad_s": row["step_time_mad_s"],
-            "predicted_step_time_s": row["predicted_step_time_s"],
+            **_columns(row, "step_time_mad_s", "predicted_step_time_s"),
             "speedup": baseline_step_s / step if baseline_step_s and step else None,
-            "peak_bytes": row["peak_bytes"],
-            "predicted_peak_bytes": row["predicted_peak_bytes"],
-            "predicted_p_oom": row["predicted_p_oom"],
-            "censored_peak_bytes": row["censored_peak_bytes"],
-            "accelerator_s": row["accelerator_s"],
-            "mfu": row["mfu"],
+            **_columns(row, "peak_bytes", "predicted_peak_bytes", "predicted_p_oom", "censored_peak_bytes",
+                       "accelerator_s", "mfu"),
             "invariants": _json(row["invariants"]) or [],
             "failed_invariants": _json(row["failed_invariants"]) or [],
             "proposed_at": _iso(row["proposed_at"]),
@@ -423,9 +414,7 @@ def study(con: duckdb.DuckDBPyConnection, study_id: str) -> dict[str, Any]:
     doctor_runs = [t["step_time_s"] for t in study_trials if t["kind"] == "doctor" and t["step_time_s"] is not None]
     return {
         "study_id": study_id,
-        "name": row["name"],
-        "goal": row["goal"],
-        "accelerator": row["accelerator"],
+        **_columns(row, "name", "goal", "accelerator"),
         "stage": summary.get("stage"),
         "finish_reason": row["finish_reason"],
         "memory_capacity_bytes": cluster.get("memory_capacity_bytes") or None,
@@ -436,11 +425,8 @@ def study(con: duckdb.DuckDBPyConnection, study_id: str) -> dict[str, Any]:
         "doctor": None if row["doctor_completed_at"] is None else {
             "repeats": row["doctor_repeats"],
             "baseline_step_time_s": baseline,
-            "run_to_run_cv": row["run_to_run_cv"],
-            "step_to_step_cv": row["step_to_step_cv"],
-            "warmup_steps": row["warmup_steps"],
-            "min_detectable_speedup": row["min_detectable_speedup"],
-            "repeats_per_trial": row["repeats_per_trial"],
+            **_columns(row, "run_to_run_cv", "step_to_step_cv", "warmup_steps", "min_detectable_speedup",
+                       "repeats_per_trial"),
             "phase_fractions": _json(row["phase_fractions"]) or {},
             "stragglers": _json(row["stragglers"]) or [],
             "baseline_mfu": row["baseline_mfu"],
