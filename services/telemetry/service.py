@@ -63,11 +63,23 @@ def defines_work(kind: ev.TrialKind, proposed: ev.TrialProposed | None, *, coars
             and not proposed.candidate.patches)  # fmt: skip
 
 
-def stated_work(contract: Contract, knobs: Mapping[str, Any]) -> stats.StatedWork:
+def golden_launch(contract: Contract) -> dict[str, Any]:
+    """The golden launch values (``Contract.baseline_launch``), or ``{}`` where the launch file is not readable
+    here: a trial's knobs alone then say its micro-batch and layout."""
+    try:
+        return contract.baseline_launch()
+    except (OSError, ContractError):
+        return {}
+
+
+def stated_work(contract: Contract, knobs: Mapping[str, Any], golden: Mapping[str, Any] | None = None
+                ) -> stats.StatedWork:  # fmt: skip
     """What ``contract`` states of the work of a trial with ``knobs``, for a coarse trial's tokens: the tokens
     per optimiser step (``steps_key_tokens``, or the global batch × ``shape.seq_len``) and per micro-batch
-    (the trial's micro-batch × the sequence length × data-parallel ranks). The sequence length is
-    ``shape.seq_len``, else what a token horizon implies (``steps_key_tokens`` / the global batch)."""
+    (the trial's micro-batch × the sequence length × data-parallel ranks; a knob the trial leaves at its
+    golden value is read from ``golden``, the study's ``golden_launch``, read here when not given). The
+    sequence length is ``shape.seq_len``, else what a token horizon implies (``steps_key_tokens`` / the
+    global batch)."""
     workload, gb = contract.workload, contract.search_space.constraints.global_batch
     seq = workload.shape.seq_len if workload.shape is not None else None
     if seq is None and gb is not None and workload.steps_key_tokens and workload.steps_key_tokens % gb.size == 0:
@@ -77,10 +89,8 @@ def stated_work(contract: Contract, knobs: Mapping[str, Any]) -> stats.StatedWor
         per_step, how = gb.size * seq, f"global batch {gb.size} × sequence {seq}"
     per_micro_batch, micro_batch_how = None, ""
     if gb is not None and seq is not None:
-        try:
-            golden = contract.baseline_launch()
-        except (OSError, ContractError):  # the launch file is not readable here: the knobs alone say
-            golden = {}
+        if golden is None:
+            golden = golden_launch(contract)
         micro_batch = knobs.get(gb.micro_batch_key, get_dotted(golden, gb.micro_batch_key)[1])
         parallel = gb.data_parallel_for({key: knobs.get(key, get_dotted(golden, key)[1]) for key in gb.parallel_keys})
         if isinstance(micro_batch, int) and not isinstance(micro_batch, bool) and micro_batch > 0 and parallel:
@@ -103,6 +113,8 @@ class StudyState:
     """Coarse: the contract gives a step pattern, so the launcher counted steps in the output."""
     contract: Contract | None = None
     """Coarse: the locked contract, for what it states of each trial's work (``stated_work``)."""
+    golden: dict[str, Any] = field(default_factory=dict)
+    """Coarse: the golden launch values (``golden_launch``), read once when the study is created."""
     baselines: dict[int, tuple[str, stats.Series]] = field(default_factory=dict)
     """Horizon → (trial id, series) of the study's first successful baseline at that horizon."""
     coarse_baselines: dict[int, ev.TrialMeasured] = field(default_factory=dict)
@@ -248,6 +260,7 @@ class TelemetryService(Service):
                     coarse=contract.workload.measurement.kind == "coarse",
                     counts_steps=contract.workload.measurement.step_regex is not None,
                     contract=contract,
+                    golden=golden_launch(contract) if contract.workload.measurement.kind == "coarse" else {},
                     stop_slow_factor=contract.budget.stop_slow_factor,
                     noise_cv=prior.noise_cv if prior is not None else None,
                     incumbent=prior.incumbent if prior is not None else None,
@@ -355,7 +368,7 @@ class TelemetryService(Service):
                     horizon=horizon, spec=study.spec, counts_steps=study.counts_steps, is_baseline=is_baseline,
                     baseline=None if is_baseline else study.coarse_baselines.get(horizon),
                     stated=stats.StatedWork() if study.contract is None else stated_work(
-                        study.contract, proposed.candidate.knobs if proposed is not None else {}),
+                        study.contract, proposed.candidate.knobs if proposed is not None else {}, study.golden),
                 )  # fmt: skip
             else:
                 measured, series = stats.measure(

@@ -667,12 +667,13 @@ def coarse_eval_check(finished: ev.TrialFinished, *, baseline: ev.TrialMeasured 
     if not mine and (is_baseline or baseline is None or not baseline.eval_curve):
         return ev.UncheckedInvariant(name="work.eval", reason="no eval loss read from the job's output (the default "
                                      "patterns and workload.measurement.eval_loss_regex matched nothing)")  # fmt: skip
-    if is_baseline or baseline is None:
+    if is_baseline:
+        return ev.InvariantResult(name="work.eval", ok=True, observed=float(len(mine)), expected=float(len(mine)),
+                                  detail=f"evals after steps {mine} read from the job's log: the untouched "
+                                  "baseline's evals define the work")  # fmt: skip
+    if baseline is None:
         return ev.UncheckedInvariant(name="work.eval", reason=f"evals after steps {mine} read from the job's log; "
-                                     "no golden baseline measured at this horizon to compare with") if not is_baseline \
-            else ev.InvariantResult(name="work.eval", ok=True, observed=float(len(mine)), expected=float(len(mine)),
-                                    detail=f"evals after steps {mine} read from the job's log: the untouched "
-                                    "baseline's evals define the work")  # fmt: skip
+                                     "no golden baseline measured at this horizon to compare with")  # fmt: skip
     base = [p.step for p in baseline.eval_curve]
     return ev.InvariantResult(name="work.eval", ok=mine == base, observed=float(len(mine)), expected=float(len(base)),
                               detail=f"evals after steps {mine} read from the job's log; the golden baseline's "
