@@ -437,24 +437,28 @@ class Searcher:
         measured fits have varied — the move a memory step probe makes, where the formula's change of peak is
         added to a measured one and the mixture's std, the same anywhere, overstates the error
         (``SearchConfig.oom_step_calibration``)."""
-        out = np.zeros(idx.size, dtype=bool)
         if not self._best_ok or self.pool.codes is None or idx.size == 0:
-            return out
+            return np.zeros(idx.size, dtype=bool)
+        step, unvaried = self._one_step(idx)
+        out: np.ndarray = step & ~unvaried
+        return out
+
+    def _one_step(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """At pool rows ``idx`` (an incumbent measured): (whether the row is one step from the incumbent — one
+        knob moved to the next value in its order, any level of a categorical or bool, patches unchanged —,
+        whether the knob it moves is one the measured fits have never varied)."""
+        assert self.pool.codes is not None
         nk = len(self.space.knobs)
         inc = self.pool.codes[self._best_ok[0][2]]
         codes = self.pool.codes[idx]
         diff = codes != inc
         one = (diff[:, :nk].sum(axis=1) == 1) & ~diff[:, nk:].any(axis=1)
-        far = (diff[:, :nk] & self._ordered_knobs() & (np.abs(codes[:, :nk] - inc[:nk]) > 1.0)).any(axis=1)
+        ordered = np.array([k.values() is not None and not isinstance(k, Categorical) for k in self.space.knobs])
+        far = (diff[:, :nk] & ordered & (np.abs(codes[:, :nk] - inc[:nk]) > 1.0)).any(axis=1)
         ok = self.pool.codes[np.array(self._ok_rows, dtype=int)][:, :nk]
-        varied = ~(ok == ok[0]).all(axis=0)
+        unvaried = (ok == ok[0]).all(axis=0)
         moved = np.argmax(diff[:, :nk], axis=1)
-        out[:] = one & ~far & varied[moved]
-        return out
-
-    def _ordered_knobs(self) -> np.ndarray:
-        """(knobs,) whether each knob's values have an order (a step is to the next one)."""
-        return np.array([k.values() is not None and not isinstance(k, Categorical) for k in self.space.knobs])
+        return one & ~far, unvaried[moved]
 
     def enqueue(self, candidates: Iterable[Candidate], origin: Origin, reason: str) -> None:
         """External suggestions (experience bank, LLM) proposed before model-driven ones, deduplicated."""
@@ -865,23 +869,15 @@ class Searcher:
         limit = self.config.probe_max_p_oom
         if limit is None or not self._best_ok or self.pool.codes is None:
             return None
-        inc = self.pool.codes[self._best_ok[0][2]]
-        codes = self.pool.codes[idx]
-        nk = len(self.space.knobs)
-        diff = codes != inc
-        one = (diff[:, :nk].sum(axis=1) == 1) & ~diff[:, nk:].any(axis=1)
-        far = (diff[:, :nk] & self._ordered_knobs() & (np.abs(codes[:, :nk] - inc[:nk]) > 1.0)).any(axis=1)
+        step, unvaried = self._one_step(idx)
         cap = np.full(idx.size, limit)
         fresh = self.config.probe_fresh_max_p_oom
         if fresh is not None:
             # a knob the measured peaks have never varied has its memory slope from the prior alone: its step may
             # be probed at a higher risk than one whose slope the measurements already say
-            ok = self.pool.codes[np.array(self._ok_rows, dtype=int)][:, :nk]
-            unvaried = (ok == ok[0]).all(axis=0)
-            moved = np.argmax(diff[:, :nk], axis=1)
-            cap = np.where(unvaried[moved], max(fresh, limit), limit)
+            cap = np.where(unvaried, max(fresh, limit), limit)
         p_rule = p_oom if p_rule is None else p_rule
-        cand = one & ~far & ~usable & ~taken & (p_rule > cutoff) & (p_oom <= np.minimum(cap, allowance)) & (p_hold > 0.5)
+        cand = step & ~usable & ~taken & (p_rule > cutoff) & (p_oom <= np.minimum(cap, allowance)) & (p_hold > 0.5)
         if not cand.any():
             return None
         worth = np.where(cand, ei * (1.0 - p_oom) * p_hold / np.maximum(cost, 1e-9), -np.inf)
